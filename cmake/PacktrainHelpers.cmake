@@ -1,0 +1,47 @@
+# Small helpers shared by the layer CMakeLists.
+
+# packtrain_layer(<name> SOURCES ... DEPS ...): the library packtrain_<name> with
+# alias packtrain::<name>, public headers under the repository root.
+function(packtrain_layer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(packtrain_${name} ${ARG_SOURCES})
+  add_library(packtrain::${name} ALIAS packtrain_${name})
+  set_target_properties(packtrain_${name} PROPERTIES EXPORT_NAME ${name}
+                        OUTPUT_NAME packtrain_${name})
+  target_include_directories(packtrain_${name} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:include>)
+  target_link_libraries(packtrain_${name} PUBLIC ${ARG_DEPS})
+endfunction()
+
+# One precompiled header of the Torch headers, reused by every target that links
+# Torch (CMake's REUSE_FROM), so the 2-core machines parse them once.
+function(packtrain_torch_pch target)
+  if(NOT PACKTRAIN_USE_PCH)
+    return()
+  endif()
+  if(NOT TARGET packtrain_torch_pch)
+    add_library(packtrain_torch_pch OBJECT "${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp")
+    target_link_libraries(packtrain_torch_pch PRIVATE torch ${PACKTRAIN_FMT_TARGET})
+    target_precompile_headers(packtrain_torch_pch PRIVATE
+      <ATen/ATen.h> <torch/nn.h> <torch/optim.h>)
+  endif()
+  target_precompile_headers(${target} REUSE_FROM packtrain_torch_pch)
+  # GCC only uses a precompiled header compiled with the same -fPIC/-fPIE: build
+  # executables' objects with the libraries' -fPIC (they still link as PIE).
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "EXECUTABLE")
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_compile_options(${target} PRIVATE -fPIC)
+  endif()
+endfunction()
+
+# add_gtest(<name> SOURCES ... DEPS ...): a GoogleTest binary in build/bin,
+# registered with CTest test by test.
+function(add_gtest name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock packtrain_test_support)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
+    PROPERTIES ENVIRONMENT "PACKTRAIN_DATA_DIR=${PROJECT_SOURCE_DIR}/data")
+endfunction()

@@ -1,0 +1,1 @@
+// Translation unit that carries the precompiled Torch headers (cmake/PacktrainHelpers.cmake).

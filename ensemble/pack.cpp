@@ -1,0 +1,97 @@
+#include "ensemble/pack.h"
+
+#include "ensemble/member_seed.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn.h>
+#include <torch/utils.h>
+
+namespace packtrain::ensemble {
+
+namespace {
+void push_activation(torch::nn::Sequential& seq, Activation activation) {
+  switch (activation) {
+    case Activation::kReLU: seq->push_back(torch::nn::ReLU()); return;
+    case Activation::kGELU: seq->push_back(torch::nn::GELU()); return;
+    case Activation::kSiLU: seq->push_back(torch::nn::SiLU()); return;
+    case Activation::kTanh: seq->push_back(torch::nn::Tanh()); return;
+  }
+}
+
+torch::nn::Sequential empty_standalone(const PackedMLPOptions& o) {
+  // Modules are pushed one by one so their parameters are drawn in layer order.
+  torch::nn::Sequential seq;
+  int64_t in = o.in_features();
+  for (int64_t l = 0; l < o.depth(); ++l) {
+    seq->push_back(torch::nn::Linear(in, o.hidden()));
+    if (o.layer_norm()) seq->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden()})));
+    push_activation(seq, o.activation());
+    if (o.dropout() > 0) seq->push_back(torch::nn::Dropout(o.dropout()));
+    in = o.hidden();
+  }
+  seq->push_back(torch::nn::Linear(in, o.out_features()));
+  return seq;
+}
+
+// The standalone model's parameters in the pack's order, each with its per-member
+// view shape: Linear weights are (O, I) there and (I, O) in a pack.
+std::vector<at::Tensor> standalone_in_pack_layout(const torch::nn::Sequential& seq) {
+  std::vector<at::Tensor> out;
+  for (const auto& module : seq->children()) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      out.push_back(linear->weight.t());
+      out.push_back(linear->bias.unsqueeze(0));
+    } else if (auto* norm = module->as<torch::nn::LayerNorm>()) {
+      out.push_back(norm->weight.unsqueeze(0));
+      out.push_back(norm->bias.unsqueeze(0));
+    }
+  }
+  return out;
+}
+}  // namespace
+
+torch::nn::Sequential make_standalone_mlp(const PackedMLPOptions& options, int64_t member) {
+  options.validate();
+  TORCH_CHECK(member >= 0, "member index must be >= 0, got ", member);
+  torch::manual_seed(member_seed(options.seed(), member));
+  torch::nn::Sequential seq = empty_standalone(options);
+  seq->to(options.device(), options.dtype());
+  return seq;
+}
+
+torch::nn::Sequential unpack(const PackedMLP& pack, int64_t member) {
+  TORCH_CHECK(member >= 0 && member < pack.members(), "unpack: member ", member, " out of range for a pack of ",
+              pack.members(), " members");
+  torch::nn::Sequential seq = empty_standalone(pack.options());
+  seq->to(pack.options().device(), pack.options().dtype());
+  torch::NoGradGuard no_grad;
+  const auto targets = standalone_in_pack_layout(seq);
+  const PackedParameters& params = pack.parameters();
+  TORCH_INTERNAL_ASSERT(targets.size() == params.size(), "standalone and pack layouts differ");
+  for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(params[i][member]);
+  seq->train(pack.is_training());
+  return seq;
+}
+
+PackedMLP pack(const std::vector<torch::nn::Sequential>& models, PackedMLPOptions options) {
+  TORCH_CHECK(!models.empty(), "pack: needs at least one model, got none");
+  options.members(static_cast<int64_t>(models.size()));
+  PackedMLP packed(options);
+  PackedParameters& params = packed.parameters();
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < models.size(); ++k) {
+    const auto sources = standalone_in_pack_layout(models[k]);
+    TORCH_CHECK(sources.size() == params.size(), "pack: model ", k, " has ", sources.size() / 2,
+                " linear/norm layers' parameters, the pack's shape expects ", params.size() / 2);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const auto expected = params[i][k].sizes();
+      TORCH_CHECK(sources[i].sizes() == expected, "pack: model ", k, " parameter '", params.spec(i).name,
+                  "' has shape ", sources[i].sizes(), " in pack layout, expected ", expected);
+      params[i][k].copy_(sources[i]);
+    }
+  }
+  return packed;
+}
+
+}  // namespace packtrain::ensemble

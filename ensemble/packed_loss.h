@@ -1,0 +1,29 @@
+// Packed losses: each returns a (K) vector, member k's mean loss over its batch.
+// A step backpropagates their sum, so each member's gradient is exactly its own.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace packtrain::ensemble {
+
+// pred (K, B, O); target (B, O) shared or (K, B, O) per member. Returns (K).
+at::Tensor packed_mse_loss(const at::Tensor& pred, const at::Tensor& target);
+
+// The deep-ensemble regression head: pred (K, B, 2*O) holds a mean and a raw
+// variance per output; variance = softplus(raw) + min_variance.
+struct GaussianPrediction {
+  at::Tensor mean;      // (K, B, O)
+  at::Tensor variance;  // (K, B, O)
+};
+GaussianPrediction gaussian_head(const at::Tensor& pred, double min_variance = 1e-6);
+
+// Gaussian negative log-likelihood of target under gaussian_head(pred), including
+// the 0.5*log(2*pi) constant, averaged over batch and outputs. Returns (K).
+at::Tensor packed_gaussian_nll_loss(const at::Tensor& pred, const at::Tensor& target,
+                                    double min_variance = 1e-6);
+
+// logits (K, B, C); target class indices (B) shared or (K, B) per member, int64.
+// Returns (K), the mean cross-entropy per member.
+at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target);
+
+}  // namespace packtrain::ensemble

@@ -1,0 +1,156 @@
+#include "ensemble/packed_mlp.h"
+
+#include "ensemble/member_seed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <string>
+
+namespace packtrain::ensemble {
+
+std::string_view to_string(Activation activation) {
+  switch (activation) {
+    case Activation::kReLU: return "relu";
+    case Activation::kGELU: return "gelu";
+    case Activation::kSiLU: return "silu";
+    case Activation::kTanh: return "tanh";
+  }
+  return "?";
+}
+
+Activation parse_activation(std::string_view name) {
+  for (Activation a : {Activation::kReLU, Activation::kGELU, Activation::kSiLU, Activation::kTanh}) {
+    if (name == to_string(a)) return a;
+  }
+  TORCH_CHECK(false, "unknown activation '", std::string(name), "': expected relu, gelu, silu or tanh");
+}
+
+void PackedMLPOptions::validate() const {
+  TORCH_CHECK(members() > 0, "members must be positive, got members=", members());
+  TORCH_CHECK(in_features() > 0, "in_features must be positive, got ", in_features());
+  TORCH_CHECK(out_features() > 0, "out_features must be positive, got ", out_features());
+  TORCH_CHECK(depth() >= 0, "depth (hidden layers) must be >= 0, got ", depth());
+  TORCH_CHECK(depth() == 0 || hidden() > 0, "hidden width must be positive, got hidden=", hidden());
+  TORCH_CHECK(dropout() >= 0.0 && dropout() < 1.0, "dropout must be in [0, 1), got ", dropout());
+  TORCH_CHECK(c10::isFloatingType(dtype()), "PackedMLP dtype must be floating point, got ", dtype());
+}
+
+namespace {
+std::vector<ParameterSpec> mlp_specs(const PackedMLPOptions& o) {
+  std::vector<ParameterSpec> specs;
+  int64_t in = o.in_features();
+  for (int64_t l = 0; l <= o.depth(); ++l) {
+    const int64_t out = l < o.depth() ? o.hidden() : o.out_features();
+    const std::string prefix = "linear" + std::to_string(l);
+    specs.push_back({prefix + ".weight", {in, out}});
+    specs.push_back({prefix + ".bias", {1, out}});
+    if (l < o.depth() && o.layer_norm()) {
+      const std::string norm = "norm" + std::to_string(l);
+      specs.push_back({norm + ".weight", {1, out}});
+      specs.push_back({norm + ".bias", {1, out}});
+    }
+    in = out;
+  }
+  return specs;
+}
+
+at::Tensor activate(const at::Tensor& h, Activation activation) {
+  switch (activation) {
+    case Activation::kReLU: return at::relu(h);
+    case Activation::kGELU: return at::gelu(h);
+    case Activation::kSiLU: return at::silu(h);
+    case Activation::kTanh: return at::tanh(h);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled activation");
+}
+}  // namespace
+
+PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
+  options_.validate();
+  parameters_ = PackedParameters(options_.members(), mlp_specs(options_),
+                                 c10::TensorOptions().dtype(options_.dtype()).device(options_.device()));
+  for (int64_t l = 0; l <= options_.depth(); ++l) {
+    const std::string prefix = "linear" + std::to_string(l);
+    linears_.emplace_back(parameters_.at(prefix + ".weight"), parameters_.at(prefix + ".bias"));
+    if (l < options_.depth() && options_.layer_norm()) {
+      norm_weights_.push_back(parameters_.at("norm" + std::to_string(l) + ".weight"));
+      norm_biases_.push_back(parameters_.at("norm" + std::to_string(l) + ".bias"));
+    }
+  }
+  reinitialize(options_.seed());
+}
+
+at::Tensor PackedMLP::forward(const at::Tensor& x) const {
+  linears_.front().check_input(x);
+  at::Tensor h = x;
+  for (int64_t l = 0; l < options_.depth(); ++l) {
+    h = linears_[l].forward(h);  // (K, B, H)
+    if (options_.layer_norm()) {
+      h = at::layer_norm(h, {options_.hidden()});
+      h = at::addcmul(norm_biases_[l], h, norm_weights_[l]);
+    }
+    h = activate(h, options_.activation());
+    if (options_.dropout() > 0.0) h = at::dropout(h, options_.dropout(), training_);
+  }
+  return linears_.back().forward(h);  // (K, B, O)
+}
+
+at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {
+  // Same draws, in the same order, as building the standalone Sequential after
+  // seeding the default generator (torch::nn::Linear::reset_parameters):
+  // weight (O, I) ~ U(-b, b) with b = sqrt(3) * gain(leaky_relu, sqrt(5)) / sqrt(I),
+  // then bias (O) ~ U(-1/sqrt(I), 1/sqrt(I)). LayerNorm starts at ones and zeros.
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, member));
+  at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const ParameterSpec& spec = parameters_.spec(i);
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    at::Tensor slot = row.narrow(0, parameters_.row_offset(i), numel);
+    const bool is_weight = spec.name.ends_with(".weight");
+    if (spec.name.starts_with("norm")) {
+      slot.fill_(is_weight ? 1.0 : 0.0);
+      continue;
+    }
+    const int64_t fan_in = is_weight ? spec.shape[0] : parameters_.spec(i - 1).shape[0];
+    if (is_weight) {
+      const double gain = std::sqrt(2.0 / (1 + std::pow(std::sqrt(5.0), 2)));
+      const double bound = std::sqrt(3.0) * (gain / std::sqrt(static_cast<double>(fan_in)));
+      at::Tensor w = at::empty({spec.shape[1], spec.shape[0]}, at::kFloat);  // (O, I)
+      w.uniform_(-bound, bound, generator);
+      slot.view({spec.shape[0], spec.shape[1]}).copy_(w.t());  // stored (I, O)
+    } else {
+      const double bound = 1 / std::sqrt(static_cast<double>(fan_in));
+      slot.uniform_(-bound, bound, generator);
+    }
+  }
+  return row;
+}
+
+void PackedMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
+  at::NoGradGuard no_grad;
+  const int64_t K = members();
+  std::vector<int64_t> selected;
+  if (which.defined()) {
+    TORCH_CHECK(which.dim() == 1 && which.size(0) == K && which.scalar_type() == at::kBool,
+                "reinitialize: the member selection must be a bool tensor of shape [", K, "], got ",
+                which.scalar_type(), " ", which.sizes());
+    at::Tensor host = which.cpu();
+    for (int64_t i = 0; i < K; ++i) {
+      if (host[i].item<bool>()) selected.push_back(i);
+    }
+    if (selected.empty()) return;
+  } else {
+    for (int64_t i = 0; i < K; ++i) selected.push_back(i);
+    options_.seed(seed);
+  }
+  std::vector<at::Tensor> rows;
+  rows.reserve(selected.size());
+  for (int64_t i : selected) rows.push_back(initial_member_row(seed, i));
+  parameters_.write_member_rows(at::stack(rows), selected);
+}
+
+}  // namespace packtrain::ensemble

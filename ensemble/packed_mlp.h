@@ -1,0 +1,85 @@
+// PackedMLP: K multilayer perceptrons of one shape, trained as one model.
+//
+// Member i equals, bit for bit at initialization, the standalone
+// torch::nn::Sequential that make_standalone_mlp(options, i) builds (ensemble/pack.h):
+// Linear -> [LayerNorm] -> activation -> [Dropout], `depth` times, then Linear.
+#pragma once
+
+#include "ensemble/packed_linear.h"
+#include "ensemble/packed_parameters.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace packtrain::ensemble {
+
+enum class Activation { kReLU, kGELU, kSiLU, kTanh };
+
+std::string_view to_string(Activation activation);
+// Parses "relu", "gelu", "silu" or "tanh"; throws naming the accepted values.
+Activation parse_activation(std::string_view name);
+
+struct PackedMLPOptions {
+  /// Example: PackedMLPOptions(8, 1).members(64).hidden(64).depth(2).activation(Activation::kGELU)
+  PackedMLPOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+
+  TORCH_ARG(int64_t, in_features);             // I
+  TORCH_ARG(int64_t, out_features);            // O
+  TORCH_ARG(int64_t, members) = 8;             // K
+  TORCH_ARG(int64_t, hidden) = 64;             // H, width of every hidden layer
+  TORCH_ARG(int64_t, depth) = 2;               // number of hidden layers (0: one linear map)
+  TORCH_ARG(Activation, activation) = Activation::kReLU;
+  TORCH_ARG(bool, layer_norm) = false;         // LayerNorm after each hidden Linear
+  TORCH_ARG(double, dropout) = 0.0;            // after each hidden activation, in training mode
+  TORCH_ARG(uint64_t, seed) = 0;               // member i draws from member_seed(seed, i)
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+
+ public:
+  // Throws naming the offending field and value.
+  void validate() const;
+};
+
+class PackedMLP {
+ public:
+  explicit PackedMLP(PackedMLPOptions options);
+
+  const PackedMLPOptions& options() const { return options_; }
+  int64_t members() const { return options_.members(); }
+  PackedParameters& parameters() { return parameters_; }
+  const PackedParameters& parameters() const { return parameters_; }
+  const std::vector<PackedLinear>& linears() const { return linears_; }
+
+  // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O).
+  at::Tensor forward(const at::Tensor& x) const;
+
+  // Training mode enables dropout.
+  void train(bool on = true) { training_ = on; }
+  bool is_training() const { return training_; }
+
+  // Re-initializes members in place from `seed` (member i from member_seed(seed, i)),
+  // all members, or those where `which` (K, bool) is true. No tensor is reallocated,
+  // so captured graphs stay valid. Afterwards the model equals a fresh pack with
+  // that seed on the re-initialized members.
+  void reinitialize(uint64_t seed, const at::Tensor& which = {});
+
+ private:
+  // Member i's initial parameters as one row of P scalars (CPU, float32 draws cast
+  // to the model dtype), drawn exactly as torch::nn::Linear's reset_parameters does.
+  at::Tensor initial_member_row(uint64_t seed, int64_t member) const;
+
+  PackedMLPOptions options_;
+  PackedParameters parameters_;
+  std::vector<PackedLinear> linears_;        // depth + 1 layers
+  std::vector<at::Tensor> norm_weights_;     // (K, 1, H) each, when layer_norm
+  std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
+  bool training_ = true;
+};
+
+}  // namespace packtrain::ensemble

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what packtrain needs to build and test, idempotently. Fast when all is present.
+#
+#  - LibTorch 2.11.0 (PyPI torch==2.11.0, the CUDA 13.0 build, with its own CUDA
+#    libraries) into a virtual environment kept in a cache outside the checkout:
+#      ${PACKTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/packtrain}/venv-torch-2.11.0
+#    CMake finds Torch there (cmake/PacktrainDependencies.cmake).
+#  - Debian packages: compiler, CMake, Ninja, ccache, GoogleTest/GMock, Google
+#    Benchmark, fmt, CLI11, nlohmann-json.
+#  - The CUDA toolkit (nvcc, NCCL, NVTX) is expected on the machine already; its
+#    absence is reported, not installed.
+#
+# Usage: scripts/setup.sh [--quiet]
+set -euo pipefail
+
+quiet=0
+[[ "${1:-}" == "--quiet" ]] && quiet=1
+say() { [[ $quiet == 1 ]] || echo "setup: $*"; }
+
+TORCH_VERSION=2.11.0
+cache="${PACKTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/packtrain}"
+venv="$cache/venv-torch-$TORCH_VERSION"
+
+# --- Debian packages -------------------------------------------------------
+debs=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev libbenchmark-dev
+      libfmt-dev libcli11-dev nlohmann-json3-dev python3-venv)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [[ $(id -u) == 0 ]] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+  say "Debian packages present"
+fi
+
+# --- LibTorch from PyPI, in a cached virtual environment -----------------------
+torch_ok() {
+  [[ -x "$venv/bin/python" ]] &&
+    "$venv/bin/python" - "$TORCH_VERSION" <<'PY' 2>/dev/null
+import sys, importlib.metadata as md
+v = md.version("torch")
+sys.exit(0 if v.split("+")[0] == sys.argv[1] else 1)
+PY
+}
+if torch_ok; then
+  say "torch $TORCH_VERSION present in $venv"
+else
+  say "installing torch==$TORCH_VERSION (CUDA 13.0 build, with its CUDA libraries) into $venv"
+  mkdir -p "$cache"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+  torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $venv" >&2; exit 1; }
+fi
+
+# --- CUDA toolkit (already on the machine) ------------------------------------
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  say "CUDA toolkit: $( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) )"
+else
+  say "warning: no CUDA toolkit found (nvcc); packtrain builds CPU-only"
+fi

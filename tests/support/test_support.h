@@ -1,0 +1,41 @@
+// Shared test helpers: the one tolerance check, device parameters, and a main that
+// fails any test during which LibTorch logs a warning.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace packtrain::testing {
+
+// Max |a - b| over all elements; a and b must have equal shapes.
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b);
+
+// The one tolerance helper: passes when max |actual - expected| <= tolerance,
+// otherwise fails naming the worst element (index, both values, the difference).
+::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double tolerance);
+// Bitwise-equal values (torch::equal); on failure names the worst element.
+::testing::AssertionResult all_equal(const at::Tensor& actual, const at::Tensor& expected);
+
+// Devices a device-parameterized test runs on: CPU and CUDA, always both, so the
+// CUDA instances exist and skip with their reason on a machine without a GPU.
+std::vector<c10::Device> test_devices();
+// Empty when `device` can run here, else why not ("no CUDA device: ...").
+std::string device_unavailable_reason(const c10::Device& device);
+std::string device_name(const ::testing::TestParamInfo<c10::Device>& info);
+
+// Base for device-parameterized tests: SetUp skips with the printed reason.
+class DeviceTest : public ::testing::TestWithParam<c10::Device> {
+ protected:
+  void SetUp() override;
+  c10::Device device() const { return GetParam(); }
+};
+
+}  // namespace packtrain::testing
+
+#define PACKTRAIN_INSTANTIATE_DEVICE_TESTS(Suite)                                                \
+  INSTANTIATE_TEST_SUITE_P(Devices, Suite, ::testing::ValuesIn(::packtrain::testing::test_devices()), \
+                           ::packtrain::testing::device_name)
