@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Ratios of member-steps/s between benchmark families, from one packtrain_bench run.
+
+Usage: scripts/bench_ratio.py BENCH_JSON [--base NaiveLoop] [--families PackedEager ...]
+Reads Google Benchmark's JSON (--benchmark_out=F --benchmark_out_format=json, with
+--benchmark_repetitions=N: medians are used when present) and prints, for every
+argument set both families ran, each family's member-steps/s and its ratio to the base.
+"""
+import argparse
+import json
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench_json")
+    ap.add_argument("--base", default="NaiveLoop")
+    ap.add_argument("--families", nargs="*", default=["PackedEager"])
+    args = ap.parse_args()
+    with open(args.bench_json) as f:
+        report = json.load(f)
+    rates = {}
+    have_medians = any(b.get("aggregate_name") == "median" for b in report["benchmarks"])
+    for b in report["benchmarks"]:
+        if have_medians and b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"] if "run_name" in b else b["name"]
+        family, _, rest = name.partition("/")
+        rest = rest.removesuffix("/real_time")
+        rates[(family, rest)] = b["items_per_second"]
+    ctx = report.get("context", {})
+    print(f"# {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, device {ctx.get('device', '?')}, "
+          f"{ctx.get('date', '?')}, {'median of repetitions' if have_medians else 'single run'}")
+    print(f"| workload | {args.base} member-steps/s | " + " | ".join(f"{f} member-steps/s | {f} / {args.base}" for f in args.families) + " |")
+    print("|---|---:|" + "---:|---:|" * len(args.families))
+    for (family, rest), base_rate in sorted(rates.items(), key=lambda kv: kv[0][1]):
+        if family != args.base:
+            continue
+        cells = []
+        for f in args.families:
+            r = rates.get((f, rest))
+            cells.append("n/a | n/a" if r is None else f"{r:,.0f} | {r / base_rate:.1f}x")
+        print(f"| {rest} | {base_rate:,.0f} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
