@@ -57,12 +57,14 @@ std::vector<ParameterSpec> mlp_specs(const PackedMLPOptions& o) {
   return specs;
 }
 
-at::Tensor activate(const at::Tensor& h, Activation activation) {
+// h is a fresh intermediate nobody else holds, so activations whose backward needs
+// only their output (relu, tanh) run in place and save one (K, B, H) buffer.
+at::Tensor activate(at::Tensor h, Activation activation) {
   switch (activation) {
-    case Activation::kReLU: return at::relu(h);
+    case Activation::kReLU: return at::relu_(h);
     case Activation::kGELU: return at::gelu(h);
     case Activation::kSiLU: return at::silu(h);
-    case Activation::kTanh: return at::tanh(h);
+    case Activation::kTanh: return at::tanh_(h);
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled activation");
 }

@@ -1,5 +1,7 @@
 #include "ensemble/optimizers/adam.h"
 
+#include "ensemble/optimizers/adam_cpu_kernel.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -37,23 +39,40 @@ void PackedAdam::step() {
   // then (K, 1) columns in the parameters' dtype (where() of two scalars would be
   // float32: one operand is always a float64 tensor). A frozen member gets the
   // identity: moments and weights scaled by 1 plus 0.
-  drop_masked_gradients();
   const at::Tensor active = mask_.to(at::kDouble);
   step_.add_(active);
   const at::Tensor steps = step_.clamp_min(1);  // a never-stepped frozen member: no 0/0
   const at::Tensor bias_correction1 = 1 - at::pow(beta1, steps);
   const at::Tensor bias_correction2 = 1 - at::pow(beta2, steps);
+  const bool decay = options_.weight_decay() != 0;
+  const bool decoupled = decay && options_.decoupled_weight_decay();
+
+  if (parameters_->flat().is_cpu()) {
+    // One pass per block (adam_cpu_kernel.h); frozen rows are skipped there.
+    detail::AdamCoefficients c;
+    c.active = active;
+    c.neg_step_size = -(lr_ / bias_correction1) * active;
+    c.sqrt_bias_correction2 = bias_correction2.sqrt();
+    if (decoupled) c.decay_factor = 1 - lr_ * weight_decay_ * active;
+    if (decay && !decoupled) c.l2 = weight_decay_;
+    for (size_t i = 0; i < param_blocks_.size(); ++i) {
+      detail::adam_update_cpu(param_blocks_[i], grad_blocks_[i], exp_avg_blocks_[i], exp_avg_sq_blocks_[i], c,
+                              beta1, beta2, options_.eps());
+    }
+    return;
+  }
+
+  drop_masked_gradients();
   const at::Tensor keep1 = column(at::where(mask_, at::full_like(step_, beta1), 1.0));
   const at::Tensor keep2 = column(at::where(mask_, at::full_like(step_, beta2), 1.0));
   const at::Tensor take1 = column(active * (1 - beta1));
   const at::Tensor take2 = column(active * (1 - beta2));
   const at::Tensor neg_step_size = column(-(lr_ / bias_correction1) * active);
   const at::Tensor sqrt_bias_correction2 = column(bias_correction2.sqrt());
-  const bool decay = options_.weight_decay() != 0;
-  const at::Tensor decay_factor = decay && options_.decoupled_weight_decay()
+  const at::Tensor decay_factor = decoupled
                                       ? column(1 - lr_ * weight_decay_ * active)
                                       : at::Tensor();
-  const at::Tensor l2 = decay && !options_.decoupled_weight_decay() ? column(weight_decay_) : at::Tensor();
+  const at::Tensor l2 = decay && !decoupled ? column(weight_decay_) : at::Tensor();
 
   for (size_t i = 0; i < param_blocks_.size(); ++i) {
     const at::Tensor& p = param_blocks_[i];  // (K, n_i)

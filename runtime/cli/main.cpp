@@ -3,6 +3,7 @@
 // per-member and ensemble test metrics.
 //
 // Exit status: 0 success, 2 bad input (data, options), 1 internal error.
+#include "runtime/cpu_memory.h"
 #include "runtime/data_error.h"
 #include "runtime/ensemble_trainer.h"
 #include "runtime/uci_dataset.h"
@@ -76,6 +77,7 @@ int run_train(const TrainArgs& args) {
     return t.index_select(0, at::tensor(idx, at::kLong));
   };
   const c10::Device device = pick_device(args.device);
+  if (device.is_cpu()) runtime::retain_freed_cpu_memory();
   runtime::EnsembleTrainer trainer(runtime::EnsembleTrainerOptions()
                                        .members(args.members)
                                        .hidden(args.hidden)

@@ -1,0 +1,87 @@
+#include "ensemble/optimizers/adam_cpu_kernel.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace packtrain::ensemble::detail {
+
+namespace {
+
+// The update of rows [begin, end) for one variant (AdamW decay / Adam L2 / none),
+// branch-free in the inner loop so it vectorizes (built with -fopenmp-simd
+// -fno-math-errno). Scalars are cast to scalar_t first, as ATen does for a
+// tensor-scalar op, so float32 rounds as torch::optim does.
+template <typename scalar_t, bool kDecay, bool kL2>
+void adam_rows(scalar_t* P, const scalar_t* G, scalar_t* M, scalar_t* V, int64_t n, int64_t begin, int64_t end,
+               const AdamCoefficients& c, double beta1, double beta2, double eps) {
+  const double* active = c.active.data_ptr<double>();
+  const double* neg_step = c.neg_step_size.data_ptr<double>();
+  const double* sqrt_bc2 = c.sqrt_bias_correction2.data_ptr<double>();
+  const double* decay = kDecay ? c.decay_factor.data_ptr<double>() : nullptr;
+  const double* l2 = kL2 ? c.l2.data_ptr<double>() : nullptr;
+  const auto b1 = static_cast<scalar_t>(beta1), b2 = static_cast<scalar_t>(beta2);
+  const auto one_minus_b1 = static_cast<scalar_t>(1 - beta1), one_minus_b2 = static_cast<scalar_t>(1 - beta2);
+  const auto epsilon = static_cast<scalar_t>(eps);
+  for (int64_t k = begin; k < end; ++k) {
+    if (active[k] == 0) continue;  // frozen: untouched
+    const auto step = static_cast<scalar_t>(neg_step[k]);
+    const auto bc2 = static_cast<scalar_t>(sqrt_bc2[k]);
+    const auto dec = kDecay ? static_cast<scalar_t>(decay[k]) : scalar_t(1);
+    const auto wd = kL2 ? static_cast<scalar_t>(l2[k]) : scalar_t(0);
+    scalar_t* __restrict__ pk = P + k * n;
+    const scalar_t* __restrict__ gk = G + k * n;
+    scalar_t* __restrict__ mk = M + k * n;
+    scalar_t* __restrict__ vk = V + k * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      scalar_t w = pk[j];
+      if constexpr (kDecay) w = w * dec;
+      scalar_t grad = gk[j];
+      if constexpr (kL2) grad = grad + w * wd;
+      const scalar_t mj = mk[j] * b1 + grad * one_minus_b1;
+      const scalar_t vj = vk[j] * b2 + one_minus_b2 * grad * grad;
+      mk[j] = mj;
+      vk[j] = vj;
+      const scalar_t denom = std::sqrt(vj) / bc2 + epsilon;
+      pk[j] = w + (mj / denom) * step;
+    }
+  }
+}
+
+template <typename scalar_t>
+void adam_block(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                const AdamCoefficients& c, double beta1, double beta2, double eps) {
+  const int64_t K = p.size(0), n = p.size(1);
+  scalar_t* P = p.data_ptr<scalar_t>();
+  const scalar_t* G = g.data_ptr<scalar_t>();
+  scalar_t* M = m.data_ptr<scalar_t>();
+  scalar_t* V = v.data_ptr<scalar_t>();
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));
+  at::parallel_for(0, K, grain, [&](int64_t begin, int64_t end) {
+    if (c.decay_factor.defined()) {
+      adam_rows<scalar_t, true, false>(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
+    } else if (c.l2.defined()) {
+      adam_rows<scalar_t, false, true>(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
+    } else {
+      adam_rows<scalar_t, false, false>(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
+    }
+  });
+}
+
+}  // namespace
+
+void adam_update_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                     const AdamCoefficients& c, double beta1, double beta2, double eps) {
+  TORCH_INTERNAL_ASSERT(p.is_contiguous() && g.is_contiguous() && m.is_contiguous() && v.is_contiguous());
+  switch (p.scalar_type()) {
+    case at::kFloat: return adam_block<float>(p, g, m, v, c, beta1, beta2, eps);
+    case at::kDouble: return adam_block<double>(p, g, m, v, c, beta1, beta2, eps);
+    default: TORCH_CHECK(false, "packed Adam on CPU supports float32 and float64 parameters, got ", p.scalar_type());
+  }
+}
+
+}  // namespace packtrain::ensemble::detail
