@@ -2,10 +2,10 @@
 //   NaiveLoop    - K standalone LibTorch models, each with its own torch::optim::AdamW,
 //                  one step each in a loop (what users write today);
 //   PackedEager  - one PackedMLP of K members and one PackedAdam (AdamW), eager.
-// Workload: I=8 inputs, 1 output, `depth` 2 hidden layers of width `hidden`, ReLU,
-// MSE, AdamW lr 1e-3, float32, one fixed batch already on the device.
+// Workload: I=8 inputs, 1 output, hidden layers of width `hidden` (one by default:
+// the Deep Ensembles UCI regressor; PACKTRAIN_BENCH_DEPTH=2 for two), ReLU, MSE,
+// AdamW lr 1e-3, float32, one fixed batch already on the device.
 // items_per_second counts member-steps (one member doing one optimizer step).
-// Depth 2 and I = 8: a small regressor for the UCI tabular sets in data/.
 // Device: CUDA when available (or PACKTRAIN_BENCH_DEVICE=cpu|cuda), else CPU.
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/pack.h"
@@ -28,7 +28,11 @@ using namespace packtrain::ensemble;
 
 constexpr int64_t kIn = 8;
 constexpr int64_t kOut = 1;
-constexpr int64_t kDepth = 2;
+
+int64_t bench_depth() {
+  const char* env = std::getenv("PACKTRAIN_BENCH_DEPTH");
+  return env != nullptr ? std::stoll(env) : 1;
+}
 
 c10::Device bench_device() {
   const char* env = std::getenv("PACKTRAIN_BENCH_DEVICE");
@@ -41,7 +45,7 @@ void synchronize(const c10::Device& device) {
 }
 
 PackedMLPOptions workload(int64_t members, int64_t hidden, c10::Device device) {
-  return PackedMLPOptions(kIn, kOut).members(members).hidden(hidden).depth(kDepth).seed(1).device(device);
+  return PackedMLPOptions(kIn, kOut).members(members).hidden(hidden).depth(bench_depth()).seed(1).device(device);
 }
 
 struct Batch {
@@ -111,6 +115,7 @@ int main(int argc, char** argv) {
   // trains (runtime/cpu_memory.h).
   packtrain::runtime::retain_freed_cpu_memory();
   benchmark::AddCustomContext("device", bench_device().str());
+  benchmark::AddCustomContext("depth", std::to_string(bench_depth()));
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

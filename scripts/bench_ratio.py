@@ -8,6 +8,7 @@ argument set both families ran, each family's member-steps/s and its ratio to th
 """
 import argparse
 import json
+import re
 import sys
 
 
@@ -33,7 +34,7 @@ def main() -> int:
           f"{ctx.get('date', '?')}, {'median of repetitions' if have_medians else 'single run'}")
     print(f"| workload | {args.base} member-steps/s | " + " | ".join(f"{f} member-steps/s | {f} / {args.base}" for f in args.families) + " |")
     print("|---|---:|" + "---:|---:|" * len(args.families))
-    for (family, rest), base_rate in sorted(rates.items(), key=lambda kv: kv[0][1]):
+    for (family, rest), base_rate in sorted(rates.items(), key=lambda kv: [int(n) for n in re.findall(r"\d+", kv[0][1])]):
         if family != args.base:
             continue
         cells = []
