@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE (through the device tool, carry: [".device"]): unpacks the
+# carried .deb files into a prefix, configures against the machine's own PyTorch
+# (python3 -c "import torch.utils; print(torch.utils.cmake_prefix_path)"), builds,
+# runs every test (CUDA instances included) and the benchmark, and leaves logs and
+# JSON in $OUT.
+#   scripts/device/build_and_test.sh [extra packtrain_bench args]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/packtrain-out}"
+mkdir -p "$out"
+prefix="$PWD/.device/prefix"
+mkdir -p "$prefix"
+for deb in .device/debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+{ nvidia-smi || true; nvcc --version | tail -1; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } \
+  > "$out/machine.txt" 2>&1
+torch_prefix=$(python3 -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix/usr;$prefix/usr/lib/x86_64-linux-gnu/cmake;$torch_prefix" \
+  -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include" -DPACKTRAIN_USE_CCACHE=OFF > "$out/configure.log" 2>&1
+cmake --build build-device -j 16 > "$out/build.log" 2>&1
+ctest --test-dir build-device --output-on-failure -j 4 > "$out/ctest.log" 2>&1 || true
+build-device/bin/packtrain_bench --benchmark_repetitions=5 --benchmark_min_time=0.5 \
+  --benchmark_out="$out/bench.json" --benchmark_out_format=json "$@" > "$out/bench.txt" 2>&1 || true
+tail -3 "$out/ctest.log"
