@@ -60,7 +60,7 @@ at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor&
               target.defined() ? c10::toString(target.scalar_type()) : "undefined");
   TORCH_CHECK(logits.device() == target.device(), "packed_cross_entropy_loss: logits are on ",
               logits.device(), " but the target is on ", target.device());
-  const int64_t K = logits.size(0), B = logits.size(1), C = logits.size(2);
+  const int64_t K = logits.size(0), B = logits.size(1);
   at::Tensor t;
   if (target.dim() == 1) {
     TORCH_CHECK(target.size(0) == B, "packed_cross_entropy_loss: shared target must be [", B,
@@ -74,7 +74,6 @@ at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor&
   }
   const at::Tensor log_probs = at::log_softmax(logits, 2);
   const at::Tensor picked = log_probs.gather(2, t.unsqueeze(2)).squeeze(2);  // (K, B)
-  (void)C;
   return -picked.mean(1);
 }
 
