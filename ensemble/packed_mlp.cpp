@@ -140,9 +140,10 @@ void PackedMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
     TORCH_CHECK(which.dim() == 1 && which.size(0) == K && which.scalar_type() == at::kBool,
                 "reinitialize: the member selection must be a bool tensor of shape [", K, "], got ",
                 which.scalar_type(), " ", which.sizes());
-    at::Tensor host = which.cpu();
+    const at::Tensor host = which.cpu().contiguous();
+    const bool* flags = host.data_ptr<bool>();
     for (int64_t i = 0; i < K; ++i) {
-      if (host[i].item<bool>()) selected.push_back(i);
+      if (flags[i]) selected.push_back(i);
     }
     if (selected.empty()) return;
   } else {

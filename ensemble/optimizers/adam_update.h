@@ -21,4 +21,8 @@ struct AdamCoefficients {
 void adam_update_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                      const AdamCoefficients& c, double beta1, double beta2, double eps);
 
+// p, g, m, v: (K, n) blocks on any device. Zeroes masked members' gradients in g.
+void adam_update_tensor_ops(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                            const AdamCoefficients& c, double beta1, double beta2, double eps);
+
 }  // namespace packtrain::ensemble::detail

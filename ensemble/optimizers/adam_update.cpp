@@ -1,4 +1,4 @@
-#include "ensemble/optimizers/adam_cpu_kernel.h"
+#include "ensemble/optimizers/adam_update.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -72,7 +72,32 @@ void adam_block(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   });
 }
 
+// (K) float64 coefficients as a (K, 1) column in the block's dtype.
+at::Tensor column(const at::Tensor& per_member, const at::Tensor& like) {
+  return per_member.to(like.scalar_type()).view({-1, 1});
+}
+
 }  // namespace
+
+void adam_update_tensor_ops(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                            const AdamCoefficients& c, double beta1, double beta2, double eps) {
+  // Frozen members: gradient zeroed (NaN-safe), moments scaled by 1 plus 0,
+  // weights moved by 0. (where() of two scalars would be float32: one operand is
+  // always a float64 tensor.)
+  const at::Tensor training = c.active.ne(0);
+  g.masked_fill_(training.logical_not().view({-1, 1}), 0);
+  const at::Tensor keep1 = column(at::where(training, at::full_like(c.active, beta1), 1.0), p);
+  const at::Tensor keep2 = column(at::where(training, at::full_like(c.active, beta2), 1.0), p);
+  const at::Tensor take1 = column(c.active * (1 - beta1), p);
+  const at::Tensor take2 = column(c.active * (1 - beta2), p);
+  at::Tensor grad = g;
+  if (c.decay_factor.defined()) p.mul_(column(c.decay_factor, p));   // AdamW: decay the weights
+  if (c.l2.defined()) grad = g.addcmul(p, column(c.l2, p));            // Adam: L2 in the gradient
+  m.mul_(keep1).addcmul_(grad, take1);
+  v.mul_(keep2).addcmul_(grad * take2, grad);
+  const at::Tensor denom = (v.sqrt() / column(c.sqrt_bias_correction2, p)).add_(eps);
+  p.addcmul_(m / denom, column(c.neg_step_size, p));
+}
 
 void adam_update_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                      const AdamCoefficients& c, double beta1, double beta2, double eps) {
