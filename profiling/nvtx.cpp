@@ -2,6 +2,8 @@
 // public headers so only this file sees it).
 #include "profiling/nvtx.h"
 
+#include "profiling/trace.h"
+
 #if PACKTRAIN_HAVE_NVTX
 #include <nvtx3/nvToolsExt.h>
 #endif
@@ -25,13 +27,17 @@ void nvtx_push(const char* name) noexcept {
   attributes.messageType = NVTX_MESSAGE_TYPE_ASCII;
   attributes.message.ascii = name;
   nvtxDomainRangePushEx(packtrain_domain(), &attributes);
+  detail::trace_push(name);
 }
 
-void nvtx_pop() noexcept { nvtxDomainRangePop(packtrain_domain()); }
+void nvtx_pop() noexcept {
+  detail::trace_pop();
+  nvtxDomainRangePop(packtrain_domain());
+}
 #else
 bool nvtx_compiled_in() noexcept { return false; }
-void nvtx_push(const char*) noexcept {}
-void nvtx_pop() noexcept {}
+void nvtx_push(const char* name) noexcept { detail::trace_push(name); }
+void nvtx_pop() noexcept { detail::trace_pop(); }
 #endif
 
 }  // namespace packtrain::profiling

@@ -12,6 +12,8 @@ bool nvtx_compiled_in() noexcept;
 void nvtx_push(const char* name) noexcept;
 void nvtx_pop() noexcept;
 
+// Both also feed the Chrome trace (profiling/trace.h) while one is recording.
+
 // RAII range, in the manner of llm.c's NvtxRange.
 /// Example: { NvtxRange range("step"); forward(); backward(); }
 class NvtxRange {

@@ -2,11 +2,11 @@
 
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/packed_loss.h"
+#include "runtime/ensemble_steps.h"
 #include "profiling/nvtx.h"
 #include "runtime/data_error.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -21,6 +21,7 @@ void EnsembleTrainerOptions::validate() const {
   TORCH_CHECK(batch_size() > 0, "batch size must be positive, got ", batch_size());
   TORCH_CHECK(lr() > 0, "learning rate must be positive, got ", lr());
   TORCH_CHECK(min_variance() >= 0, "min variance must be >= 0, got ", min_variance());
+  TORCH_CHECK(unroll() > 0, "unroll must be positive, got ", unroll());
 }
 
 EnsembleTrainer::EnsembleTrainer(EnsembleTrainerOptions options) : options_(options) { options_.validate(); }
@@ -41,6 +42,7 @@ void EnsembleTrainer::fit(const at::Tensor& x, const at::Tensor& y, const EpochC
   const at::Tensor xs = x_scale_.transform(x).to(f32);  // the whole set lives on the device
   const at::Tensor ys = y_scale_.transform(y).to(f32);
 
+  steps_.reset();  // its graphs refer to the previous model and optimizer
   model_ = std::make_unique<ensemble::PackedMLP>(ensemble::PackedMLPOptions(x.size(1), 2)
                                                      .members(options_.members())
                                                      .hidden(options_.hidden())
@@ -51,31 +53,27 @@ void EnsembleTrainer::fit(const at::Tensor& x, const at::Tensor& y, const EpochC
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
       model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
 
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed() ^ 0x5DEECE66Dull);
-  const int64_t B = options_.batch_size();
-  const int64_t batches = N / B;  // static shapes: the last partial batch is dropped
+  steps_ = std::make_unique<EnsembleSteps>(
+      *model_, *optimizer_, std::vector<at::Tensor>{xs, ys},
+      EnsembleStepsOptions()
+          .batch_size(options_.batch_size())
+          .loss(ensemble::LossKind::kGaussianNLL)
+          .min_variance(options_.min_variance())
+          .unroll(options_.unroll())
+          .seed(options_.seed() ^ 0x5DEECE66Dull)
+          .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log())));
   model_->train(true);
+  const auto report = [&](const std::vector<LossReport>& reports) {
+    for (const LossReport& r : reports) {
+      if (on_epoch) on_epoch(r.first_step / steps_->steps_per_epoch(), r.mean.mean().item<double>());
+    }
+  };
   for (int64_t epoch = 0; epoch < options_.epochs(); ++epoch) {
-    PACKTRAIN_NVTX_RANGE("epoch");
-    const at::Tensor order = at::randperm(N, generator, at::kLong).to(options_.device());
-    at::Tensor loss_sum = at::zeros({}, f32);
-    for (int64_t b = 0; b < batches; ++b) {
-      PACKTRAIN_NVTX_RANGE("step");
-      const at::Tensor index = order.narrow(0, b * B, B);
-      const at::Tensor xb = xs.index_select(0, index);
-      const at::Tensor yb = ys.index_select(0, index);
-      model_->parameters().zero_grad();
-      const at::Tensor losses = ensemble::packed_gaussian_nll_loss(model_->forward(xb), yb, options_.min_variance());
-      const at::Tensor total = losses.sum();
-      total.backward();
-      optimizer_->step();
-      loss_sum.add_(total.detach());
-      ++steps_taken_;
-    }
-    if (on_epoch) {
-      on_epoch(epoch, loss_sum.item<double>() / static_cast<double>(batches * options_.members()));
-    }
+    steps_->run_epoch();
+    report(steps_->poll_losses());  // earlier epochs whose losses have landed; never waits
   }
+  report(steps_->wait_losses());
+  steps_taken_ = steps_->steps_taken();
   model_->train(false);
 }
 

@@ -1,10 +1,11 @@
 // EnsembleTrainer: trains a packed deep ensemble of Gaussian regressors (mean and
 // variance heads) on standardized data and reports per-member and ensemble metrics
-// in the target's original units. Eager on every device for now; the captured
-// step slots in behind train_step() (graphs/).
+// in the target's original units. Training runs through EnsembleSteps: captured
+// CUDA graphs on a GPU, the same steps eagerly on CPU.
 #pragma once
 
 #include "ensemble/packed_mlp.h"
+#include "graphs/graph_log.h"
 #include "runtime/standardizer.h"
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +17,9 @@
 
 namespace packtrain::ensemble {
 class PackedAdam;
+}
+namespace packtrain::runtime {
+class EnsembleSteps;
 }
 
 namespace packtrain::runtime {
@@ -33,6 +37,9 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
   TORCH_ARG(uint64_t, seed) = 0;
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+  TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
+  TORCH_ARG(int64_t, unroll) = 8;   // training steps per graph replay
+  TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks
 
  public:
   // Throws naming the offending field and value.
@@ -78,6 +85,7 @@ class EnsembleTrainer {
   EnsembleTrainerOptions options_;
   std::unique_ptr<ensemble::PackedMLP> model_;
   std::unique_ptr<ensemble::PackedAdam> optimizer_;
+  std::unique_ptr<EnsembleSteps> steps_;
   Standardizer x_scale_, y_scale_;
   int64_t steps_taken_ = 0;
 };

@@ -44,9 +44,10 @@ void PackedAdam::step() {
   const bool decoupled = decay && options_.decoupled_weight_decay();
   detail::AdamCoefficients c;
   c.active = active;
-  c.neg_step_size = -(lr_ / (1 - at::pow(beta1, steps))) * active;
+  const at::Tensor lr = scheduled_lr(step_ - active);
+  c.neg_step_size = -(lr / (1 - at::pow(beta1, steps))) * active;
   c.sqrt_bias_correction2 = (1 - at::pow(beta2, steps)).sqrt();
-  if (decoupled) c.decay_factor = 1 - lr_ * weight_decay_ * active;
+  if (decoupled) c.decay_factor = 1 - lr * weight_decay_ * active;
   if (decay && !decoupled) c.l2 = weight_decay_;
 
   const bool cpu = parameters_->flat().is_cpu();

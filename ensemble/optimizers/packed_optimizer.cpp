@@ -25,6 +25,21 @@ PackedOptimizer::PackedOptimizer(PackedParameters& parameters, double lr, double
   weight_decay_ = at::full({K}, weight_decay, opts.dtype(at::kDouble));
   mask_ = at::ones({K}, opts.dtype(at::kBool));
   step_ = at::zeros({K}, opts.dtype(at::kDouble));
+  current_lr_ = lr_.clone();
+}
+
+void PackedOptimizer::set_schedule(LrSchedule schedule) {
+  schedule.validate();
+  schedule_ = schedule;
+}
+
+at::Tensor PackedOptimizer::scheduled_lr(const at::Tensor& update_number) {
+  if (schedule_.is_constant()) {
+    current_lr_.copy_(lr_);
+  } else {
+    current_lr_.copy_(lr_ * schedule_.factor(update_number));
+  }
+  return current_lr_;
 }
 
 void PackedOptimizer::set_lr(const at::Tensor& lr) {

@@ -3,6 +3,7 @@
 // and no host scalar that changes between steps enters an update.
 #pragma once
 
+#include "ensemble/optimizers/lr_schedule.h"
 #include "ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
@@ -32,7 +33,10 @@ class PackedOptimizer {
 
   // (K) float64 tensors on the parameters' device. Write them in place (fill_,
   // copy_) to change a member's hyperparameters; a captured step sees the change.
+  // lr() is the base rate the schedule multiplies.
   const at::Tensor& lr() const { return lr_; }
+  // (K) float64: the learning rate the last update used (base rate times schedule).
+  const at::Tensor& current_lr() const { return current_lr_; }
   const at::Tensor& weight_decay() const { return weight_decay_; }
   // (K) bool: true where a member trains.
   const at::Tensor& mask() const { return mask_; }
@@ -43,6 +47,11 @@ class PackedOptimizer {
   void set_lr(const at::Tensor& lr);
   void set_weight_decay(const at::Tensor& weight_decay);
   void set_mask(const at::Tensor& mask);
+
+  // The schedule every member follows from its own step count (so a re-initialized
+  // member, whose count is reset, starts its schedule again). Default: constant.
+  void set_schedule(LrSchedule schedule);
+  const LrSchedule& schedule() const { return schedule_; }
 
  protected:
   // (K) per-member values as a (K, 1) column in the parameters' dtype, for
@@ -56,6 +65,9 @@ class PackedOptimizer {
   // Ignores the gradients of masked members (NaN included) by zeroing them.
   void drop_masked_gradients() const;
   at::Tensor checked_selection(const at::Tensor& which) const;
+  // The (K) float64 learning rates of this update, where `update_number` (K, float64)
+  // counts each member's earlier updates; also stored in current_lr().
+  at::Tensor scheduled_lr(const at::Tensor& update_number);
 
   PackedParameters* parameters_;
   std::vector<at::Tensor> param_blocks_;  // (K, n_i) views of the parameters
@@ -64,6 +76,8 @@ class PackedOptimizer {
   at::Tensor weight_decay_;  // (K) float64
   at::Tensor mask_;          // (K) bool
   at::Tensor step_;          // (K) float64
+  at::Tensor current_lr_;    // (K) float64
+  LrSchedule schedule_;
 };
 
 }  // namespace packtrain::ensemble

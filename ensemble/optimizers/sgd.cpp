@@ -34,7 +34,7 @@ void PackedSGD::step() {
   at::NoGradGuard no_grad;
   drop_masked_gradients();
   const at::Tensor active = mask_.to(at::kDouble);
-  const at::Tensor neg_lr = column(-lr_ * active);
+  const at::Tensor neg_lr = column(-scheduled_lr(step_) * active);
   const at::Tensor l2 = options_.weight_decay() != 0 ? column(weight_decay_) : at::Tensor();
   at::Tensor keep, take;
   if (momentum_buffer_.defined()) {

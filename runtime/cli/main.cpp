@@ -1,11 +1,14 @@
 // The packtrain command line. `packtrain train` trains a packed deep ensemble on
 // a bundled UCI data set (or any data set directory in that format) and prints
-// per-member and ensemble test metrics.
+// per-member and ensemble test metrics; `packtrain profile` reports how much of a
+// training step is kernel launches (profiling/launch_report.h).
 //
 // Exit status: 0 success, 2 bad input (data, options), 1 internal error.
+#include "profiling/trace.h"
 #include "runtime/cpu_memory.h"
 #include "runtime/data_error.h"
 #include "runtime/ensemble_trainer.h"
+#include "runtime/launch_profile.h"
 #include "runtime/uci_dataset.h"
 
 #include <ATen/ATen.h>
@@ -33,7 +36,7 @@ fs::path bundled_data_dir() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path candidate : {exe.parent_path() / "../../data", exe.parent_path() / "../share/packtrain/data"}) {
+    for (const fs::path& candidate : {exe.parent_path() / "../../data", exe.parent_path() / "../share/packtrain/data"}) {
       if (fs::is_directory(candidate)) return fs::weakly_canonical(candidate);
     }
   }
@@ -55,6 +58,23 @@ struct TrainArgs {
   std::string device = "auto";
   bool json = false;
   bool quiet = false;
+  bool eager = false;
+  int64_t unroll = 8;
+  std::string trace;
+};
+
+struct ProfileArgs {
+  int64_t members = 64;
+  int64_t hidden = 64;
+  int64_t depth = 1;
+  int64_t batch = 128;
+  int64_t unroll = 1;
+  int64_t steps = 200;
+  std::string device = "auto";
+  bool graph = false;
+  bool eager = false;
+  bool json = false;
+  std::string trace;
 };
 
 c10::Device pick_device(const std::string& name) {
@@ -78,6 +98,7 @@ int run_train(const TrainArgs& args) {
   };
   const c10::Device device = pick_device(args.device);
   if (device.is_cpu()) runtime::retain_freed_cpu_memory();
+  std::vector<std::string> log_lines;  // graph decisions; in the JSON when --json
   runtime::EnsembleTrainer trainer(runtime::EnsembleTrainerOptions()
                                        .members(args.members)
                                        .hidden(args.hidden)
@@ -88,7 +109,16 @@ int run_train(const TrainArgs& args) {
                                        .lr(args.lr)
                                        .weight_decay(args.weight_decay)
                                        .seed(args.seed)
-                                       .device(device));
+                                       .device(device)
+                                       .capture(!args.eager)
+                                       .unroll(args.unroll)
+                                       .log([&](const std::string& line) {
+                                         if (args.json) {
+                                           log_lines.push_back(line);
+                                         } else {
+                                           fmt::print(stderr, "[packtrain] {}\n", line);
+                                         }
+                                       }));
   const bool progress = !args.quiet && !args.json;
   const bool tty = isatty(fileno(stderr));
   if (progress) {
@@ -96,6 +126,7 @@ int run_train(const TrainArgs& args) {
                data.name, args.split, split.train.size(), split.test.size(), data.features.size(1), device.str(),
                args.members, args.depth, args.hidden, args.activation, args.epochs, args.batch);
   }
+  if (!args.trace.empty()) profiling::trace_start();
   const auto start = std::chrono::steady_clock::now();
   const int64_t batches_per_epoch = static_cast<int64_t>(split.train.size()) / args.batch;
   trainer.fit(rows(data.features, split.train), rows(data.targets, split.train), [&](int64_t epoch, double loss) {
@@ -110,6 +141,11 @@ int run_train(const TrainArgs& args) {
   });
   if (progress && tty) fmt::print(stderr, "\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!args.trace.empty()) {
+    profiling::trace_stop();
+    profiling::write_chrome_trace(args.trace);
+    if (progress) fmt::print(stderr, "Chrome trace of the training ranges written to {}\n", args.trace);
+  }
   const runtime::EnsembleMetrics m = trainer.evaluate(rows(data.features, split.test), rows(data.targets, split.test));
 
   if (args.json) {
@@ -122,6 +158,7 @@ int run_train(const TrainArgs& args) {
     out["train_seconds"] = seconds;
     for (const auto& member : m.members) out["member_metrics"].push_back({{"rmse", member.rmse}, {"nll", member.nll}});
     out["ensemble"] = {{"rmse", m.ensemble.rmse}, {"nll", m.ensemble.nll}};
+    out["log"] = log_lines;
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -137,6 +174,27 @@ int run_train(const TrainArgs& args) {
   fmt::print("\nTrained {} members x {} steps in {:.2f} s ({:.0f} member-steps/s) on {}.\n", args.members,
              trainer.steps_taken(), seconds, static_cast<double>(trainer.steps_taken() * args.members) / seconds,
              device.str());
+  return 0;
+}
+
+int run_profile(const ProfileArgs& args) {
+  runtime::ProfileRequest request;
+  request.workload = runtime::WorkloadOptions()
+                         .members(args.members)
+                         .hidden(args.hidden)
+                         .depth(args.depth)
+                         .batch(args.batch)
+                         .device(pick_device(args.device));
+  request.graph = !args.eager;
+  request.unroll = args.unroll;
+  request.steps = args.steps;
+  request.trace_path = args.trace;
+  if (request.workload.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  if (!args.json) fmt::print(stderr, "profiling {} on {} ({} timed steps per path)...\n", request.workload.describe(),
+                             request.workload.device().str(), args.steps);
+  const profiling::LaunchReport report = runtime::profile_launches(request);
+  std::cout << (args.json ? report.json() + "\n" : report.text());
+  if (!args.trace.empty() && !args.json) fmt::print(stderr, "Chrome trace written to {} (open in ui.perfetto.dev)\n", args.trace);
   return 0;
 }
 
@@ -165,6 +223,26 @@ int main(int argc, char** argv) {
   train->add_option("--device", args.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   train->add_flag("--json", args.json, "Print the result as JSON on stdout (no progress)");
   train->add_flag("--quiet", args.quiet, "No progress lines on stderr");
+  train->add_flag("--eager", args.eager, "Run every step eagerly (no CUDA graph capture)");
+  train->add_option("--unroll", args.unroll, "Training steps per CUDA graph replay")->capture_default_str()->check(CLI::PositiveNumber);
+  train->add_option("--trace", args.trace, "Write the run's NVTX ranges as Chrome trace JSON to this file (Perfetto)");
+
+  ProfileArgs pargs;
+  CLI::App* profile = app.add_subcommand(
+      "profile", "Measure how much of a training step is kernel launches: host and device microseconds per step,\n"
+                 "kernels per step, eager versus captured, and a plain verdict (launch-bound or compute-bound).\n"
+                 "Workload: K MLP regressors (8 inputs, 1 output, ReLU, MSE, AdamW) on synthetic data on the device.");
+  profile->add_option("--members", pargs.members, "Ensemble members K")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--hidden", pargs.hidden, "Width of each hidden layer")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--depth", pargs.depth, "Number of hidden layers")->capture_default_str()->check(CLI::NonNegativeNumber);
+  profile->add_option("--batch", pargs.batch, "Mini-batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--unroll", pargs.unroll, "Steps per graph replay on the captured path")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--steps", pargs.steps, "Timed steps per path")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--device", pargs.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  auto* graph_flag = profile->add_flag("--graph", pargs.graph, "Profile the captured step (the default on a GPU)");
+  profile->add_flag("--eager", pargs.eager, "Profile the eager step")->excludes(graph_flag);
+  profile->add_flag("--json", pargs.json, "Print the report as JSON on stdout");
+  profile->add_option("--trace", pargs.trace, "Also write the profiled path's ranges as Chrome trace JSON to this file");
 
   try {
     app.parse(argc, argv);
@@ -173,6 +251,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) return run_train(args);
+    if (profile->parsed()) return run_profile(pargs);
   } catch (const runtime::DataError& e) {
     fmt::print(stderr, "packtrain: error: {}\n", e.what());
     return 2;

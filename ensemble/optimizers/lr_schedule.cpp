@@ -1,0 +1,65 @@
+#include "ensemble/optimizers/lr_schedule.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+namespace packtrain::ensemble {
+
+std::string_view to_string(LrScheduleKind kind) {
+  switch (kind) {
+    case LrScheduleKind::kConstant: return "constant";
+    case LrScheduleKind::kLinearWarmup: return "warmup";
+    case LrScheduleKind::kCosine: return "cosine";
+  }
+  return "?";
+}
+
+LrScheduleKind parse_lr_schedule(std::string_view name) {
+  if (name == "constant") return LrScheduleKind::kConstant;
+  if (name == "warmup") return LrScheduleKind::kLinearWarmup;
+  if (name == "cosine") return LrScheduleKind::kCosine;
+  TORCH_CHECK(false, "unknown learning-rate schedule '", std::string(name),
+              "' (expected constant, warmup or cosine)");
+}
+
+void LrSchedule::validate() const {
+  TORCH_CHECK(warmup_steps() >= 0, "lr schedule: warmup steps must be >= 0, got ", warmup_steps());
+  TORCH_CHECK(kind() != LrScheduleKind::kLinearWarmup || warmup_steps() > 0,
+              "lr schedule: warmup needs warmup steps > 0, got ", warmup_steps());
+  if (kind() == LrScheduleKind::kCosine) {
+    TORCH_CHECK(total_steps() > warmup_steps(), "lr schedule: cosine needs total steps (", total_steps(),
+                ") greater than warmup steps (", warmup_steps(), ")");
+    TORCH_CHECK(min_factor() >= 0 && min_factor() <= 1, "lr schedule: min factor must be in [0, 1], got ",
+                min_factor());
+  }
+}
+
+double LrSchedule::factor(int64_t t) const {
+  t = std::max<int64_t>(t, 0);
+  const int64_t W = warmup_steps();
+  if (kind() == LrScheduleKind::kConstant) return 1.0;
+  if (t < W) return static_cast<double>(t + 1) / static_cast<double>(W);
+  if (kind() == LrScheduleKind::kLinearWarmup) return 1.0;
+  const double p = std::min(1.0, static_cast<double>(t - W) / static_cast<double>(total_steps() - W));
+  return min_factor() + (1 - min_factor()) * 0.5 * (1 + std::cos(std::numbers::pi * p));
+}
+
+at::Tensor LrSchedule::factor(const at::Tensor& t_in) const {
+  TORCH_CHECK(t_in.scalar_type() == at::kDouble, "lr schedule: update numbers must be float64, got ",
+              t_in.scalar_type());
+  const at::Tensor t = t_in.clamp_min(0);
+  if (kind() == LrScheduleKind::kConstant) return at::ones_like(t);
+  const auto W = static_cast<double>(warmup_steps());
+  const at::Tensor warm = W > 0 ? ((t + 1) / W).clamp_max_(1.0) : at::ones_like(t);
+  if (kind() == LrScheduleKind::kLinearWarmup) return warm;
+  const at::Tensor p = ((t - W) / (static_cast<double>(total_steps()) - W)).clamp_(0.0, 1.0);
+  const at::Tensor cosine = (p * std::numbers::pi).cos_().add_(1).mul_(0.5 * (1 - min_factor())).add_(min_factor());
+  return at::where(t < W, warm, cosine);
+}
+
+}  // namespace packtrain::ensemble

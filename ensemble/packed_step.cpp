@@ -1,0 +1,67 @@
+#include "ensemble/packed_step.h"
+
+#include "ensemble/packed_loss.h"
+#include "profiling/nvtx.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <string>
+
+namespace packtrain::ensemble {
+
+std::string_view to_string(LossKind kind) {
+  switch (kind) {
+    case LossKind::kMSE: return "mse";
+    case LossKind::kGaussianNLL: return "gaussian-nll";
+    case LossKind::kCrossEntropy: return "cross-entropy";
+  }
+  return "?";
+}
+
+LossKind parse_loss_kind(std::string_view name) {
+  if (name == "mse") return LossKind::kMSE;
+  if (name == "gaussian-nll") return LossKind::kGaussianNLL;
+  if (name == "cross-entropy") return LossKind::kCrossEntropy;
+  TORCH_CHECK(false, "unknown loss '", std::string(name), "' (expected mse, gaussian-nll or cross-entropy)");
+}
+
+at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance) {
+  switch (kind) {
+    case LossKind::kMSE: return packed_mse_loss(pred, target);
+    case LossKind::kGaussianNLL: return packed_gaussian_nll_loss(pred, target, min_variance);
+    case LossKind::kCrossEntropy: return packed_cross_entropy_loss(pred, target);
+  }
+  TORCH_CHECK(false, "unknown loss kind");
+}
+
+at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
+                             const at::Tensor& y, LossKind kind, double min_variance) {
+  TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
+              "packed_train_step: the optimizer does not hold this model's parameters");
+  model.parameters().zero_grad();
+  at::Tensor losses;
+  {
+    PACKTRAIN_NVTX_RANGE("forward");
+    losses = packed_loss(kind, model.forward(x), y, min_variance);
+  }
+  {
+    PACKTRAIN_NVTX_RANGE("backward");
+    torch::autograd::backward({losses.sum()});
+  }
+  {
+    PACKTRAIN_NVTX_RANGE("optimizer");
+    optimizer.step();
+  }
+  return losses.detach();
+}
+
+at::Tensor packed_eval_losses(const PackedMLP& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,
+                              double min_variance) {
+  at::NoGradGuard no_grad;
+  PACKTRAIN_NVTX_RANGE("eval");
+  return packed_loss(kind, model.forward(x), y, min_variance);
+}
+
+}  // namespace packtrain::ensemble

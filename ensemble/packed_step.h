@@ -1,0 +1,39 @@
+// The packed ensemble's training and evaluation steps as plain functions over
+// tensors: what graphs/ captures (runtime/ composes the two). Every tensor they
+// write exists before the call (gradients are zeroed in place, never reset), so
+// they are safe to capture.
+#pragma once
+
+#include "ensemble/optimizers/packed_optimizer.h"
+#include "ensemble/packed_mlp.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <string_view>
+
+namespace packtrain::ensemble {
+
+enum class LossKind {
+  kMSE,            // pred (K, B, O) against target (B, O) or (K, B, O)
+  kGaussianNLL,    // pred (K, B, 2*O): mean and raw variance per output (gaussian_head)
+  kCrossEntropy,   // logits (K, B, C) against class indices (B) or (K, B), int64
+};
+
+std::string_view to_string(LossKind kind);
+// Parses "mse", "gaussian-nll" or "cross-entropy"; throws naming the accepted values.
+LossKind parse_loss_kind(std::string_view name);
+
+// (K) per-member mean losses of `kind`.
+at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance = 1e-6);
+
+// One training step: gradients zeroed in place, forward, packed loss, backward of
+// the sum (so each member's gradient is its own), one optimizer update (mask,
+// per-member learning rates and schedule included). Returns the (K) losses, detached.
+at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
+                             const at::Tensor& y, LossKind kind, double min_variance = 1e-6);
+
+// Forward without gradients: the (K) per-member mean losses over the batch.
+at::Tensor packed_eval_losses(const PackedMLP& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,
+                              double min_variance = 1e-6);
+
+}  // namespace packtrain::ensemble

@@ -1,0 +1,100 @@
+// CapturedStep: one step function over static buffers, captured once as a CUDA
+// graph and replayed. It knows nothing about what the step computes (ensembles,
+// multi-task models and data-parallel runs all use it).
+//
+// Life of a CUDA step: the first `warmup_steps` calls run eagerly on a side stream
+// (cuBLAS workspaces, autograd state; host synchronization is refused here already),
+// the next call captures the step into the shared pool and replays it, every later
+// call only replays. Each call performs exactly one step, so results equal the
+// eager step's call for call. On CPU, or with capture off, every call runs the same
+// function eagerly, and the reason is logged at the first call.
+#pragma once
+
+#include "graphs/graph_log.h"
+#include "graphs/graph_pool.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace packtrain::graphs {
+
+// One static input buffer: its name (for errors), shape and dtype.
+struct StaticInput {
+  std::string name;
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+// Reads the static inputs (in declaration order) and writes only into tensors that
+// exist before capture (parameters, gradients, optimizer state, accumulators).
+using StepFunction = std::function<void(const std::vector<at::Tensor>& inputs)>;
+
+struct CaptureOptions {
+  /// Example: CaptureOptions().capture(false).warmup_steps(5)
+  TORCH_ARG(bool, capture) = true;        // false: always eager (logged once)
+  TORCH_ARG(int64_t, warmup_steps) = 3;   // eager calls before capture, at least 1
+  TORCH_ARG(GraphLog, log) = log_to_stderr;
+};
+
+enum class StepMode { kEager, kWarmingUp, kGraph };
+const char* to_string(StepMode mode);
+
+class CapturedStep {
+ public:
+  // `pool`: the trainer's shared pool; a private one is made when null.
+  CapturedStep(std::string name, c10::Device device, std::vector<StaticInput> inputs, StepFunction step,
+               CaptureOptions options = {}, std::shared_ptr<GraphPool> pool = nullptr);
+  ~CapturedStep();
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+
+  // Copies `inputs` into the static buffers, then runs one step. Throws naming both
+  // shapes (and dtypes, devices) when an input differs from its buffer.
+  void run(const std::vector<at::Tensor>& inputs);
+  // Runs one step on what the static buffers already hold.
+  void run();
+
+  const std::string& name() const { return name_; }
+  c10::Device device() const { return device_; }
+  const std::vector<StaticInput>& input_specs() const { return specs_; }
+  const std::vector<at::Tensor>& static_inputs() const { return static_inputs_; }
+  StepMode mode() const { return mode_; }
+  // Why the step runs eagerly; empty while it warms up or replays a graph.
+  const std::string& eager_reason() const { return eager_reason_; }
+  // Nodes (kernels, memsets, copies) of the captured graph; 0 before capture.
+  int64_t graph_nodes() const { return graph_nodes_; }
+  int64_t calls() const { return calls_; }
+
+ private:
+  void run_eager();
+  void warm_up();
+  void capture();
+  void fall_back(std::string reason);
+
+  std::string name_;
+  c10::Device device_;
+  std::vector<StaticInput> specs_;
+  std::vector<at::Tensor> static_inputs_;
+  StepFunction step_;
+  CaptureOptions options_;
+  std::shared_ptr<GraphPool> pool_;
+  StepMode mode_ = StepMode::kEager;
+  std::string eager_reason_;
+  int64_t warmed_up_ = 0;
+  int64_t calls_ = 0;
+  int64_t graph_nodes_ = 0;
+  struct Graph;  // at::cuda::CUDAGraph, kept out of this header
+  std::unique_ptr<Graph> graph_;
+};
+
+// "[64, 8] float32 on cuda:0": how errors name a tensor.
+std::string describe(const at::Tensor& tensor);
+
+}  // namespace packtrain::graphs

@@ -1,0 +1,73 @@
+// DeviceBatcher: a whole small data set resident on the device, and the batches a
+// captured step takes from it. Each epoch's order is drawn on the device (one shared
+// permutation, a permutation per member, or a bootstrap resample per member); inside
+// the step, next_batch() gathers batch number `counter` and advances the counter,
+// a device tensor, so U steps can be captured as one graph and no step needs the
+// host.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace packtrain::graphs {
+
+enum class BatchOrder {
+  kShared,     // one permutation per epoch for all members: batches are (B, ...)
+  kPerMember,  // a permutation per member per epoch: batches are (K, B, ...)
+  kBootstrap,  // each member draws N rows with replacement per epoch: (K, B, ...)
+};
+
+std::string_view to_string(BatchOrder order);
+// Parses "shared", "per-member" or "bootstrap"; throws naming the accepted values.
+BatchOrder parse_batch_order(std::string_view name);
+
+class DeviceBatcher {
+ public:
+  // `data`: tensors with one common first dimension N (rows), copied to `device`
+  // once. Batches of `batch_size` rows; an epoch has N / batch_size of them (the
+  // last partial batch is dropped, keeping shapes static).
+  DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, int64_t members, int64_t batch_size,
+                BatchOrder order, uint64_t seed);
+
+  int64_t rows() const { return rows_; }
+  int64_t members() const { return members_; }
+  int64_t batch_size() const { return batch_size_; }
+  int64_t batches_per_epoch() const { return rows_ / batch_size_; }
+  BatchOrder order() const { return order_; }
+  c10::Device device() const { return device_; }
+  const std::vector<at::Tensor>& data() const { return data_; }
+
+  // Outside any graph: draws the next epoch's order on the device, in place, and
+  // rewinds the counter. Never waits for the device.
+  void start_epoch();
+  // Restarts the sequence of orders from `seed` (what a fresh batcher would draw).
+  void reseed(uint64_t seed);
+
+  // Inside a step: batch number (counter mod batches_per_epoch) of this epoch, one
+  // tensor per data tensor, gathered on the device; then counter += 1.
+  std::vector<at::Tensor> next_batch();
+
+  // int64 scalar on the device: batches taken this epoch.
+  const at::Tensor& counter() const { return counter_; }
+  // This epoch's order: (N) for kShared, (K, N) otherwise, int64 on the device.
+  const at::Tensor& epoch_order() const { return order_indices_; }
+
+ private:
+  std::vector<at::Tensor> data_;
+  c10::Device device_;
+  int64_t rows_ = 0;
+  int64_t members_ = 0;
+  int64_t batch_size_ = 0;
+  BatchOrder order_;
+  at::Generator generator_;
+  at::Tensor order_indices_;  // static buffer, rewritten in place each epoch
+  at::Tensor counter_;        // int64 scalar
+  at::Tensor batch_offsets_;  // arange(B), int64
+};
+
+}  // namespace packtrain::graphs
