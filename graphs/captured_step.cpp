@@ -215,6 +215,7 @@ void CapturedStep::capture() {
     graph_nodes_ = static_cast<int64_t>(nodes);
     graph_ = std::move(graph);
     mode_ = StepMode::kGraph;
+    ++captures_;
   }
   PACKTRAIN_NVTX_RANGE("replay");
   graph_->graph.replay();  // capture only recorded the step; this call performs it

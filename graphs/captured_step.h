@@ -71,6 +71,9 @@ class CapturedStep {
   // Nodes (kernels, memsets, copies) of the captured graph; 0 before capture.
   int64_t graph_nodes() const { return graph_nodes_; }
   int64_t calls() const { return calls_; }
+  // Graphs captured so far: 1 once replaying, never more (re-initializing state in
+  // place keeps the graph).
+  int64_t captures() const { return captures_; }
 
  private:
   void run_eager();
@@ -90,6 +93,7 @@ class CapturedStep {
   int64_t warmed_up_ = 0;
   int64_t calls_ = 0;
   int64_t graph_nodes_ = 0;
+  int64_t captures_ = 0;
   struct Graph;  // at::cuda::CUDAGraph, kept out of this header
   std::unique_ptr<Graph> graph_;
 };

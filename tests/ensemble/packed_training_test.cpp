@@ -42,6 +42,7 @@ struct Scenario {
   bool per_member_batches = false;
   bool layer_norm = false;
   Activation activation = Activation::kTanh;
+  LrSchedule schedule{};  // the packed side computes it on the device; torch gets lr set per step
 };
 
 PackedMLPOptions scenario_options(const Scenario& s, c10::Device device) {
@@ -76,6 +77,7 @@ std::unique_ptr<PackedOptimizer> make_packed_optimizer(const Scenario& s, Packed
   std::vector<double> lrs;
   for (int64_t k = 0; k < kMembers; ++k) lrs.push_back(member_lr(s, k));
   opt->set_lr(torch::tensor(lrs, torch::kDouble));
+  opt->set_schedule(s.schedule);
   return opt;
 }
 
@@ -124,6 +126,7 @@ double train_both_and_compare(const Scenario& s, c10::Device device) {
     packed_opt->step();
 
     for (int64_t k = 0; k < kMembers; ++k) {
+      torch_opts[k]->param_groups()[0].options().set_lr(member_lr(s, k) * s.schedule.factor(step));
       torch_opts[k]->zero_grad();
       const at::Tensor xk = s.per_member_batches ? x[k] : x;
       const at::Tensor yk = s.per_member_batches ? y[k] : y;
@@ -185,6 +188,16 @@ TEST_P(PackedTraining, MatchesStandalone_AdamW_Float32) {
 TEST_P(PackedTraining, MatchesStandalone_SGDNesterov_Float32) {
   EXPECT_LE(train_both_and_compare({.optimizer = "sgd_nesterov", .dtype = at::kFloat}, device()),
             kFloat32Tolerance);
+}
+
+TEST_P(PackedTraining, MatchesStandalone_AdamW_CosineSchedule_Float64) {
+  const LrSchedule cosine = LrSchedule().kind(LrScheduleKind::kCosine).warmup_steps(5).total_steps(40).min_factor(0.1);
+  EXPECT_LE(train_both_and_compare({.optimizer = "adamw", .schedule = cosine}, device()), kFloat64Tolerance);
+}
+
+TEST_P(PackedTraining, MatchesStandalone_SGDNesterov_WarmupSchedule_Float64) {
+  const LrSchedule warmup = LrSchedule().kind(LrScheduleKind::kLinearWarmup).warmup_steps(10);
+  EXPECT_LE(train_both_and_compare({.optimizer = "sgd_nesterov", .schedule = warmup}, device()), kFloat64Tolerance);
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedTraining);

@@ -1,0 +1,102 @@
+// DeviceBatcher: each epoch's order is a permutation (or a bootstrap resample)
+// drawn on the device, batches are gathered by the device counter exactly as host
+// indexing of that order would, and reseeding repeats the sequence.
+#include "graphs/device_batcher.h"
+#include "tests/support/test_support.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace {
+
+using namespace packtrain::graphs;
+using packtrain::testing::all_equal;
+using packtrain::testing::DeviceTest;
+
+class DeviceBatcherTest : public DeviceTest {
+ protected:
+  // x row r = [r, r + 0.5], y row r = r: a gathered batch names its rows.
+  std::vector<at::Tensor> data(int64_t rows) const {
+    const at::Tensor r = at::arange(rows, at::kFloat);
+    return {at::stack({r, r + 0.5}, 1), r.unsqueeze(1).to(at::kLong)};
+  }
+};
+
+TEST_P(DeviceBatcherTest, SharedOrderVisitsEveryRowOnceAndGathersBatchesByTheCounter) {
+  DeviceBatcher b(data(50), device(), /*members=*/4, /*batch=*/8, BatchOrder::kShared, 3);
+  EXPECT_EQ(b.batches_per_epoch(), 6) << "the last partial batch is dropped";
+  b.start_epoch();
+  const at::Tensor order = b.epoch_order().cpu().clone();
+  ASSERT_EQ(order.sizes(), (c10::IntArrayRef{50}));
+  EXPECT_TRUE(all_equal(std::get<0>(order.sort()), at::arange(50, at::kLong))) << "a permutation";
+  EXPECT_FALSE(order.equal(at::arange(50, at::kLong))) << "shuffled";
+  for (int64_t i = 0; i < b.batches_per_epoch(); ++i) {
+    const std::vector<at::Tensor> batch = b.next_batch();
+    const at::Tensor rows = order.narrow(0, i * 8, 8);
+    EXPECT_TRUE(all_equal(batch[1].cpu().squeeze(1), rows)) << "batch " << i;
+    EXPECT_TRUE(all_equal(batch[0].cpu().select(1, 0), rows.to(at::kFloat)));
+    EXPECT_EQ(batch[0].device(), device());
+  }
+  EXPECT_EQ(b.counter().item<int64_t>(), 6);
+  // An overrun wraps around within the epoch instead of reading out of range.
+  EXPECT_TRUE(all_equal(b.next_batch()[1].cpu().squeeze(1), order.narrow(0, 0, 8)));
+  b.start_epoch();
+  EXPECT_EQ(b.counter().item<int64_t>(), 0);
+  EXPECT_FALSE(b.epoch_order().cpu().equal(order)) << "a new order each epoch";
+}
+
+TEST_P(DeviceBatcherTest, PerMemberOrdersArePermutationsThatDifferBetweenMembers) {
+  DeviceBatcher b(data(40), device(), 3, 10, BatchOrder::kPerMember, 5);
+  b.start_epoch();
+  const at::Tensor order = b.epoch_order().cpu().clone();
+  ASSERT_EQ(order.sizes(), (c10::IntArrayRef{3, 40}));
+  for (int64_t k = 0; k < 3; ++k) {
+    EXPECT_TRUE(all_equal(std::get<0>(order[k].sort()), at::arange(40, at::kLong))) << "member " << k;
+  }
+  EXPECT_FALSE(order[0].equal(order[1]));
+  const std::vector<at::Tensor> batch = b.next_batch();
+  ASSERT_EQ(batch[0].sizes(), (c10::IntArrayRef{3, 10, 2}));
+  ASSERT_EQ(batch[1].sizes(), (c10::IntArrayRef{3, 10, 1}));
+  EXPECT_TRUE(all_equal(batch[1].cpu().squeeze(2), order.narrow(1, 0, 10)));
+}
+
+TEST_P(DeviceBatcherTest, BootstrapDrawsRowsWithReplacementInRange) {
+  DeviceBatcher b(data(200), device(), 8, 50, BatchOrder::kBootstrap, 7);
+  b.start_epoch();
+  const at::Tensor order = b.epoch_order().cpu().clone();
+  ASSERT_EQ(order.sizes(), (c10::IntArrayRef{8, 200}));
+  EXPECT_GE(order.min().item<int64_t>(), 0);
+  EXPECT_LT(order.max().item<int64_t>(), 200);
+  // With replacement: some rows repeat (P(no repeat in 200 draws) is ~1e-86).
+  EXPECT_LT(std::get<0>(at::_unique2(order[0], true, false, false)).size(0), 200);
+}
+
+TEST_P(DeviceBatcherTest, ReseedingRepeatsTheOrders) {
+  DeviceBatcher a(data(30), device(), 2, 5, BatchOrder::kPerMember, 11);
+  DeviceBatcher b(data(30), device(), 2, 5, BatchOrder::kPerMember, 99);
+  a.start_epoch();
+  const at::Tensor first = a.epoch_order().clone();
+  a.start_epoch();
+  b.reseed(11);
+  b.start_epoch();
+  EXPECT_TRUE(all_equal(b.epoch_order(), first));
+}
+
+TEST_P(DeviceBatcherTest, RejectsBadShapesAndSizes) {
+  const auto opts = at::TensorOptions();
+  EXPECT_THROW(DeviceBatcher({at::zeros({10, 2}), at::zeros({9, 1})}, device(), 2, 4, BatchOrder::kShared, 0),
+               c10::Error);
+  try {
+    DeviceBatcher({at::zeros({10, 2}, opts)}, device(), 2, 11, BatchOrder::kShared, 0);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch size 11 is larger than the data set (10 rows)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_batch_order("random"), c10::Error);
+  EXPECT_EQ(parse_batch_order("bootstrap"), BatchOrder::kBootstrap);
+}
+
+PACKTRAIN_INSTANTIATE_DEVICE_TESTS(DeviceBatcherTest);
+
+}  // namespace
