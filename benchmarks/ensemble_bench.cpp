@@ -1,23 +1,31 @@
 // packtrain_bench: member-steps per second of K small regressors trained
 //   NaiveLoop    - K standalone LibTorch models, each with its own torch::optim::AdamW,
 //                  one step each in a loop (what users write today);
-//   PackedEager  - one PackedMLP of K members and one PackedAdam (AdamW), eager.
+//   PackedEager  - one PackedMLP of K members and one PackedAdam (AdamW), eager;
+//   PackedGraph, PackedGraphUnrolled - the packed step captured as a CUDA graph
+//                  (benchmarks/captured_step_bench.cpp; CUDA only).
 // Workload: I=8 inputs, 1 output, hidden layers of width `hidden` (one by default:
 // the Deep Ensembles UCI regressor; PACKTRAIN_BENCH_DEPTH=2 for two), ReLU, MSE,
 // AdamW lr 1e-3, float32, one fixed batch already on the device.
 // items_per_second counts member-steps (one member doing one optimizer step).
 // Device: CUDA when available (or PACKTRAIN_BENCH_DEVICE=cpu|cuda), else CPU.
+// Members 1..4096 at hidden 64 and batch 128, plus a wider model (hidden 512);
+// PACKTRAIN_BENCH_UNROLL sets U for PackedGraphUnrolled (default: the trainer's).
+#include "benchmarks/captured_step_bench.h"
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/pack.h"
 #include "ensemble/packed_loss.h"
 #include "ensemble/packed_mlp.h"
 #include "runtime/cpu_memory.h"
+#include "runtime/ensemble_steps.h"
 
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -57,6 +65,14 @@ Batch fixed_batch(int64_t batch, c10::Device device) {
   return {at::randn({batch, kIn}, gen).to(device), at::randn({batch, kOut}, gen).to(device)};
 }
 
+// Host time to issue a step (before waiting for the device); a step of all K members.
+struct HostClock {
+  std::chrono::steady_clock::time_point t0;
+  double total_us = 0;
+  void start() { t0 = std::chrono::steady_clock::now(); }
+  void stop() { total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
 void NaiveLoop(benchmark::State& state) {
   const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2);
   const c10::Device device = bench_device();
@@ -69,15 +85,19 @@ void NaiveLoop(benchmark::State& state) {
                                                                torch::optim::AdamWOptions(1e-3)));
   }
   const Batch data = fixed_batch(batch, device);
+  HostClock host;
   for (auto _ : state) {
+    host.start();
     for (int64_t k = 0; k < members; ++k) {
       optimizers[k]->zero_grad();
       torch::mse_loss(models[k]->forward(data.x), data.y).backward();
       optimizers[k]->step();
     }
+    host.stop();
     synchronize(device);
   }
   state.SetItemsProcessed(state.iterations() * members);
+  state.counters["host_us_per_step"] = host.total_us / static_cast<double>(state.iterations());
   state.SetLabel(device.str());
 }
 
@@ -87,24 +107,34 @@ void PackedEager(benchmark::State& state) {
   PackedMLP model(workload(members, hidden, device));
   PackedAdam optimizer(model.parameters(), adamw_options().lr(1e-3));
   const Batch data = fixed_batch(batch, device);
+  HostClock host;
   for (auto _ : state) {
+    host.start();
     model.parameters().zero_grad();
     packed_mse_loss(model.forward(data.x), data.y).sum().backward();
     optimizer.step();
+    host.stop();
     synchronize(device);
   }
   state.SetItemsProcessed(state.iterations() * members);
+  state.counters["host_us_per_step"] = host.total_us / static_cast<double>(state.iterations());
   state.SetLabel(device.str());
 }
 
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"members", "hidden", "batch"});
-  for (int64_t members : {1, 8, 64}) b->Args({members, 64, 128});
+  for (int64_t members : {1, 8, 64, 512, 4096}) b->Args({members, 64, 128});
+  b->Args({64, 512, 128});  // the wider model
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+int64_t bench_unroll() {
+  const char* env = std::getenv("PACKTRAIN_BENCH_UNROLL");
+  return env != nullptr ? std::stoll(env) : packtrain::runtime::kDefaultUnroll;
+}
+
 BENCHMARK(NaiveLoop)->Apply(Args);
-BENCHMARK(PackedEager)->Apply(Args)->Args({512, 64, 128});
+BENCHMARK(PackedEager)->Apply(Args);
 
 }  // namespace
 
@@ -117,6 +147,14 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("device", bench_device().str());
   benchmark::AddCustomContext("depth", std::to_string(bench_depth()));
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
+  const c10::Device device = bench_device();
+  if (device.is_cuda()) {
+    packtrain::benchmarks::register_captured_step_benchmarks(device, bench_depth(), bench_unroll(), Args);
+    benchmark::AddCustomContext("unroll", std::to_string(bench_unroll()));
+  } else {
+    std::fprintf(stderr, "PackedGraph, PackedGraphUnrolled: not run (CUDA graphs need a CUDA device; this run is on %s)\n",
+                 device.str().c_str());
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

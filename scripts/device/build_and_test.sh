@@ -3,7 +3,7 @@
 # carried .deb files into a prefix, configures against the machine's own PyTorch
 # (python3 -c "import torch.utils; print(torch.utils.cmake_prefix_path)"), builds,
 # runs every test (CUDA instances included) and the benchmark, and leaves logs and
-# JSON in $OUT.
+# JSON in $OUT (ctest, benchmark, `packtrain profile` reports and traces, the main job).
 #   scripts/device/build_and_test.sh [extra packtrain_bench args]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,4 +22,9 @@ cmake --build build-device -j 16 > "$out/build.log" 2>&1
 ctest --test-dir build-device --output-on-failure -j 4 > "$out/ctest.log" 2>&1 || true
 build-device/bin/packtrain_bench --benchmark_repetitions=5 --benchmark_min_time=0.5 \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json "$@" > "$out/bench.txt" 2>&1 || true
+for k in 64 4096; do
+  build-device/bin/packtrain profile --members "$k" --json --trace "$out/trace_k$k.json" > "$out/profile_k$k.json" 2>&1 || true
+  build-device/bin/packtrain profile --members "$k" --unroll 8 > "$out/profile_k${k}_u8.txt" 2>&1 || true
+done
+build-device/bin/packtrain train --json > "$out/train.json" 2> "$out/train.err" || true
 tail -3 "$out/ctest.log"
