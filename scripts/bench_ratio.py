@@ -5,6 +5,9 @@ Usage: scripts/bench_ratio.py BENCH_JSON [--base NaiveLoop] [--families PackedEa
 Reads Google Benchmark's JSON (--benchmark_out=F --benchmark_out_format=json, with
 --benchmark_repetitions=N: medians are used when present) and prints, for every
 argument set both families ran, each family's member-steps/s and its ratio to the base.
+With --counter NAME (repeatable) it also prints each family's NAME counter
+(host_us_per_step, device_us_per_step, bound_us_per_step, ...).
+GPU run: --families PackedEager PackedGraph PackedGraphUnrolled --counter host_us_per_step
 """
 import argparse
 import json
@@ -17,18 +20,23 @@ def main() -> int:
     ap.add_argument("bench_json")
     ap.add_argument("--base", default="NaiveLoop")
     ap.add_argument("--families", nargs="*", default=["PackedEager"])
+    ap.add_argument("--counter", action="append", default=[])
     args = ap.parse_args()
     with open(args.bench_json) as f:
         report = json.load(f)
     rates = {}
+    counters = {}
     have_medians = any(b.get("aggregate_name") == "median" for b in report["benchmarks"])
     for b in report["benchmarks"]:
         if have_medians and b.get("aggregate_name") != "median":
             continue
         name = b["run_name"] if "run_name" in b else b["name"]
         family, _, rest = name.partition("/")
-        rest = rest.removesuffix("/real_time")
+        rest = rest.removesuffix("/real_time").removesuffix("/manual_time")
+        if "items_per_second" not in b:  # skipped or failed
+            continue
         rates[(family, rest)] = b["items_per_second"]
+        counters[(family, rest)] = b
     ctx = report.get("context", {})
     print(f"# {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, device {ctx.get('device', '?')}, "
           f"{ctx.get('date', '?')}, {'median of repetitions' if have_medians else 'single run'}")
@@ -42,6 +50,13 @@ def main() -> int:
             r = rates.get((f, rest))
             cells.append("n/a | n/a" if r is None else f"{r:,.0f} | {r / base_rate:.1f}x")
         print(f"| {rest} | {base_rate:,.0f} | " + " | ".join(cells) + " |")
+    families = [args.base] + args.families
+    for name in args.counter:
+        print(f"\n{name}\n| workload | " + " | ".join(families) + " |")
+        print("|---|" + "---:|" * len(families))
+        for rest in sorted({r for (_, r) in rates}, key=lambda r: [int(n) for n in re.findall(r"\d+", r)]):
+            cells = [f"{counters[(f, rest)][name]:,.1f}" if name in counters.get((f, rest), {}) else "n/a" for f in families]
+            print(f"| {rest} | " + " | ".join(cells) + " |")
     return 0
 
 
