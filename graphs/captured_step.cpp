@@ -20,8 +20,13 @@
 
 namespace packtrain::graphs {
 
+// CUDA state: one side stream for every warm-up call and the capture (cuBLAS keeps
+// a workspace per stream, so warm-up prepares exactly what capture will use), and
+// the graph, kept (keep_graph) so its nodes can be counted.
 struct CapturedStep::Graph {
-  at::cuda::CUDAGraph graph{/*keep_graph=*/true};  // kept so its nodes can be counted
+  explicit Graph(c10::cuda::CUDAStream s) : side(s) {}
+  c10::cuda::CUDAStream side;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
 };
 
 const char* to_string(StepMode mode) {
@@ -62,6 +67,33 @@ class RefuseHostSync {
   c10::cuda::SyncDebugMode previous_;
 };
 
+// Orders `from` before `to`: work issued later on `to` waits for what `from` holds now.
+void wait_for(const c10::cuda::CUDAStream& from, const c10::cuda::CUDAStream& to) {
+  at::cuda::CUDAEvent event;
+  event.record(from);
+  event.block(to);
+}
+
+// Runs `body` on `side` after everything already issued on the ambient stream, and
+// makes the ambient stream wait for the side stream however `body` exits.
+template <typename Body>
+void on_side_stream(const c10::cuda::CUDAStream& side, Body&& body) {
+  const c10::cuda::CUDAStream ambient = c10::cuda::getCurrentCUDAStream(side.device_index());
+  wait_for(ambient, side);
+  struct Rejoin {
+    const c10::cuda::CUDAStream& side;
+    const c10::cuda::CUDAStream& ambient;
+    ~Rejoin() {
+      try {
+        wait_for(side, ambient);
+      } catch (...) {  // never throw from a destructor; the original error propagates
+      }
+    }
+  } rejoin{side, ambient};
+  c10::cuda::CUDAStreamGuard stream_guard(side);
+  body();
+}
+
 bool is_host_sync_error(const std::string& what) {
   return what.find("synchronizing CUDA operation") != std::string::npos ||
          what.find("stream is capturing") != std::string::npos ||
@@ -101,6 +133,8 @@ CapturedStep::CapturedStep(std::string name, c10::Device device, std::vector<Sta
     fall_back("the device is the CPU (CUDA graphs need a CUDA device)");
   } else {
     mode_ = StepMode::kWarmingUp;
+    if (device_.index() < 0) device_ = c10::Device(c10::kCUDA, c10::cuda::current_device());
+    cuda_ = std::make_unique<Graph>(c10::cuda::getStreamFromPool(false, device_.index()));
     if (!pool_) pool_ = std::make_shared<GraphPool>(device_);
     TORCH_CHECK(pool_->device() == device_, "step '", name_, "': graph pool is on ", pool_->device(),
                 ", the step on ", device_);
@@ -112,6 +146,7 @@ CapturedStep::~CapturedStep() = default;
 void CapturedStep::fall_back(std::string reason) {
   mode_ = StepMode::kEager;
   eager_reason_ = std::move(reason);
+  fallback_logged_ = false;  // said at the next eager call
 }
 
 void CapturedStep::run(const std::vector<at::Tensor>& inputs) {
@@ -137,14 +172,17 @@ void CapturedStep::run() {
     case StepMode::kWarmingUp: return warm_up();
     case StepMode::kGraph: {
       PACKTRAIN_NVTX_RANGE("replay");
-      graph_->graph.replay();
+      cuda_->graph->replay();
       return;
     }
   }
 }
 
 void CapturedStep::run_eager() {
-  if (calls_ == 1) options_.log()("step '" + name_ + "' runs eagerly: " + eager_reason_);
+  if (!fallback_logged_) {
+    fallback_logged_ = true;
+    options_.log()("step '" + name_ + "' runs eagerly: " + eager_reason_);
+  }
   PACKTRAIN_NVTX_RANGE("step");
   step_(static_inputs_);
 }
@@ -152,73 +190,59 @@ void CapturedStep::run_eager() {
 void CapturedStep::warm_up() {
   if (warmed_up_ == options_.warmup_steps()) return capture();
   PACKTRAIN_NVTX_RANGE("warmup");
-  const auto index = device_.index();
   c10::cuda::CUDAGuard device_guard(device_);
-  const c10::cuda::CUDAStream ambient = c10::cuda::getCurrentCUDAStream(index);
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
-  at::cuda::CUDAEvent ready;
-  ready.record(ambient);
-  ready.block(side);
-  {
-    c10::cuda::CUDAStreamGuard stream_guard(side);
+  on_side_stream(cuda_->side, [&] {
     RefuseHostSync refuse;
     try {
       step_(static_inputs_);
     } catch (const c10::Error& e) {
       if (std::string(e.what()).find("synchronizing CUDA operation") != std::string::npos) {
+        fall_back("it synchronizes the host (refused during warm-up)");
         throw CaptureError(sync_refusal(name_, "during warm-up", e.what_without_backtrace()));
       }
       throw;
     }
-  }
-  at::cuda::CUDAEvent done;
-  done.record(side);
-  done.block(ambient);
+  });
   ++warmed_up_;
 }
 
 void CapturedStep::capture() {
   {
     PACKTRAIN_NVTX_RANGE("capture");
-    const auto index = device_.index();
     c10::cuda::CUDAGuard device_guard(device_);
-    const c10::cuda::CUDAStream ambient = c10::cuda::getCurrentCUDAStream(index);
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
-    at::cuda::CUDAEvent ready;
-    ready.record(ambient);
-    ready.block(side);
-    auto graph = std::make_unique<Graph>();
-    {
-      c10::cuda::CUDAStreamGuard stream_guard(side);
-      graph->graph.capture_begin(pool_->id(), cudaStreamCaptureModeGlobal);
+    auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+    on_side_stream(cuda_->side, [&] {
+      graph->capture_begin(pool_->id(), cudaStreamCaptureModeGlobal);
       try {
         step_(static_inputs_);
       } catch (const std::exception& e) {
         // End the broken capture so the stream and the allocator are usable again.
         try {
-          graph->graph.capture_end();
+          graph->capture_end();
         } catch (const std::exception&) {
-          c10::cuda::CUDACachingAllocator::endAllocateToPool(index, pool_->id());
+          c10::cuda::CUDACachingAllocator::endAllocateToPool(device_.index(), pool_->id());
           at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_->id());
         }
         (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
         const c10::Error* torch_error = dynamic_cast<const c10::Error*>(&e);
         const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
+        // Later calls run eagerly (logged) instead of retrying a capture that fails.
+        fall_back("its capture failed: " + what.substr(0, what.find('\n')));
         if (is_host_sync_error(what)) throw CaptureError(sync_refusal(name_, "during capture", what));
         throw;
       }
-      graph->graph.capture_end();
-    }
+      graph->capture_end();
+    });
     size_t nodes = 0;
-    AT_CUDA_CHECK(cudaGraphGetNodes(graph->graph.raw_cuda_graph(), nullptr, &nodes));
-    graph->graph.instantiate();
+    AT_CUDA_CHECK(cudaGraphGetNodes(graph->raw_cuda_graph(), nullptr, &nodes));
+    graph->instantiate();
     graph_nodes_ = static_cast<int64_t>(nodes);
-    graph_ = std::move(graph);
+    cuda_->graph = std::move(graph);
     mode_ = StepMode::kGraph;
     ++captures_;
   }
   PACKTRAIN_NVTX_RANGE("replay");
-  graph_->graph.replay();  // capture only recorded the step; this call performs it
+  cuda_->graph->replay();  // capture only recorded the step; this call performs it
 }
 
 }  // namespace packtrain::graphs

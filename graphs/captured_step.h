@@ -5,7 +5,8 @@
 // Life of a CUDA step: the first `warmup_steps` calls run eagerly on a side stream
 // (cuBLAS workspaces, autograd state; host synchronization is refused here already),
 // the next call captures the step into the shared pool and replays it, every later
-// call only replays. Each call performs exactly one step, so results equal the
+// call only replays. A step whose warm-up or capture fails (host synchronization
+// throws CaptureError) runs eagerly from then on, logged. Each call performs exactly one step, so results equal the
 // eager step's call for call. On CPU, or with capture off, every call runs the same
 // function eagerly, and the reason is logged at the first call.
 #pragma once
@@ -90,12 +91,13 @@ class CapturedStep {
   std::shared_ptr<GraphPool> pool_;
   StepMode mode_ = StepMode::kEager;
   std::string eager_reason_;
+  bool fallback_logged_ = false;
   int64_t warmed_up_ = 0;
   int64_t calls_ = 0;
   int64_t graph_nodes_ = 0;
   int64_t captures_ = 0;
-  struct Graph;  // at::cuda::CUDAGraph, kept out of this header
-  std::unique_ptr<Graph> graph_;
+  struct Graph;  // side stream and at::cuda::CUDAGraph, kept out of this header
+  std::unique_ptr<Graph> cuda_;
 };
 
 // "[64, 8] float32 on cuda:0": how errors name a tensor.

@@ -13,11 +13,9 @@ namespace {
 
 std::string device_text(c10::Device device) {
   if (device.is_cpu()) return "cpu";
-  return device.str() + " (" + at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name + ")";
+  const int index = device.index() < 0 ? at::cuda::current_device() : device.index();
+  return "cuda:" + std::to_string(index) + " (" + at::cuda::getDeviceProperties(index)->name + ")";
 }
-
-// Steps needed before a captured step replays: warm-up calls plus the capture call.
-constexpr int64_t kCallsToCapture = 4;
 
 profiling::StepCost measure_eager(const ProfileRequest& request) {
   SyntheticWorkload w(WorkloadOptions(request.workload).capture(false).unroll(1).log([](const std::string&) {}));
@@ -47,7 +45,7 @@ profiling::StepCost measure_graph(const ProfileRequest& request, int64_t* nodes_
     } else {
       SyntheticWorkload one(WorkloadOptions(request.workload).capture(true).unroll(1));
       graphs::CapturedStep& s = one.steps().unrolled_step();
-      for (int64_t i = 0; i < kCallsToCapture; ++i) s.run();
+      while (s.mode() == graphs::StepMode::kWarmingUp) s.run();
       *nodes_single_step = s.graph_nodes();
     }
   }

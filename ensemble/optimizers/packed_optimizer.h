@@ -50,6 +50,8 @@ class PackedOptimizer {
 
   // The schedule every member follows from its own step count (so a re-initialized
   // member, whose count is reset, starts its schedule again). Default: constant.
+  // Set it before a step is captured: a graph keeps the schedule's shape (kind,
+  // warm-up, length) it was captured with; the per-member progress stays live.
   void set_schedule(LrSchedule schedule);
   const LrSchedule& schedule() const { return schedule_; }
 
