@@ -10,7 +10,6 @@
 #include <fstream>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
 #include <unistd.h>
 #include <vector>
 

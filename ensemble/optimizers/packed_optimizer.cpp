@@ -34,11 +34,8 @@ void PackedOptimizer::set_schedule(LrSchedule schedule) {
 }
 
 at::Tensor PackedOptimizer::scheduled_lr(const at::Tensor& update_number) {
-  if (schedule_.is_constant()) {
-    current_lr_.copy_(lr_);
-  } else {
-    current_lr_.copy_(lr_ * schedule_.factor(update_number));
-  }
+  if (schedule_.is_constant()) return lr_;
+  current_lr_.copy_(lr_ * schedule_.factor(update_number));
   return current_lr_;
 }
 

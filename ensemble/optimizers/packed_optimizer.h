@@ -36,7 +36,7 @@ class PackedOptimizer {
   // lr() is the base rate the schedule multiplies.
   const at::Tensor& lr() const { return lr_; }
   // (K) float64: the learning rate the last update used (base rate times schedule).
-  const at::Tensor& current_lr() const { return current_lr_; }
+  const at::Tensor& current_lr() const { return schedule_.is_constant() ? lr_ : current_lr_; }
   const at::Tensor& weight_decay() const { return weight_decay_; }
   // (K) bool: true where a member trains.
   const at::Tensor& mask() const { return mask_; }
@@ -68,7 +68,8 @@ class PackedOptimizer {
   void drop_masked_gradients() const;
   at::Tensor checked_selection(const at::Tensor& which) const;
   // The (K) float64 learning rates of this update, where `update_number` (K, float64)
-  // counts each member's earlier updates; also stored in current_lr().
+  // counts each member's earlier updates; also stored in current_lr(). A constant
+  // schedule is lr() itself: no work in the step.
   at::Tensor scheduled_lr(const at::Tensor& update_number);
 
   PackedParameters* parameters_;
