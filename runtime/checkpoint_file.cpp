@@ -1,0 +1,1 @@
+#include "runtime/checkpoint_file.h"

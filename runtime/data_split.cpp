@@ -1,0 +1,1 @@
+#include "runtime/data_split.h"

@@ -1,0 +1,1 @@
+#include "runtime/model_export.h"

@@ -1,0 +1,1 @@
+#include "runtime/table_reader.h"
