@@ -57,14 +57,37 @@ DeviceBatcher::DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, i
   order_indices_ = order_ == BatchOrder::kShared ? at::arange(rows_, longs)
                                                  : at::arange(rows_, longs).expand({members_, rows_}).contiguous();
   counter_ = at::zeros({}, longs);
+  epoch_batches_ = at::full({}, batches_per_epoch(), longs);
   batch_offsets_ = at::arange(batch_size_, longs);
   generator_ = make_generator(device_, seed);
 }
 
 void DeviceBatcher::reseed(uint64_t seed) { generator_ = make_generator(device_, seed); }
 
+at::Tensor DeviceBatcher::generator_state() const { return generator_.get_state(); }
+
+void DeviceBatcher::set_generator_state(const at::Tensor& state) { generator_.set_state(state); }
+
+void DeviceBatcher::set_active_rows(const at::Tensor& rows) {
+  TORCH_CHECK(rows.scalar_type() == at::kLong && (rows.dim() == 1 || (rows.dim() == 2 && rows.size(0) == members_)),
+              "device batcher: active rows must be (n) or (", members_, ", n) int64, got ", rows.sizes(), " ",
+              rows.scalar_type());
+  TORCH_CHECK(rows.dim() == 1 || order_ != BatchOrder::kShared,
+              "device batcher: per-member active rows need a per-member or bootstrap order, not shared");
+  const int64_t n = rows.size(-1);
+  TORCH_CHECK(n >= batch_size_ && n <= rows_, "device batcher: ", n, " active rows, expected between the batch size ",
+              batch_size_, " and the data set's ", rows_, " rows");
+  TORCH_CHECK(rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < rows_,
+              "device batcher: active row index out of range [0, ", rows_, ")");
+  active_ = order_ == BatchOrder::kShared || rows.dim() == 2 ? rows.to(device_).contiguous()
+                                                              : rows.to(device_).expand({members_, n}).contiguous();
+}
+
 void DeviceBatcher::start_epoch() {
   PACKTRAIN_NVTX_RANGE("shuffle");
+  epoch_batches_.fill_(batches_per_epoch());
+  counter_.zero_();
+  if (active_.defined()) return start_active_epoch();
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
   switch (order_) {
     case BatchOrder::kShared:
@@ -78,13 +101,32 @@ void DeviceBatcher::start_epoch() {
       order_indices_.copy_(at::randint(rows_, {members_, rows_}, generator_, longs));
       break;
   }
-  counter_.zero_();
+}
+
+void DeviceBatcher::start_active_epoch() {
+  // The same draws as over all rows, over positions 0..n-1 of the active rows, mapped
+  // to their row indices; the order's tail past n is never reached (the counter
+  // wraps at n / B batches).
+  const int64_t n = active_.size(-1);
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
+  switch (order_) {
+    case BatchOrder::kShared:
+      order_indices_.narrow(0, 0, n).copy_(active_.index_select(0, at::randperm(n, generator_, longs)));
+      break;
+    case BatchOrder::kPerMember:
+      order_indices_.narrow(1, 0, n).copy_(active_.gather(
+          1, at::rand({members_, n}, generator_, at::TensorOptions().device(device_)).argsort(1, false)));
+      break;
+    case BatchOrder::kBootstrap:
+      order_indices_.narrow(1, 0, n).copy_(active_.gather(1, at::randint(n, {members_, n}, generator_, longs)));
+      break;
+  }
 }
 
 std::vector<at::Tensor> DeviceBatcher::next_batch() {
   PACKTRAIN_NVTX_RANGE("gather");
   // Positions of this batch in the epoch's order; the modulo keeps an overrun in range.
-  const at::Tensor positions = counter_.remainder(batches_per_epoch()).mul(batch_size_).add(batch_offsets_);
+  const at::Tensor positions = counter_.remainder(epoch_batches_).mul(batch_size_).add(batch_offsets_);
   std::vector<at::Tensor> batch;
   if (order_ == BatchOrder::kShared) {
     const at::Tensor rows = order_indices_.index_select(0, positions);  // (B)

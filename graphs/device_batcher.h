@@ -37,7 +37,9 @@ class DeviceBatcher {
   int64_t rows() const { return rows_; }
   int64_t members() const { return members_; }
   int64_t batch_size() const { return batch_size_; }
-  int64_t batches_per_epoch() const { return rows_ / batch_size_; }
+  // Rows an epoch draws from: all rows, or the active rows' count.
+  int64_t epoch_rows() const { return active_.defined() ? active_.size(-1) : rows_; }
+  int64_t batches_per_epoch() const { return epoch_rows() / batch_size_; }
   BatchOrder order() const { return order_; }
   c10::Device device() const { return device_; }
   const std::vector<at::Tensor>& data() const { return data_; }
@@ -47,6 +49,18 @@ class DeviceBatcher {
   void start_epoch();
   // Restarts the sequence of orders from `seed` (what a fresh batcher would draw).
   void reseed(uint64_t seed);
+
+  // Restricts the rows later epochs draw from (active learning's labelled set):
+  // `rows` is (n) row indices for every member or (K, n) per member (not with
+  // kShared), with batch_size <= n <= rows(). An epoch then has n / batch_size
+  // batches. No buffer a graph reads is reallocated, so captured steps stay valid.
+  void set_active_rows(const at::Tensor& rows);
+  void clear_active_rows() { active_ = at::Tensor(); }
+  const at::Tensor& active_rows() const { return active_; }
+
+  // The order generator's state (a CPU byte tensor), for checkpoints.
+  at::Tensor generator_state() const;
+  void set_generator_state(const at::Tensor& state);
 
   // Inside a step: batch number (counter mod batches_per_epoch) of this epoch, one
   // tensor per data tensor, gathered on the device; then counter += 1.
@@ -58,6 +72,7 @@ class DeviceBatcher {
   const at::Tensor& epoch_order() const { return order_indices_; }
 
  private:
+  void start_active_epoch();
   std::vector<at::Tensor> data_;
   c10::Device device_;
   int64_t rows_ = 0;
@@ -67,6 +82,8 @@ class DeviceBatcher {
   at::Generator generator_;
   at::Tensor order_indices_;  // static buffer, rewritten in place each epoch
   at::Tensor counter_;        // int64 scalar
+  at::Tensor epoch_batches_;  // int64 scalar: batches_per_epoch() on the device
+  at::Tensor active_;         // (n) or (K, n) int64 on the device; undefined: all rows
   at::Tensor batch_offsets_;  // arange(B), int64
 };
 

@@ -1,2 +1,38 @@
+// Checkpoint files: crash-safe (write a temporary, fsync, rename) and checksummed,
+// so a save interrupted at any point leaves the previous checkpoint readable, and a
+// damaged file is reported as such instead of loading as garbage.
 #pragma once
-// placeholder: being written
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string_view>
+
+namespace packtrain::runtime {
+
+// Writes `bytes` to `path` atomically: into `path` + ".tmp.<pid>" in the same
+// directory, fsync, close, rename over `path`, then fsync the directory. A crash at
+// any point leaves either the old file or the new one at `path`, never a torn one.
+// On failure throws std::runtime_error naming `path` and the errno text, and
+// removes the temporary.
+// `crash_after_bytes` is a test hook (-1 = off): after writing that many bytes the
+// process ends with std::_Exit(70), as a crash mid-save would.
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes = -1);
+
+// Saves `payload` (any IValue torch::pickle_save accepts: a GenericDict of strings,
+// ints, doubles, tensors, lists, nested dicts) atomically in packtrain's container:
+//   8 bytes   magic "PKTRNCK1"
+//   uint32    format version (1), little-endian
+//   uint64    payload length M, little-endian
+//   uint64    FNV-1a 64 checksum of the payload, little-endian
+//   M bytes   payload = torch::pickle_save(payload)
+void save_checkpoint(const std::filesystem::path& path, const c10::IValue& payload, int64_t crash_after_bytes = -1);
+
+// Loads a checkpoint back, tensors on CPU. Throws DataError, one line naming the
+// file, when it is missing, not a packtrain checkpoint (bad magic), of an
+// unsupported version, truncated, corrupted (checksum mismatch or trailing bytes),
+// or its payload cannot be decoded.
+c10::IValue load_checkpoint(const std::filesystem::path& path);
+
+}  // namespace packtrain::runtime

@@ -1,22 +1,27 @@
-// EnsembleTrainer: trains a packed deep ensemble of Gaussian regressors (mean and
-// variance heads) on standardized data and reports per-member and ensemble metrics
-// in the target's original units. Training runs through EnsembleSteps: captured
-// CUDA graphs on a GPU, the same steps eagerly on CPU.
+// EnsembleTrainer: a packed ensemble trained end to end on tabular data.
+//
+// Standardizes features (and regression targets) with statistics of the training
+// rows, trains all K members as one pack through EnsembleSteps (captured CUDA
+// graphs on a GPU, the same steps eagerly on CPU), stops members early one by one
+// (mask-based: the graph never changes) and freezes a member whose loss turns
+// non-finite while the others keep training. Predictions and metrics are in the
+// target's original units. Checkpoints hold everything needed to continue exactly.
 #pragma once
 
-#include "ensemble/packed_mlp.h"
-#include "graphs/graph_log.h"
+#include "runtime/ensemble_trainer_options.h"
 #include "runtime/standardizer.h"
 
 #include <ATen/core/Tensor.h>
-#include <torch/arg.h>
 
+#include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace packtrain::ensemble {
-class PackedAdam;
+class PackedOptimizer;
 }
 namespace packtrain::runtime {
 class EnsembleSteps;
@@ -24,70 +29,140 @@ class EnsembleSteps;
 
 namespace packtrain::runtime {
 
-struct EnsembleTrainerOptions {
-  /// Example: EnsembleTrainerOptions().members(16).epochs(200).batch_size(64)
-  TORCH_ARG(int64_t, members) = 16;
-  TORCH_ARG(int64_t, hidden) = 64;
-  TORCH_ARG(int64_t, depth) = 2;
-  TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
-  TORCH_ARG(int64_t, epochs) = 200;
-  TORCH_ARG(int64_t, batch_size) = 64;
-  TORCH_ARG(double, lr) = 3e-3;
-  TORCH_ARG(double, weight_decay) = 1e-4;
-  TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
-  TORCH_ARG(uint64_t, seed) = 0;
-  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
-  TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
-  TORCH_ARG(int64_t, unroll) = 8;   // training steps per graph replay
-  TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks
+enum class MemberStatus {
+  kTraining,  // still updating
+  kStopped,   // early-stopped: no better validation loss for `patience` epochs
+  kDiverged,  // its loss turned NaN/Inf: frozen (at its best weights when it had any)
+};
+std::string_view to_string(MemberStatus status);
 
- public:
-  // Throws naming the offending field and value.
-  void validate() const;
+struct MemberState {
+  MemberStatus status = MemberStatus::kTraining;
+  int64_t best_epoch = -1;  // 1-based epoch of the best validation loss; -1: none yet
+  double best_loss = std::numeric_limits<double>::infinity();
+  int64_t ended_epoch = -1;  // when it stopped or diverged
+  // False for a diverged member with no earlier good weights: left out of predictions.
+  bool usable = true;
 };
 
-struct MemberMetrics {
-  double rmse = 0;  // original target units
-  double nll = 0;   // Gaussian negative log-likelihood per point, original units
+struct EpochReport {
+  int64_t epoch = 0;   // epochs done (1-based)
+  int64_t epochs = 0;  // the run's target
+  int64_t steps = 0;   // training steps this epoch
+  double train_loss = 0;  // mean over members that trained this epoch (standardized units)
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // mean over usable members; NaN: no validation
+  int64_t active = 0;  // members still training after this epoch
+  std::vector<std::string> events;  // members that stopped or diverged this epoch, in words
+};
+// Called after every epoch; return false to stop after it (an interrupt).
+using EpochCallback = std::function<bool(const EpochReport&)>;
+
+struct Metrics {
+  double rmse = std::numeric_limits<double>::quiet_NaN();      // regression, original units
+  double nll = std::numeric_limits<double>::quiet_NaN();       // per point, original units
+  double accuracy = std::numeric_limits<double>::quiet_NaN();  // classification
 };
 
 struct EnsembleMetrics {
-  std::vector<MemberMetrics> members;
-  MemberMetrics ensemble;  // the uniform mixture, summarized by its mean and variance
+  std::vector<Metrics> members;
+  Metrics ensemble;  // the uniform mixture of the usable members
 };
 
 struct EnsemblePrediction {
-  at::Tensor member_mean;      // (K, N) original units
-  at::Tensor member_variance;  // (K, N)
+  std::vector<int64_t> included;  // members the ensemble statistics use
+  // Regression, original units.
+  at::Tensor member_mean;      // (K, N)
+  at::Tensor member_variance;  // (K, N); Gaussian head only
   at::Tensor mean;             // (N) mixture mean
-  at::Tensor variance;         // (N) mixture variance (spread across and within members)
+  at::Tensor variance;         // (N) mixture variance (Gaussian: within + between members; mean head: between)
+  at::Tensor spread;           // (N) standard deviation of the member means: disagreement
+  // Classification.
+  at::Tensor member_probabilities;  // (K, N, C)
+  at::Tensor probabilities;         // (N, C) mixture
+  at::Tensor predicted;             // (N) original label values (float64)
 };
-
-// Called once per epoch with (epoch, mean training loss over members).
-using EpochCallback = std::function<void(int64_t epoch, double train_loss)>;
 
 class EnsembleTrainer {
  public:
   explicit EnsembleTrainer(EnsembleTrainerOptions options);
   ~EnsembleTrainer();
 
-  // x (N, I), y (N, 1), CPU float64, original units. Fits the standardizers on
-  // them and trains every member for options.epochs() on shuffled mini-batches.
-  void fit(const at::Tensor& x, const at::Tensor& y, const EpochCallback& on_epoch = {});
+  // x (N, I), y (N, 1): CPU float64 in original units (class labels as numbers for
+  // classification). Validation data are optional (undefined tensors). prepare()
+  // fits the standardizers (on `fit_rows` only, when given) and the classes, and
+  // builds the pack and its steps; train() then runs the epochs. fit() does both.
+  void fit(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x = {}, const at::Tensor& val_y = {},
+           const EpochCallback& on_epoch = {});
+  void prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x = {}, const at::Tensor& val_y = {},
+               const at::Tensor& fit_rows = {});
+  // Runs epochs until options().epochs() are done or no member trains; continues a
+  // restored checkpoint where it stopped. False when the callback asked to stop.
+  bool train(const EpochCallback& on_epoch = {});
+
+  // Active learning: train on rows (n) of the prepared training data, or (K, n)
+  // per member (per-member or bootstrap order).
+  void set_training_rows(const at::Tensor& rows);
+  // Every member re-initialized in place from `seed`: weights, optimizer state,
+  // early stopping, epoch count. Captured graphs are kept (no re-capture).
+  void reinitialize(uint64_t seed);
+
   EnsemblePrediction predict(const at::Tensor& x) const;
   EnsembleMetrics evaluate(const at::Tensor& x, const at::Tensor& y) const;
 
+  // Atomically writes a checkpoint: options, standardization, classes, weights,
+  // optimizer state, member states, batch-order RNG state, epoch, history, and
+  // `extra` (the caller's description of the run, stored verbatim).
+  void save(const std::filesystem::path& path, const std::string& extra = "", int64_t crash_after_bytes = -1) const;
+
+  // A checkpoint read from disk (throws DataError if missing, torn or corrupted).
+  struct Checkpoint;
+  static std::shared_ptr<const Checkpoint> read_checkpoint(const std::filesystem::path& path);
+  static EnsembleTrainerOptions checkpoint_options(const Checkpoint& checkpoint);
+  static std::string checkpoint_extra(const Checkpoint& checkpoint);
+  // Restores a checkpoint into this trainer (built from checkpoint_options, the
+  // device may differ). Before prepare(): the model only (predict, evaluate).
+  // After prepare() with the same training data: everything, to continue with train().
+  void restore(const Checkpoint& checkpoint);
+
   const EnsembleTrainerOptions& options() const { return options_; }
+  bool prepared() const { return steps_ != nullptr; }
+  bool has_model() const { return model_ != nullptr; }
   const ensemble::PackedMLP& model() const { return *model_; }
+  ensemble::PackedOptimizer& optimizer() { return *optimizer_; }
+  EnsembleSteps& steps() { return *steps_; }
+  const std::vector<MemberState>& member_states() const { return members_; }
+  int64_t epoch() const { return epoch_; }
   int64_t steps_taken() const { return steps_taken_; }
+  int64_t in_features() const { return in_features_; }
+  const std::vector<double>& classes() const { return classes_; }
+  const Standardizer& x_scale() const { return x_scale_; }
+  const Standardizer& y_scale() const { return y_scale_; }
+  const std::vector<double>& train_loss_history() const { return train_history_; }
+  const std::vector<double>& val_loss_history() const { return val_history_; }
 
  private:
+  int64_t out_features() const;
+  void build_model(int64_t in_features);
+  at::Tensor encode_targets(const at::Tensor& y, const char* what) const;  // standardized or class indices
+  EpochReport run_epoch();
+  void update_members(const at::Tensor& train_loss, const at::Tensor& val_loss, EpochReport& report);
+  void restore_best_weights();
+
   EnsembleTrainerOptions options_;
-  std::unique_ptr<ensemble::PackedMLP> model_;
-  std::unique_ptr<ensemble::PackedAdam> optimizer_;
-  std::unique_ptr<EnsembleSteps> steps_;
+  int64_t in_features_ = 0;
+  std::vector<double> classes_;
   Standardizer x_scale_, y_scale_;
+  std::unique_ptr<ensemble::PackedMLP> model_;
+  std::unique_ptr<ensemble::PackedOptimizer> optimizer_;
+  std::unique_ptr<EnsembleSteps> steps_;
+  at::Tensor val_x_, val_y_;   // standardized, on the device
+  at::Tensor best_params_;     // (N) on the device: each member's best weights
+  at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them
+  std::vector<MemberState> members_;
+  int64_t epoch_ = 0;
   int64_t steps_taken_ = 0;
+  std::vector<double> train_history_, val_history_;
+  uint64_t data_fingerprint_ = 0;  // of the prepared training data; checked on restore
 };
 
 }  // namespace packtrain::runtime

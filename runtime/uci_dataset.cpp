@@ -1,12 +1,12 @@
 #include "runtime/uci_dataset.h"
 
 #include "runtime/data_error.h"
+#include "runtime/data_split.h"
+#include "runtime/table_reader.h"
 
 #include <ATen/ATen.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -16,19 +16,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::ifstream open_or_throw(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) throw DataError(file.string() + ": cannot open file (missing or unreadable)");
-  return in;
-}
-
-// Whitespace-separated numbers per non-blank line; line numbers are 1-based.
+// Whitespace-separated numbers per non-blank line. Kept apart from read_table:
+// data.txt has no header or quoting, and its messages are pinned by the UCI tests.
 struct NumberTable {
   std::vector<std::vector<double>> rows;
 };
 
 NumberTable read_numbers(const fs::path& file) {
-  std::ifstream in = open_or_throw(file);
+  std::ifstream in(file);
+  if (!in) throw DataError(file.string() + ": cannot open file (missing or unreadable)");
   NumberTable table;
   std::string line;
   size_t line_no = 0, width = 0;
@@ -36,21 +32,13 @@ NumberTable read_numbers(const fs::path& file) {
     ++line_no;
     std::istringstream fields(line);
     std::vector<double> row;
-    std::string cell;
-    while (fields >> cell) {
-      const size_t column = row.size() + 1;
-      errno = 0;
-      char* end = nullptr;
-      const double value = std::strtod(cell.c_str(), &end);
-      if (end == cell.c_str() || *end != '\0' || errno == ERANGE) {
-        throw DataError(file.string() + ":" + std::to_string(line_no) + ":" + std::to_string(column) +
-                        ": non-numeric cell '" + cell + "'");
+    for (std::string cell; fields >> cell;) {
+      const ParsedCell parsed = parse_cell(cell);
+      if (parsed.kind != CellKind::kNumber) {
+        throw DataError(file.string() + ":" + std::to_string(line_no) + ":" + std::to_string(row.size() + 1) + ": " +
+                        cell_problem(parsed, cell));
       }
-      if (!std::isfinite(value)) {
-        throw DataError(file.string() + ":" + std::to_string(line_no) + ":" + std::to_string(column) +
-                        ": non-finite value '" + cell + "'");
-      }
-      row.push_back(value);
+      row.push_back(parsed.value);
     }
     if (row.empty()) continue;  // blank lines (some files end with one)
     if (width == 0) width = row.size();
@@ -64,19 +52,10 @@ NumberTable read_numbers(const fs::path& file) {
   return table;
 }
 
-std::vector<int64_t> read_indices(const fs::path& file, int64_t limit) {
-  const NumberTable table = read_numbers(file);
-  std::vector<int64_t> out;
-  for (size_t r = 0; r < table.rows.size(); ++r) {
-    for (double v : table.rows[r]) {
-      if (v != std::floor(v) || v < 0 || v >= static_cast<double>(limit)) {
-        throw DataError(file.string() + ": index " + std::to_string(v) + " (entry " + std::to_string(r + 1) +
-                        ") is not an integer in [0, " + std::to_string(limit) + ")");
-      }
-      out.push_back(static_cast<int64_t>(v));
-    }
-  }
-  return out;
+// "data/concrete/" names the set "concrete", as "data/concrete" does.
+std::string directory_name(const fs::path& dir) {
+  const fs::path normal = dir.lexically_normal();
+  return normal.has_filename() ? normal.filename().string() : normal.parent_path().filename().string();
 }
 
 }  // namespace
@@ -86,8 +65,8 @@ RegressionData load_uci(const fs::path& dir) {
   const NumberTable data = read_numbers(dir / "data.txt");
   const int64_t rows = static_cast<int64_t>(data.rows.size());
   const int64_t cols = static_cast<int64_t>(data.rows.front().size());
-  const std::vector<int64_t> feature_cols = read_indices(dir / "index_features.txt", cols);
-  const std::vector<int64_t> target_cols = read_indices(dir / "index_target.txt", cols);
+  std::vector<int64_t> feature_cols = read_index_file(dir / "index_features.txt", cols);
+  const std::vector<int64_t> target_cols = read_index_file(dir / "index_target.txt", cols);
   if (target_cols.size() != 1) {
     throw DataError((dir / "index_target.txt").string() + ": expected one target column, got " +
                     std::to_string(target_cols.size()));
@@ -100,12 +79,17 @@ RegressionData load_uci(const fs::path& dir) {
     for (size_t c = 0; c < feature_cols.size(); ++c) f[r][c] = data.rows[r][feature_cols[c]];
     t[r][0] = data.rows[r][target_cols[0]];
   }
-  return {dir.filename().string(), features, targets};
+  return {directory_name(dir), features, targets, std::move(feature_cols), target_cols[0]};
 }
 
 int uci_split_count(const fs::path& dir) {
-  const NumberTable table = read_numbers(dir / "n_splits.txt");
-  return static_cast<int>(table.rows.front().front());
+  const fs::path file = dir / "n_splits.txt";
+  const NumberTable table = read_numbers(file);
+  const double count = table.rows.front().front();
+  if (count < 1 || count > 1e6 || count != std::floor(count)) {
+    throw DataError(file.string() + ": expected a positive whole number of splits, got " + std::to_string(count));
+  }
+  return static_cast<int>(count);
 }
 
 SplitIndices load_uci_split(const fs::path& dir, int k, int64_t rows) {
@@ -114,9 +98,10 @@ SplitIndices load_uci_split(const fs::path& dir, int k, int64_t rows) {
     throw DataError(dir.string() + ": split " + std::to_string(k) + " out of range: the data set has splits 0.." +
                     std::to_string(count - 1));
   }
-  SplitIndices split{read_indices(dir / ("index_train_" + std::to_string(k) + ".txt"), rows),
-                     read_indices(dir / ("index_test_" + std::to_string(k) + ".txt"), rows)};
-  return split;
+  DataSplit split{read_index_file(dir / ("index_train_" + std::to_string(k) + ".txt"), rows), {},
+                  read_index_file(dir / ("index_test_" + std::to_string(k) + ".txt"), rows)};
+  check_split(split, rows, dir.string() + " split " + std::to_string(k));
+  return {std::move(split.train), std::move(split.test)};
 }
 
 }  // namespace packtrain::runtime

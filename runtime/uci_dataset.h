@@ -14,6 +14,8 @@ struct RegressionData {
   std::string name;
   at::Tensor features;  // (N, I) float64, CPU
   at::Tensor targets;   // (N, 1) float64, CPU
+  std::vector<int64_t> feature_columns;  // (I) data.txt columns of the features
+  int64_t target_column = -1;            // data.txt column of the target
 };
 
 struct SplitIndices {
@@ -29,7 +31,7 @@ RegressionData load_uci(const std::filesystem::path& dir);
 // Number of standard splits (n_splits.txt).
 int uci_split_count(const std::filesystem::path& dir);
 
-// Split k's 0-based row indices, checked against `rows`.
+// Split k's 0-based row indices, checked to lie in [0, rows) and to be disjoint.
 SplitIndices load_uci_split(const std::filesystem::path& dir, int k, int64_t rows);
 
 }  // namespace packtrain::runtime

@@ -58,4 +58,11 @@ void PackedAdam::step() {
   }
 }
 
+std::vector<std::pair<std::string, at::Tensor>> PackedAdam::state() const {
+  auto out = PackedOptimizer::state();
+  out.emplace_back("exp_avg", exp_avg_);
+  out.emplace_back("exp_avg_sq", exp_avg_sq_);
+  return out;
+}
+
 }  // namespace packtrain::ensemble

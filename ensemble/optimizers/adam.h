@@ -34,6 +34,7 @@ class PackedAdam : public PackedOptimizer {
 
   void step() override;
   void reset_state(const at::Tensor& which = {}) override;
+  std::vector<std::pair<std::string, at::Tensor>> state() const override;
 
   const AdamOptions& options() const { return options_; }
   // Flat (N) moments in the parameters' layout (PackedParameters::blocks).

@@ -86,4 +86,8 @@ void PackedOptimizer::drop_masked_gradients() const {
   for (const at::Tensor& g : grad_blocks_) g.masked_fill_(frozen, 0);
 }
 
+std::vector<std::pair<std::string, at::Tensor>> PackedOptimizer::state() const {
+  return {{"lr", lr_}, {"weight_decay", weight_decay_}, {"mask", mask_}, {"step", step_}};
+}
+
 }  // namespace packtrain::ensemble

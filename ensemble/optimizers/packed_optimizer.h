@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace packtrain::ensemble {
@@ -27,6 +29,11 @@ class PackedOptimizer {
   // Clears moments and step counts of all members, or of those where `which`
   // (K, bool) is true: the optimizer half of an in-place re-initialization.
   virtual void reset_state(const at::Tensor& which = {}) = 0;
+
+  // Every tensor a checkpoint needs to continue exactly, by name: the per-member
+  // hyperparameters, mask and step counts, then the subclass's moments. Loading
+  // copies into these same tensors in place, so captured graphs stay valid.
+  virtual std::vector<std::pair<std::string, at::Tensor>> state() const;
 
   int64_t members() const { return parameters_->members(); }
   PackedParameters& parameters() { return *parameters_; }

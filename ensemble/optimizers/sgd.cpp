@@ -60,4 +60,10 @@ void PackedSGD::step() {
   step_.add_(active);
 }
 
+std::vector<std::pair<std::string, at::Tensor>> PackedSGD::state() const {
+  auto out = PackedOptimizer::state();
+  if (momentum_buffer_.defined()) out.emplace_back("momentum_buffer", momentum_buffer_);
+  return out;
+}
+
 }  // namespace packtrain::ensemble

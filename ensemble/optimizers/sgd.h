@@ -28,6 +28,7 @@ class PackedSGD : public PackedOptimizer {
 
   void step() override;
   void reset_state(const at::Tensor& which = {}) override;
+  std::vector<std::pair<std::string, at::Tensor>> state() const override;
 
   const SGDOptions& options() const { return options_; }
   // Flat (N) buffer in the parameters' layout; undefined when momentum == 0.

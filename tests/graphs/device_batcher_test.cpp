@@ -97,6 +97,44 @@ TEST_P(DeviceBatcherTest, RejectsBadShapesAndSizes) {
   EXPECT_EQ(parse_batch_order("bootstrap"), BatchOrder::kBootstrap);
 }
 
+TEST_P(DeviceBatcherTest, ActiveRowsPerMemberRestrictEachMembersEpochToItsOwnRows) {
+  DeviceBatcher b(data(40), device(), 2, 4, BatchOrder::kPerMember, 9);
+  const at::Tensor rows = at::tensor({0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15}, at::kLong).view({2, 8});
+  b.set_active_rows(rows);
+  EXPECT_EQ(b.batches_per_epoch(), 2) << "8 active rows in batches of 4";
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    b.start_epoch();
+    at::Tensor seen = at::cat({b.next_batch()[1], b.next_batch()[1]}, 1).cpu().squeeze(2);  // (2, 8)
+    for (int64_t k = 0; k < 2; ++k) {
+      EXPECT_TRUE(all_equal(std::get<0>(seen[k].sort()), rows[k])) << "member " << k << " sees exactly its rows";
+    }
+    // The counter wraps at the active epoch's 2 batches, not the full data's 10.
+    EXPECT_TRUE(all_equal(b.next_batch()[1].cpu().squeeze(2), seen.narrow(1, 0, 4)));
+  }
+  b.clear_active_rows();
+  EXPECT_EQ(b.batches_per_epoch(), 10);
+  EXPECT_THROW(b.set_active_rows(at::arange(3, at::kLong)), c10::Error) << "fewer rows than a batch";
+  EXPECT_THROW(b.set_active_rows(at::tensor({0, 1, 2, 40}, at::kLong)), c10::Error) << "out of range";
+  DeviceBatcher shared(data(40), device(), 2, 4, BatchOrder::kShared, 9);
+  EXPECT_THROW(shared.set_active_rows(rows), c10::Error) << "per-member rows with a shared order";
+  shared.set_active_rows(at::arange(20, 28, at::kLong));
+  shared.start_epoch();
+  const at::Tensor batch = at::cat({shared.next_batch()[1], shared.next_batch()[1]}).cpu().squeeze(1);
+  EXPECT_TRUE(all_equal(std::get<0>(batch.sort()), at::arange(20, 28, at::kLong)));
+}
+
+TEST_P(DeviceBatcherTest, RestoredGeneratorStateRepeatsTheNextOrders) {
+  DeviceBatcher b(data(30), device(), 3, 5, BatchOrder::kBootstrap, 4);
+  b.start_epoch();
+  const at::Tensor state = b.generator_state().clone();
+  b.start_epoch();
+  const at::Tensor next = b.epoch_order().cpu().clone();
+  DeviceBatcher other(data(30), device(), 3, 5, BatchOrder::kBootstrap, 99);
+  other.set_generator_state(state);
+  other.start_epoch();
+  EXPECT_TRUE(all_equal(other.epoch_order().cpu(), next));
+}
+
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(DeviceBatcherTest);
 
 }  // namespace

@@ -1,0 +1,125 @@
+// `packtrain active-learn`: the pool-based active-learning loop (runtime/active_learning.h)
+// with acquisition by ensemble spread against random acquisition, on one pack;
+// writes the learning curve as CSV and SVG.
+#include "runtime/active_learning.h"
+#include "runtime/cli/commands.h"
+#include "runtime/cli/progress.h"
+#include "runtime/cli/trainer_args.h"
+#include "runtime/cpu_memory.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <iostream>
+#include <memory>
+
+namespace packtrain::cli {
+
+namespace {
+
+struct ActiveLearnCommand {
+  DataArgs data;
+  TrainerArgs trainer;
+  runtime::ActiveLearningOptions loop;
+  std::string csv = "learning_curve.csv";
+  std::string plot = "learning_curve.svg";
+  bool json = false;
+  bool quiet = false;
+};
+
+int run_active_learn(const ActiveLearnCommand& c) {
+  std::vector<std::string> log_lines;
+  runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
+  options.log([&](const std::string& line) {
+    if (c.json) {
+      log_lines.push_back(line);
+    } else if (!c.quiet) {
+      fmt::print(stderr, "[packtrain] {}\n", line);
+    }
+  });
+  DataArgs data_args = c.data;
+  data_args.val_fraction = 0;  // the loop trains for fixed epochs: the pool is the training split
+  const SplitData data = load_split_data(data_args);
+  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  const runtime::Dataset pool = data.train(), test = data.test();
+  if (test.features.size(0) == 0) throw UsageError("active learning needs test rows to draw the learning curve");
+  const bool progress = !c.quiet && !c.json;
+  const int64_t strategies = c.loop.random_baseline() ? 2 : 1;
+  if (progress) {
+    fmt::print(stderr,
+               "packtrain active-learn: {} on {}; {} run(s) x {} members per strategy ({} in one pack), {} rounds "
+               "from {} labelled rows, +{} per round, {} epochs each\n",
+               data.description, options.device().str(), c.loop.ensembles(), options.members(),
+               strategies * c.loop.ensembles() * options.members(), c.loop.rounds(), c.loop.initial(),
+               c.loop.acquire(), options.epochs());
+  }
+  const runtime::ActiveLearningResult result = runtime::run_active_learning(
+      options, pool.features, pool.targets, test.features, test.targets, c.loop,
+      [&](const runtime::LearningCurvePoint& p) {
+        if (!progress) return;
+        fmt::print(stderr, "round {:>3}/{}  labelled {:>5}  test RMSE: spread {:.4f}{}\n", p.round + 1,
+                   c.loop.rounds(), p.labelled, p.spread_rmse,
+                   std::isnan(p.random_rmse) ? "" : fmt::format("  random {:.4f}", p.random_rmse));
+      });
+  runtime::write_learning_curve_csv(c.csv, result);
+  runtime::write_learning_curve_svg(c.plot, result, fmt::format("Active learning on {}", data.all.name));
+  if (c.json) {
+    nlohmann::json out;
+    out["data"] = data.description;
+    out["device"] = options.device().str();
+    out["pack_members"] = result.pack_members;
+    out["train_seconds"] = result.train_seconds;
+    for (const runtime::LearningCurvePoint& p : result.curve) {
+      out["curve"].push_back({{"round", p.round},
+                              {"labelled", p.labelled},
+                              {"spread_rmse", p.spread_rmse},
+                              {"random_rmse", std::isnan(p.random_rmse) ? nlohmann::json(nullptr) : nlohmann::json(p.random_rmse)}});
+    }
+    out["csv"] = c.csv;
+    out["plot"] = c.plot;
+    out["log"] = log_lines;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("\nLearning curve (test RMSE, original units, mean over {} run(s)):\n  {:>8}  {:>10}  {:>10}\n",
+             c.loop.ensembles(), "labelled", "spread", "random");
+  for (const runtime::LearningCurvePoint& p : result.curve) {
+    fmt::print("  {:>8}  {:>10.4f}  {:>10}\n", p.labelled, p.spread_rmse,
+               std::isnan(p.random_rmse) ? "-" : fmt::format("{:.4f}", p.random_rmse));
+  }
+  fmt::print("\nTrained {} rounds of a {}-member pack in {:.1f} s. Curve: {} and {}\n", result.curve.size(),
+             result.pack_members, result.train_seconds, c.csv, c.plot);
+  return 0;
+}
+
+}  // namespace
+
+void add_active_learn_command(CLI::App& app, int& status) {
+  auto c = std::make_shared<ActiveLearnCommand>();
+  c->trainer.members = 5;
+  c->trainer.epochs = 100;
+  c->trainer.batch = 16;
+  c->trainer.order = "per-member";
+  c->data.data = "yacht";
+  CLI::App* a = app.add_subcommand(
+      "active-learn",
+      "Pool-based active learning: start from --initial labelled rows of the training split; each round re-initialize\n"
+      "the pack in place (no re-capture), retrain, score the unlabelled pool by ensemble spread and label the top\n"
+      "--acquire rows. A random-acquisition baseline runs in the same pack on the same seeds. Writes the learning\n"
+      "curve (labelled rows vs test RMSE, both strategies) as CSV and SVG.");
+  add_data_options(a, c->data);
+  add_trainer_options(a, c->trainer);
+  a->add_option("--initial", c->loop.initial(), "Labelled rows at the start")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
+  a->add_option("--acquire", c->loop.acquire(), "Rows labelled per round")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
+  a->add_option("--rounds", c->loop.rounds(), "Trainings (acquisitions happen between them)")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
+  a->add_option("--runs", c->loop.ensembles(), "Independent runs (ensembles) per strategy, all in one pack")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
+  a->add_option("--al-seed", c->loop.seed(), "Seed of the initial labelled set and of random acquisition")->capture_default_str()->group("Active learning");
+  a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
+  a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");
+  a->add_flag("--json", c->json, "Print the result as JSON on stdout")->group("Output");
+  a->add_flag("--quiet", c->quiet, "No progress on stderr")->group("Output");
+  a->callback([c, &status] { status = run_active_learn(*c); });
+}
+
+}  // namespace packtrain::cli

@@ -1,0 +1,160 @@
+#include "runtime/cli/cli_common.h"
+
+#include "runtime/data_error.h"
+#include "runtime/ensemble_trainer.h"
+#include "runtime/model_export.h"
+
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace packtrain::cli {
+
+c10::Device pick_device(const std::string& name) {
+  if (name == "auto") return at::hasCUDA() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  c10::Device device(c10::kCPU);
+  try {
+    device = c10::Device(name);
+  } catch (const c10::Error&) {
+    throw UsageError("unknown device '" + name + "' (expected auto, cpu, cuda or cuda:N)");
+  }
+  if (device.is_cuda() && !at::hasCUDA()) throw UsageError("device '" + name + "' requested but no CUDA device is available");
+  if (!device.is_cuda() && !device.is_cpu()) throw UsageError("device '" + name + "' is not supported (cpu or cuda)");
+  return device;
+}
+
+std::string to_json(const RunDescription& run) {
+  const DataArgs& a = run.data;
+  const nlohmann::json data{{"data", a.data},
+                        {"features", a.features},
+                        {"target", a.target},
+                        {"delimiter", a.delimiter},
+                        {"header", a.header},
+                        {"split", a.split},
+                        {"train_index", a.train_index},
+                        {"val_index", a.val_index},
+                        {"test_index", a.test_index},
+                        {"val_fraction", a.val_fraction},
+                        {"test_fraction", a.test_fraction},
+                        {"split_seed", a.split_seed}};
+  return nlohmann::json{{"data", data}, {"feature_names", run.feature_names}, {"target_name", run.target_name}}.dump();
+}
+
+RunDescription run_description_from_json(const std::string& text) {
+  const nlohmann::json root = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!root.is_object() || !root.contains("data")) {
+    throw runtime::DataError("checkpoint: no description of its data (was it written by `packtrain train`?)");
+  }
+  RunDescription run;
+  DataArgs& a = run.data;
+  try {
+    const nlohmann::json& j = root.at("data");
+    run.feature_names = root.at("feature_names").get<std::vector<std::string>>();
+    run.target_name = root.at("target_name").get<std::string>();
+    a.data = j.at("data").get<std::string>();
+    a.features = j.at("features").get<std::string>();
+    a.target = j.at("target").get<std::string>();
+    a.delimiter = j.at("delimiter").get<std::string>();
+    a.header = j.at("header").get<std::string>();
+    a.split = j.at("split").get<int>();
+    a.train_index = j.at("train_index").get<std::string>();
+    a.val_index = j.at("val_index").get<std::string>();
+    a.test_index = j.at("test_index").get<std::string>();
+    a.val_fraction = j.at("val_fraction").get<double>();
+    a.test_fraction = j.at("test_fraction").get<double>();
+    a.split_seed = j.at("split_seed").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw runtime::DataError(std::string("checkpoint: bad data description: ") + e.what());
+  }
+  return run;
+}
+
+void export_members(const std::string& path, const runtime::EnsembleTrainer& trainer,
+                    const std::vector<std::string>& feature_names, const std::vector<int64_t>& members) {
+  runtime::ExportExtras extras;
+  extras.x_mean = trainer.x_scale().mean;
+  extras.x_std = trainer.x_scale().std;
+  extras.y_mean = trainer.y_scale().mean;
+  extras.y_std = trainer.y_scale().std;
+  extras.head = std::string(runtime::to_string(trainer.options().head()));
+  extras.min_variance = trainer.options().min_variance();
+  extras.feature_names = feature_names;
+  extras.classes = trainer.classes();
+  for (int64_t k : members) {
+    if (k < 0 || k >= trainer.options().members()) {
+      throw UsageError(fmt::format("member {} does not exist (the pack has members 0..{})", k,
+                                   trainer.options().members() - 1));
+    }
+  }
+  runtime::export_for_pytorch(path, trainer.model(), members, extras);
+}
+
+runtime::TableFormat table_format(const DataArgs& a) {
+  runtime::TableFormat format;
+  if (a.delimiter == "auto") format.delimiter = 0;
+  else if (a.delimiter == "comma" || a.delimiter == ",") format.delimiter = ',';
+  else if (a.delimiter == "tab" || a.delimiter == "\\t") format.delimiter = '\t';
+  else if (a.delimiter == "semicolon" || a.delimiter == ";") format.delimiter = ';';
+  else if (a.delimiter == "space" || a.delimiter == "whitespace") format.delimiter = ' ';
+  else throw UsageError("unknown delimiter '" + a.delimiter + "' (expected auto, comma, tab, semicolon or space)");
+  if (a.header == "auto") format.header = runtime::HeaderMode::kDetect;
+  else if (a.header == "yes") format.header = runtime::HeaderMode::kYes;
+  else if (a.header == "no") format.header = runtime::HeaderMode::kNo;
+  else throw UsageError("unknown header mode '" + a.header + "' (expected auto, yes or no)");
+  return format;
+}
+
+runtime::DatasetSpec dataset_spec(const DataArgs& a) {
+  runtime::DatasetSpec spec;
+  spec.path = a.data;
+  spec.format = table_format(a);
+  for (size_t start = 0; start < a.features.size();) {
+    const size_t comma = a.features.find(',', start);
+    const size_t end = comma == std::string::npos ? a.features.size() : comma;
+    if (end > start) spec.features.push_back(a.features.substr(start, end - start));
+    start = end + 1;
+  }
+  spec.target = a.target;
+  return spec;
+}
+
+namespace {
+void check_fraction(double f, const char* name) {
+  if (!(f >= 0 && f < 1)) throw UsageError(fmt::format("{} must be in [0, 1), got {}", name, f));
+}
+}  // namespace
+
+SplitData load_split_data(const DataArgs& a) {
+  check_fraction(a.val_fraction, "--val-fraction");
+  check_fraction(a.test_fraction, "--test-fraction");
+  SplitData out;
+  out.all = runtime::load_dataset(dataset_spec(a));
+  const int64_t rows = out.all.features.size(0);
+  std::string how;
+  if (!a.train_index.empty() || !a.test_index.empty()) {
+    if (a.train_index.empty() || a.test_index.empty()) {
+      throw UsageError("--train-index and --test-index go together (--val-index is optional)");
+    }
+    out.split.train = runtime::read_index_file(a.train_index, rows);
+    out.split.test = runtime::read_index_file(a.test_index, rows);
+    how = "index files";
+  } else if (out.all.uci_splits) {
+    out.split = runtime::uci_split(out.all, a.split);
+    how = fmt::format("split {}", a.split);
+  } else {
+    out.split = runtime::split_by_fractions(rows, a.val_fraction, a.test_fraction, a.split_seed);
+    how = fmt::format("random split (seed {})", a.split_seed);
+  }
+  if (!a.val_index.empty()) {
+    out.split.validation = runtime::read_index_file(a.val_index, rows);
+  } else if (out.split.validation.empty() && a.val_fraction > 0) {
+    runtime::carve_validation(out.split, a.val_fraction, a.split_seed);
+  }
+  runtime::check_split(out.split, rows);
+  out.description = fmt::format("{} {} ({} train / {} validation / {} test rows, {} features)", out.all.name, how,
+                                out.split.train.size(), out.split.validation.size(), out.split.test.size(),
+                                out.all.features.size(1));
+  return out;
+}
+
+}  // namespace packtrain::cli

@@ -1,0 +1,153 @@
+// `packtrain info` (versions, devices, CUDA/NCCL availability) and `packtrain
+// profile` (how much of a training step is kernel launches).
+#include "runtime/cli/cli_common.h"
+#include "runtime/cli/commands.h"
+#include "runtime/cpu_memory.h"
+#include "runtime/dataset.h"
+#include "runtime/launch_profile.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#ifndef PACKTRAIN_VERSION
+#define PACKTRAIN_VERSION "0.0.0"
+#endif
+
+namespace packtrain::cli {
+
+namespace {
+
+nlohmann::json info_json() {
+  nlohmann::json j;
+  j["packtrain"] = PACKTRAIN_VERSION;
+  j["libtorch"] = TORCH_VERSION;
+  try {  // CUDART_VERSION of the LibTorch build, e.g. 13000; throws without LibTorch's CUDA library
+    const long v = at::detail::getCUDAHooks().versionCUDART();
+    j["cuda_build"] = fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+  } catch (const c10::Error&) {
+    j["cuda_build"] = "none";
+  }
+  j["cuda_available"] = at::hasCUDA();
+  j["cpu_threads"] = at::get_num_threads();
+  j["data_dir"] = runtime::bundled_data_dir().string();
+  nlohmann::json devices = nlohmann::json::array();
+  devices.push_back({{"device", "cpu"}, {"name", "host CPU"}});
+  if (at::hasCUDA()) {
+    for (int i = 0; i < static_cast<int>(at::cuda::device_count()); ++i) {
+      const cudaDeviceProp* prop = at::cuda::getDeviceProperties(i);
+      devices.push_back({{"device", fmt::format("cuda:{}", i)},
+                         {"name", prop->name},
+                         {"memory_gib", static_cast<double>(prop->totalGlobalMem) / (1 << 30)},
+                         {"compute_capability", fmt::format("{}.{}", prop->major, prop->minor)}});
+    }
+  }
+  j["devices"] = devices;
+#ifdef PACKTRAIN_HAVE_NCCL
+  j["nccl"] = "linked";
+#else
+  j["nccl"] = at::hasCUDA() ? "available through LibTorch's CUDA build" : "not usable (no CUDA device)";
+#endif
+#ifdef PACKTRAIN_HAVE_NVTX
+  j["nvtx"] = true;
+#else
+  j["nvtx"] = false;
+#endif
+  return j;
+}
+
+int run_info(bool json) {
+  const nlohmann::json j = info_json();
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("packtrain {}\nLibTorch {} (CUDA runtime in this build: {})\n", j["packtrain"].get<std::string>(),
+             j["libtorch"].get<std::string>(), j["cuda_build"].get<std::string>());
+  fmt::print("CUDA available: {}\nNCCL: {}\nNVTX ranges: {}\nCPU threads: {}\nBundled data: {}\nDevices:\n",
+             j["cuda_available"].get<bool>() ? "yes" : "no", j["nccl"].get<std::string>(),
+             j["nvtx"].get<bool>() ? "yes" : "no", j["cpu_threads"].get<int>(), j["data_dir"].get<std::string>());
+  for (const auto& d : j["devices"]) {
+    fmt::print("  {:<8} {}{}\n", d["device"].get<std::string>(), d["name"].get<std::string>(),
+               d.contains("memory_gib") ? fmt::format(" ({:.0f} GiB, compute {})", d["memory_gib"].get<double>(),
+                                                      d["compute_capability"].get<std::string>())
+                                        : "");
+  }
+  return 0;
+}
+
+struct ProfileArgs {
+  int64_t members = 64;
+  int64_t hidden = 64;
+  int64_t depth = 1;
+  int64_t batch = 128;
+  int64_t unroll = 1;
+  int64_t steps = 200;
+  std::string device = "auto";
+  bool graph = false;
+  bool eager = false;
+  bool json = false;
+  std::string trace;
+};
+
+int run_profile(const ProfileArgs& args) {
+  runtime::ProfileRequest request;
+  request.workload = runtime::WorkloadOptions()
+                         .members(args.members)
+                         .hidden(args.hidden)
+                         .depth(args.depth)
+                         .batch(args.batch)
+                         .device(pick_device(args.device));
+  request.graph = !args.eager;
+  request.unroll = args.unroll;
+  request.steps = args.steps;
+  request.trace_path = args.trace;
+  if (request.workload.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  if (!args.json) {
+    fmt::print(stderr, "profiling {} on {} ({} timed steps per path)...\n", request.workload.describe(),
+               request.workload.device().str(), args.steps);
+  }
+  const profiling::LaunchReport report = runtime::profile_launches(request);
+  std::cout << (args.json ? report.json() + "\n" : report.text());
+  if (!args.trace.empty() && !args.json) {
+    fmt::print(stderr, "Chrome trace written to {} (open in ui.perfetto.dev)\n", args.trace);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_info_commands(CLI::App& app, int& status) {
+  auto json = std::make_shared<bool>(false);
+  CLI::App* info = app.add_subcommand("info", "Versions, devices, and whether CUDA, NCCL and NVTX are usable here.");
+  info->add_flag("--json", *json, "Print as JSON");
+  info->callback([json, &status] { status = run_info(*json); });
+
+  auto p = std::make_shared<ProfileArgs>();
+  CLI::App* profile = app.add_subcommand(
+      "profile", "Measure how much of a training step is kernel launches: host and device microseconds per step,\n"
+                 "kernels per step, eager versus captured, and a plain verdict (launch-bound or compute-bound).\n"
+                 "Workload: K MLP regressors (8 inputs, 1 output, ReLU, MSE, AdamW) on synthetic data on the device.");
+  profile->add_option("--members", p->members, "Ensemble members K")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--hidden", p->hidden, "Width of each hidden layer")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--depth", p->depth, "Number of hidden layers")->capture_default_str()->check(CLI::NonNegativeNumber);
+  profile->add_option("--batch", p->batch, "Mini-batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--unroll", p->unroll, "Steps per graph replay on the captured path")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--steps", p->steps, "Timed steps per path")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--device", p->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  auto* graph_flag = profile->add_flag("--graph", p->graph, "Profile the captured step (the default on a GPU)");
+  profile->add_flag("--eager", p->eager, "Profile the eager step")->excludes(graph_flag);
+  profile->add_flag("--json", p->json, "Print the report as JSON on stdout");
+  profile->add_option("--trace", p->trace, "Also write the profiled path's ranges as Chrome trace JSON to this file");
+  profile->callback([p, &status] { status = run_profile(*p); });
+}
+
+}  // namespace packtrain::cli

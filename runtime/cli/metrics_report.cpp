@@ -1,0 +1,50 @@
+#include "runtime/cli/metrics_report.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace packtrain::cli {
+
+namespace {
+bool classification(const runtime::EnsembleTrainer& t) { return t.options().head() == runtime::Head::kClassification; }
+std::string cell(double v) { return std::isnan(v) ? "-" : fmt::format("{:.4f}", v); }
+nlohmann::json number(double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
+}  // namespace
+
+void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m, const std::string& what) {
+  const bool cls = classification(trainer);
+  const char* first = cls ? "accuracy" : "RMSE";
+  fmt::print("\n{}:\n  {:>8}  {:>10}  {:>10}  {:>9}  {}\n", what, "member", first, "NLL", "status", "best epoch");
+  double mean_first = 0;
+  for (size_t k = 0; k < m.members.size(); ++k) {
+    const runtime::MemberState& s = trainer.member_states()[k];
+    const double v = cls ? m.members[k].accuracy : m.members[k].rmse;
+    mean_first += v / static_cast<double>(m.members.size());
+    fmt::print("  {:>8}  {:>10}  {:>10}  {:>9}  {}\n", k, cell(v), cell(m.members[k].nll), runtime::to_string(s.status),
+               s.best_epoch > 0 ? std::to_string(s.best_epoch) : "-");
+  }
+  fmt::print("  {:>8}  {:>10}\n", "mean", cell(mean_first));
+  fmt::print("  {:>8}  {:>10}  {:>10}   <- the ensemble (uniform mixture)\n", "ensemble",
+             cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll));
+}
+
+nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m) {
+  const bool cls = classification(trainer);
+  const auto one = [&](const runtime::Metrics& x) {
+    return cls ? nlohmann::json{{"accuracy", number(x.accuracy)}, {"nll", number(x.nll)}}
+               : nlohmann::json{{"rmse", number(x.rmse)}, {"nll", number(x.nll)}};
+  };
+  nlohmann::json members = nlohmann::json::array();
+  for (size_t k = 0; k < m.members.size(); ++k) {
+    nlohmann::json j = one(m.members[k]);
+    const runtime::MemberState& s = trainer.member_states()[k];
+    j["member"] = k;
+    j["status"] = std::string(runtime::to_string(s.status));
+    j["best_epoch"] = s.best_epoch;
+    members.push_back(j);
+  }
+  return {{"members", members}, {"ensemble", one(m.ensemble)}};
+}
+
+}  // namespace packtrain::cli

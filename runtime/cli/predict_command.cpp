@@ -1,0 +1,208 @@
+// `packtrain predict`, `evaluate` and `export`: use a checkpoint without training.
+#include "runtime/checkpoint_file.h"
+#include "runtime/cli/commands.h"
+#include "runtime/cli/metrics_report.h"
+#include "runtime/cli/trainer_args.h"
+#include "runtime/data_error.h"
+#include "runtime/ensemble_trainer.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+#include <memory>
+
+namespace packtrain::cli {
+
+namespace {
+
+struct LoadedModel {
+  std::unique_ptr<runtime::EnsembleTrainer> trainer;
+  RunDescription run;
+};
+
+LoadedModel load_model(const std::string& path, const std::string& device) {
+  const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(path);
+  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
+  options.device(pick_device(device));
+  LoadedModel out{std::make_unique<runtime::EnsembleTrainer>(options),
+                  run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint))};
+  out.trainer->restore(*checkpoint);
+  return out;
+}
+
+// The model's feature columns of `table`: by name when the table has a header with
+// every training feature name, else by position (the first I columns). With
+// `target`, also the target column (by name, or the column after the features).
+std::vector<int64_t> model_columns(const runtime::Table& table, const LoadedModel& m, bool with_target) {
+  const int64_t I = m.trainer->in_features();
+  const std::vector<std::string>& names = m.run.feature_names;
+  std::vector<int64_t> cols;
+  const auto has = [&](const std::string& name) {
+    return std::find(table.columns.begin(), table.columns.end(), name) != table.columns.end();
+  };
+  if (table.has_header && static_cast<int64_t>(names.size()) == I && std::all_of(names.begin(), names.end(), has)) {
+    for (const std::string& name : names) cols.push_back(table.column_index(name));
+    if (with_target) cols.push_back(table.column_index(m.run.target_name.empty() ? "-1" : m.run.target_name));
+    return cols;
+  }
+  const int64_t needed = I + (with_target ? 1 : 0);
+  if (table.cols() != needed) {
+    throw runtime::DataError(fmt::format(
+        "{}: the model takes {} feature columns{}{}; the file has {} columns{}", table.file.string(), I,
+        with_target ? " and a target column" : "",
+        names.empty() ? "" : fmt::format(" ({})", fmt::join(names, ", ")), table.cols(),
+        table.has_header ? fmt::format(" ({})", fmt::join(table.columns, ", ")) : ""));
+  }
+  for (int64_t c = 0; c < needed; ++c) cols.push_back(c);
+  return cols;
+}
+
+struct PredictCommand {
+  std::string checkpoint, input, output;
+  bool members = false;
+  std::string device = "auto";
+  DataArgs format;  // delimiter and header only
+};
+
+std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
+                           bool per_member) {
+  std::string out;
+  const int64_t K = trainer.options().members();
+  if (trainer.options().head() == runtime::Head::kClassification) {
+    out += "predicted";
+    for (double c : trainer.classes()) out += fmt::format(",p_{}", c);
+    if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
+    out += "\n";
+    const at::Tensor member_class = p.member_probabilities.argmax(2);  // (K, N)
+    for (int64_t r = 0; r < p.probabilities.size(0); ++r) {
+      out += fmt::format("{}", p.predicted[r].item<double>());
+      for (int64_t c = 0; c < p.probabilities.size(1); ++c) out += fmt::format(",{:.6g}", p.probabilities[r][c].item<double>());
+      if (per_member) {
+        for (int64_t k = 0; k < K; ++k) out += fmt::format(",{}", trainer.classes()[member_class[k][r].item<int64_t>()]);
+      }
+      out += "\n";
+    }
+    return out;
+  }
+  out += "mean,std";
+  if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
+  out += "\n";
+  const at::Tensor std = p.variance.sqrt();
+  for (int64_t r = 0; r < p.mean.size(0); ++r) {
+    out += fmt::format("{:.9g},{:.9g}", p.mean[r].item<double>(), std[r].item<double>());
+    if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{:.9g}", p.member_mean[k][r].item<double>());
+    out += "\n";
+  }
+  return out;
+}
+
+int run_predict(const PredictCommand& c) {
+  const LoadedModel m = load_model(c.checkpoint, c.device);
+  const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+  const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
+  const std::string csv = prediction_csv(*m.trainer, m.trainer->predict(x), c.members);
+  if (c.output.empty() || c.output == "-") {
+    std::cout << csv;
+  } else {
+    runtime::write_file_atomically(c.output, csv);
+    fmt::print(stderr, "packtrain predict: {} rows -> {}\n", x.size(0), c.output);
+  }
+  return 0;
+}
+
+struct EvaluateCommand {
+  std::string checkpoint, input;
+  std::string device = "auto";
+  bool json = false;
+  DataArgs format;
+};
+
+int run_evaluate(const EvaluateCommand& c) {
+  const LoadedModel m = load_model(c.checkpoint, c.device);
+  at::Tensor x, y;
+  std::string what;
+  if (c.input.empty()) {  // the checkpoint's own test rows
+    const SplitData data = load_split_data(m.run.data);
+    const runtime::Dataset test = data.test();
+    if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
+    x = test.features;
+    y = test.targets;
+    what = data.description + ", test rows";
+  } else {
+    const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+    const at::Tensor xy = table.numeric(model_columns(table, m, /*with_target=*/true));
+    x = xy.narrow(1, 0, xy.size(1) - 1);
+    y = xy.narrow(1, xy.size(1) - 1, 1);
+    what = c.input;
+  }
+  const runtime::EnsembleMetrics metrics = m.trainer->evaluate(x, y);
+  if (c.json) {
+    nlohmann::json out = metrics_json(*m.trainer, metrics);
+    out["data"] = what;
+    out["rows"] = x.size(0);
+    std::cout << out.dump(2) << "\n";
+  } else {
+    print_metrics(*m.trainer, metrics, fmt::format("Metrics on {} ({} rows, original units)", what, x.size(0)));
+  }
+  return 0;
+}
+
+struct ExportCommand {
+  std::string checkpoint, output;
+  std::vector<int64_t> members;
+};
+
+int run_export(const ExportCommand& c) {
+  const LoadedModel m = load_model(c.checkpoint, "cpu");
+  export_members(c.output, *m.trainer, m.run.feature_names, c.members);
+  fmt::print(stderr, "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",
+             c.members.empty() ? m.trainer->options().members() : static_cast<int64_t>(c.members.size()), c.output);
+  return 0;
+}
+
+void add_table_format_options(CLI::App* app, DataArgs& a) {
+  app->add_option("--delimiter", a.delimiter, "auto, comma, tab, semicolon or space")->capture_default_str();
+  app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")->capture_default_str();
+}
+
+}  // namespace
+
+void add_predict_commands(CLI::App& app, int& status) {
+  auto predict = std::make_shared<PredictCommand>();
+  CLI::App* p = app.add_subcommand(
+      "predict", "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out with the ensemble mean and std per\n"
+                 "row (classification: the predicted label and class probabilities). Columns are matched by the\n"
+                 "training feature names when the file has a header, else taken in order.");
+  p->add_option("checkpoint", predict->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
+  p->add_option("input", predict->input, "CSV/TSV/whitespace table of feature rows")->required();
+  p->add_option("-o,--output", predict->output, "Output CSV (written atomically; default: stdout)");
+  p->add_flag("--members", predict->members, "Also one column per member");
+  p->add_option("--device", predict->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  add_table_format_options(p, predict->format);
+  p->callback([predict, &status] { status = run_predict(*predict); });
+
+  auto evaluate = std::make_shared<EvaluateCommand>();
+  CLI::App* e = app.add_subcommand(
+      "evaluate", "Metrics of a checkpoint per member and for the ensemble: on the test rows of the run's own data\n"
+                  "(default), or on a table with the feature columns and the target column.");
+  e->add_option("checkpoint", evaluate->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
+  e->add_option("input", evaluate->input, "Table with features and target (default: the run's test rows)");
+  e->add_option("--device", evaluate->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  e->add_flag("--json", evaluate->json, "Print the metrics as JSON");
+  add_table_format_options(e, evaluate->format);
+  e->callback([evaluate, &status] { status = run_evaluate(*evaluate); });
+
+  auto exporter = std::make_shared<ExportCommand>();
+  CLI::App* x = app.add_subcommand(
+      "export", "Write members of a checkpoint for Python PyTorch: one torch.load(path) gives their state dicts\n"
+                "(torch.nn.Sequential names), architecture, standardization and head.");
+  x->add_option("checkpoint", exporter->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
+  x->add_option("output", exporter->output, "Export file (.pt)")->required();
+  x->add_option("--member", exporter->members, "Member index to export (repeatable; default: all)");
+  x->callback([exporter, &status] { status = run_export(*exporter); });
+}
+
+}  // namespace packtrain::cli

@@ -1,0 +1,75 @@
+// What an EnsembleTrainer trains: model shape, head, optimizer and schedule,
+// epochs, data order, early stopping, device. Serializes to JSON (stored in every
+// checkpoint, so `packtrain resume` and `predict` rebuild the same trainer).
+#pragma once
+
+#include "ensemble/optimizers/lr_schedule.h"
+#include "ensemble/packed_mlp.h"
+#include "graphs/device_batcher.h"
+#include "graphs/graph_log.h"
+#include "runtime/ensemble_steps.h"
+
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <string>
+#include <string_view>
+
+namespace packtrain::runtime {
+
+enum class Head {
+  kMean,            // regression, one output per member, MSE
+  kGaussian,        // regression, mean and variance per member, Gaussian NLL (deep ensembles)
+  kClassification,  // logits per class, cross-entropy
+};
+std::string_view to_string(Head head);
+// Parses "mean", "gaussian" or "classification"; throws naming the accepted values.
+Head parse_head(std::string_view name);
+
+enum class OptimizerKind { kAdamW, kAdam, kSGD };
+std::string_view to_string(OptimizerKind kind);
+// Parses "adamw", "adam" or "sgd"; throws naming the accepted values.
+OptimizerKind parse_optimizer(std::string_view name);
+
+struct EnsembleTrainerOptions {
+  /// Example: EnsembleTrainerOptions().members(16).epochs(200).batch_size(64).patience(20)
+  TORCH_ARG(int64_t, members) = 16;
+  TORCH_ARG(int64_t, hidden) = 64;
+  TORCH_ARG(int64_t, depth) = 2;
+  TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
+  TORCH_ARG(bool, layer_norm) = false;
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(Head, head) = Head::kGaussian;
+  TORCH_ARG(OptimizerKind, optimizer) = OptimizerKind::kAdamW;
+  TORCH_ARG(double, lr) = 3e-3;
+  TORCH_ARG(double, weight_decay) = 1e-4;
+  TORCH_ARG(double, momentum) = 0.9;  // SGD only (Nesterov off)
+  TORCH_ARG(ensemble::LrScheduleKind, schedule) = ensemble::LrScheduleKind::kConstant;
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  TORCH_ARG(double, min_lr_factor) = 0.0;  // cosine: the final fraction of lr (decays over all epochs)
+  TORCH_ARG(int64_t, epochs) = 200;
+  TORCH_ARG(int64_t, batch_size) = 64;
+  TORCH_ARG(graphs::BatchOrder, order) = graphs::BatchOrder::kShared;
+  // Epochs without a better validation loss before a member stops (0: never). The
+  // member's mask goes off, so the captured step stays the same graph.
+  TORCH_ARG(int64_t, patience) = 0;
+  // With validation data: each member ends with the weights of its best epoch.
+  TORCH_ARG(bool, restore_best) = true;
+  TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
+  TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+  TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
+  TORCH_ARG(int64_t, unroll) = kDefaultUnroll;  // training steps per graph replay
+  TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
+
+ public:
+  // Throws c10::Error naming the offending field and value.
+  void validate() const;
+};
+
+// Every field but `log`, as a JSON object.
+std::string to_json(const EnsembleTrainerOptions& options);
+// The inverse; an unknown key, a missing key or a wrong type throws naming it.
+EnsembleTrainerOptions options_from_json(const std::string& json);
+
+}  // namespace packtrain::runtime
