@@ -2,6 +2,7 @@
 
 #include "runtime/data_error.h"
 
+#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/import_read.h>

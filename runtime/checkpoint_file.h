@@ -3,11 +3,15 @@
 // damaged file is reported as such instead of loading as garbage.
 #pragma once
 
-#include <ATen/core/ivalue.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <string_view>
+
+// Declared only, to keep ivalue.h out of this header; callers that build or read
+// payloads include <ATen/core/ivalue.h>.
+namespace c10 {
+struct IValue;
+}  // namespace c10
 
 namespace packtrain::runtime {
 
@@ -15,7 +19,8 @@ namespace packtrain::runtime {
 // directory, fsync, close, rename over `path`, then fsync the directory. A crash at
 // any point leaves either the old file or the new one at `path`, never a torn one.
 // On failure throws std::runtime_error naming `path` and the errno text, and
-// removes the temporary.
+// removes the temporary. One writer per path at a time (the temporary is named
+// after the process).
 // `crash_after_bytes` is a test hook (-1 = off): after writing that many bytes the
 // process ends with std::_Exit(70), as a crash mid-save would.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes = -1);

@@ -254,7 +254,7 @@ bool EnsembleTrainer::train(const EpochCallback& on_epoch) {
   }
   model_->train(false);
   const bool finished = go_on;
-  if (finished && options_.restore_best()) restore_best_weights();
+  if (finished && options_.restore_best() && options_.patience() > 0) restore_best_weights();
   return finished;
 }
 

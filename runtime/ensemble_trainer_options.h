@@ -53,7 +53,8 @@ struct EnsembleTrainerOptions {
   // Epochs without a better validation loss before a member stops (0: never). The
   // member's mask goes off, so the captured step stays the same graph.
   TORCH_ARG(int64_t, patience) = 0;
-  // With validation data: each member ends with the weights of its best epoch.
+  // With early stopping (patience > 0): each member ends with the weights of its
+  // best validation epoch. (Without it, training runs its epochs and keeps the last.)
   TORCH_ARG(bool, restore_best) = true;
   TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
   TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too

@@ -12,6 +12,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/data_error.h"
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -70,6 +71,14 @@ int main(int argc, char** argv) {
   app.set_config("--config", "", "TOML file of `flag = value` lines for the command (command-line flags win)");
   app.config_formatter(std::make_shared<SubcommandConfig>(&app));
   app.allow_config_extras(CLI::config_extras_mode::error);
+  int threads = 0;
+  app.add_option("--threads", threads,
+                 "CPU threads for LibTorch's operators (0: its default, one per core). Small packs on a busy machine "
+                 "often run fastest with 1.")
+      ->check(CLI::NonNegativeNumber);
+  app.parse_complete_callback([&threads] {
+    if (threads > 0) at::set_num_threads(threads);
+  });
   int status = 0;
   packtrain::cli::add_train_commands(app, status);
   packtrain::cli::add_predict_commands(app, status);
@@ -77,9 +86,13 @@ int main(int argc, char** argv) {
   packtrain::cli::add_info_commands(app, status);
 
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
+  const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";
   std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
   try {
     app.parse(args);
+  } catch (const CLI::ConfigError& e) {
+    fmt::print(stderr, "packtrain: error: {}: {} (the keys are the command's flags without dashes)\n", config, e.what());
+    return 2;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     fmt::print(stderr, "packtrain: error: {}\n", e.what());

@@ -28,7 +28,7 @@ void add_trainer_options(CLI::App* app, TrainerArgs& a) {
       ->capture_default_str()->group("Training");
   app->add_option("--patience", a.patience, "Early stopping: epochs without a better validation loss before a member stops (0: off)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Training");
-  app->add_flag("--no-restore-best", a.no_restore_best, "Keep each member's last weights instead of its best validation epoch's")->group("Training");
+  app->add_flag("--no-restore-best", a.no_restore_best, "With --patience: keep each member's last weights instead of its best validation epoch's")->group("Training");
   app->add_option("--seed", a.seed, "Seed: member i is initialized from (seed, i); batch orders too")->capture_default_str()->group("Training");
   app->add_option("--device", a.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
   app->add_flag("--eager", a.eager, "Run every step eagerly (no CUDA graph capture)")->group("Training");

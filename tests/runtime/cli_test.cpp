@@ -1,23 +1,36 @@
-// The packtrain binary end to end: the default training job's shape, JSON output,
-// and exit status 2 with a one-line message for bad input.
+// The packtrain binary end to end, as a user runs it: train -> predict -> evaluate
+// -> resume on bundled data, a resumed run equal to an uninterrupted one, Ctrl-C
+// saving a checkpoint, the Python load of an export, config files, --help, and
+// exit status 2 with a one-line message naming the file for each kind of bad input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 
 namespace {
 
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
 struct Result {
   int status;
-  std::string out;
+  std::string out;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string command = std::string(PACKTRAIN_BINARY) + " " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
+Result run_command(const std::string& command) {
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
   std::array<char, 4096> buffer{};
@@ -26,36 +39,275 @@ Result run(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-TEST(Cli, TrainJsonReportsEveryMemberAndAnEnsembleBetterThanTheAverageMember) {
-  const Result r = run("train --members 6 --epochs 60 --json --device cpu");
-  ASSERT_EQ(r.status, 0) << r.out;
-  const auto json = nlohmann::json::parse(r.out);
-  ASSERT_EQ(json["member_metrics"].size(), 6u);
+Result run(const std::string& args) { return run_command(std::string(PACKTRAIN_BINARY) + " " + args); }
+
+// stdout only (JSON), stderr discarded.
+nlohmann::json run_json(const std::string& args) {
+  std::FILE* pipe = ::popen((std::string(PACKTRAIN_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) out += buffer.data();
+  EXPECT_EQ(::pclose(pipe), 0) << args;
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("packtrain_cli_test_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    for (const auto& entry : fs::directory_iterator(dir_)) fs::remove(entry.path());
+    fs::remove(dir_);
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // A CSV of the first `rows` concrete rows: a header, 8 feature columns (+ target).
+  std::string concrete_csv(const std::string& name, int rows, bool with_target) const {
+    std::ifstream in(std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/concrete/data.txt");
+    std::string out = "cement,slag,ash,water,plasticizer,coarse,fine,age";
+    out += with_target ? ",strength\n" : "\n";
+    std::string line;
+    for (int r = 0; r < rows && std::getline(in, line); ++r) {
+      std::istringstream fields(line);
+      std::string cell, row;
+      for (int c = 0; c < (with_target ? 9 : 8) && fields >> cell; ++c) row += (c ? "," : "") + cell;
+      out += row + "\n";
+    }
+    write_file(path(name), out);
+    return path(name);
+  }
+  fs::path dir_;
+};
+
+constexpr const char* kSmall = "--members 4 --epochs 8 --hidden 32 --device cpu";
+
+TEST_F(Cli, TrainJsonReportsEveryMemberAndAnEnsembleBetterThanTheAverageMember) {
+  const nlohmann::json json = run_json("train --members 6 --epochs 60 --json --device cpu");
+  ASSERT_EQ(json["members"].size(), 6u) << json.dump();
   double mean_rmse = 0;
-  for (const auto& m : json["member_metrics"]) mean_rmse += m["rmse"].get<double>() / 6;
+  for (const auto& m : json["members"]) mean_rmse += m["rmse"].get<double>() / 6;
   const double ensemble_rmse = json["ensemble"]["rmse"].get<double>();
-  // Concrete's target spans 2-83 MPa (std ~16.7); a trained model is far better
-  // than predicting the mean, and averaging members does not hurt.
+  // Concrete's target spans 2-83 MPa (std ~16.7): far better than the mean, and
+  // averaging members does not hurt.
   EXPECT_LT(ensemble_rmse, 10.0);
   EXPECT_LE(ensemble_rmse, mean_rmse + 1e-9);
+  EXPECT_EQ(json["test_rows"], 103);
+  EXPECT_THAT(json["data"].get<std::string>(), HasSubstr("834 train / 93 validation / 103 test"));
 }
 
-TEST(Cli, HelpExplainsTrain) {
-  const Result r = run("train --help");
-  EXPECT_EQ(r.status, 0);
-  EXPECT_THAT(r.out, ::testing::HasSubstr("--members"));
-  EXPECT_THAT(r.out, ::testing::HasSubstr("bundled UCI concrete"));
+TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
+  const std::string ckpt = path("run.ckpt");
+  const nlohmann::json trained = run_json(std::string("train ") + kSmall + " --json --checkpoint " + ckpt);
+  ASSERT_TRUE(fs::exists(ckpt));
+  // evaluate: the same test rows, the same metrics as train printed.
+  const nlohmann::json evaluated = run_json("evaluate " + ckpt + " --json --device cpu");
+  EXPECT_EQ(evaluated["ensemble"]["rmse"], trained["ensemble"]["rmse"]);
+  EXPECT_EQ(evaluated["members"].size(), 4u);
+  // predict: one row per input row, mean and std, per-member columns on request.
+  const std::string input = concrete_csv("in.csv", 25, false);
+  const Result predicted = run("predict " + ckpt + " " + input + " --members -o " + path("out.csv"));
+  ASSERT_EQ(predicted.status, 0) << predicted.out;
+  std::istringstream lines(read_file(path("out.csv")));
+  std::string header, line;
+  std::getline(lines, header);
+  EXPECT_EQ(header, "mean,std,member_0,member_1,member_2,member_3");
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    ++rows;
+    double mean = 0, std = 0, member_sum = 0;
+    char comma = 0;
+    std::istringstream cells(line);
+    cells >> mean >> comma >> std;
+    for (int k = 0; k < 4; ++k) {
+      double m = 0;
+      cells >> comma >> m;
+      member_sum += m;
+    }
+    EXPECT_NEAR(mean, member_sum / 4, 1e-6 * std::abs(mean)) << "the mean of the member columns";
+    EXPECT_GT(std, 0);
+    EXPECT_GT(mean, 0) << "MPa, original units";
+  }
+  EXPECT_EQ(rows, 25);
+  // evaluate on a table with features and target.
+  const nlohmann::json on_table = run_json("evaluate " + ckpt + " " + concrete_csv("xy.csv", 50, true) + " --json");
+  EXPECT_EQ(on_table["rows"], 50);
+  // resume to 12 epochs == train 12 epochs straight.
+  const nlohmann::json resumed = run_json("resume " + ckpt + " --epochs 12 --json --device cpu --checkpoint " + path("r.ckpt"));
+  const nlohmann::json straight = run_json("train --members 4 --epochs 12 --hidden 32 --device cpu --json");
+  EXPECT_EQ(resumed["epochs_run"], 12);
+  EXPECT_EQ(resumed["ensemble"]["rmse"], straight["ensemble"]["rmse"]) << "resume continues exactly";
+  EXPECT_EQ(resumed["members"][3]["nll"], straight["members"][3]["nll"]);
 }
 
-TEST(Cli, BadInputExitsTwoWithOneLine) {
-  for (const std::string args : {"train --data no_such_set", "train --members 0", "train --batch 100000 --epochs 1",
-                                 "train --split 99", "train --activation swish", "train --epochs notanumber"}) {
+TEST_F(Cli, CtrlCSavesACheckpointThatResumes) {
+  const std::string ckpt = path("int.ckpt"), log = path("progress.log");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl(PACKTRAIN_BINARY, PACKTRAIN_BINARY, "train", "--epochs", "100000", "--members", "2", "--device", "cpu",
+          "--quiet", "--checkpoint", ckpt.c_str(), "--log", log.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 600 && read_file(log).find("epoch    3/") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_THAT(read_file(log), HasSubstr("epoch    3/100000")) << "training made progress";
+  kill(child, SIGINT);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  ASSERT_TRUE(fs::exists(ckpt));
+  const nlohmann::json resumed = run_json("resume " + ckpt + " --epochs 30 --json --device cpu");
+  EXPECT_EQ(resumed["epochs_run"], 30);
+}
+
+TEST_F(Cli, PythonLoadsAnExportAndPredictsTheSame) {
+#ifndef PACKTRAIN_TEST_PYTHON
+  GTEST_SKIP() << "no Python with torch and numpy was found at configure time";
+#else
+  const std::string ckpt = path("m.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const Result exported = run("export " + ckpt + " " + path("m.pt"));
+  ASSERT_EQ(exported.status, 0) << exported.out;
+  const std::string input = concrete_csv("in.csv", 30, false);
+  ASSERT_EQ(run("predict " + ckpt + " " + input + " -o " + path("cpp.csv")).status, 0);
+  const Result py = run_command(std::string(PACKTRAIN_TEST_PYTHON) + " " + PACKTRAIN_SOURCE_DIR +
+                                "/scripts/load_packtrain_export.py " + path("m.pt") + " " + input + " > " +
+                                path("py.csv"));
+  ASSERT_EQ(py.status, 0) << py.out;
+  std::istringstream cpp(read_file(path("cpp.csv"))), python(read_file(path("py.csv")));
+  std::string a, b;
+  std::getline(cpp, a);
+  std::getline(python, b);
+  int rows = 0;
+  while (std::getline(cpp, a) && std::getline(python, b)) {
+    double cm = 0, cs = 0, pm = 0, ps = 0;
+    char comma = 0;
+    std::istringstream(a) >> cm >> comma >> cs;
+    std::istringstream(b) >> pm >> comma >> ps;
+    EXPECT_NEAR(pm, cm, 1e-4 * std::abs(cm)) << "row " << rows;
+    EXPECT_NEAR(ps, cs, 1e-4 * std::abs(cs)) << "row " << rows;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 30);
+#endif
+}
+
+TEST_F(Cli, ConfigFileGivesFlagsAndRejectsUnknownKeys) {
+  write_file(path("run.toml"), "members = 3\nepochs = 2\nhidden = 16\ndevice = \"cpu\"\n");
+  const nlohmann::json json = run_json("train --config " + path("run.toml") + " --json");
+  EXPECT_EQ(json["members"].size(), 3u);
+  EXPECT_EQ(json["options"]["epochs"], 2);
+  EXPECT_EQ(run_json("train --config " + path("run.toml") + " --epochs 3 --json")["options"]["epochs"], 3)
+      << "the command line wins";
+  write_file(path("bad.toml"), "members = 3\nmembrs = 4\n");
+  const Result bad = run("train --config " + path("bad.toml"));
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("membrs"));
+}
+
+TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
+  for (const std::string sub : {"train", "resume", "predict", "evaluate", "export", "active-learn", "profile", "info"}) {
+    const Result r = run(sub + " --help");
+    EXPECT_EQ(r.status, 0) << sub;
+    EXPECT_THAT(r.out, HasSubstr("Usage")) << sub;
+  }
+  EXPECT_THAT(run("train --help").out, HasSubstr("bundled UCI concrete"));
+  EXPECT_THAT(run("active-learn --help").out, HasSubstr("--acquire"));
+  const nlohmann::json info = run_json("info --json");
+  EXPECT_EQ(info["devices"][0]["device"], "cpu");
+  EXPECT_THAT(info["libtorch"].get<std::string>(), HasSubstr("2.11"));
+}
+
+TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
+  const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
+                       "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string csv = read_file(path("curve.csv"));
+  EXPECT_THAT(csv, HasSubstr("labelled"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;  // header + 3 rounds
+  EXPECT_EQ(read_file(path("curve.svg")).rfind("<svg", 0), 0u);
+}
+
+// --- bad input: exit 2, one line naming the file (and line:column), outputs untouched
+
+struct BadCase {
+  std::string name;
+  std::string file_text;  // written to bad.csv when not empty
+  std::string args;       // {f} = that file's path
+  std::string expect;     // in the message
+};
+
+TEST_F(Cli, BadInputExitsTwoWithOneLineNamingTheFile) {
+  const std::string good = "a,b,y\n1,2,3\n4,5,6\n7,8,9\n1,1,1\n2,2,2\n";
+  const std::vector<BadCase> cases = {
+      {"missing file", "", "train --data " + path("nope.csv"), "nope.csv"},
+      {"empty file", " ", "train --data {f}", "bad.csv"},
+      {"ragged row", "a,b,y\n1,2,3\n4,5\n6,7,8\n", "train --data {f}", "bad.csv:3"},
+      {"non-numeric cell", "a,b,y\n1,2,3\n4,x5,6\n", "train --data {f}", "bad.csv:3:2"},
+      {"NaN", "a,b,y\n1,2,3\n4,nan,6\n", "train --data {f}", "bad.csv:3:2"},
+      {"Inf", "a,b,y\n1,2,3\n4,5,inf\n", "train --data {f}", "bad.csv:3:3"},
+      {"unknown column", good, "train --data {f} --target zz", "unknown column 'zz'"},
+      {"members <= 0", "", "train --members 0", "--members"},
+      {"batch larger than the training set", good, "train --data {f} --batch 64 --test-fraction 0.2", "batch size 64"},
+      {"unknown data set", "", "train --data no_such_set", "no_such_set"},
+      {"bad split", "", "train --split 99", "split 99"},
+      {"unknown activation", "", "train --activation swish", "swish"},
+  };
+  for (const BadCase& c : cases) {
+    std::string args = c.args;
+    if (!c.file_text.empty()) {
+      write_file(path("bad.csv"), c.file_text);
+      args.replace(args.find("{f}"), 3, path("bad.csv"));
+    }
+    const Result r = run(args + " --epochs 1 --checkpoint " + path("never.ckpt"));
+    EXPECT_EQ(r.status, 2) << c.name << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expect)) << c.name;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.name << ": one line: " << r.out;
+    EXPECT_FALSE(fs::exists(path("never.ckpt"))) << c.name << ": nothing written";
+  }
+}
+
+TEST_F(Cli, BadCheckpointsExitTwoAndLeaveOutputsUntouched) {
+  const std::string ckpt = path("ok.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const std::string bytes = read_file(ckpt);
+  write_file(path("truncated.ckpt"), bytes.substr(0, bytes.size() / 2));
+  std::string flipped = bytes;
+  flipped[flipped.size() - 100] ^= 0x5a;
+  write_file(path("corrupted.ckpt"), flipped);
+  write_file(path("out.csv"), "precious\n");
+  const std::string input = concrete_csv("in.csv", 5, false);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"predict " + path("truncated.ckpt") + " " + input + " -o " + path("out.csv"), "truncated"},
+      {"predict " + path("corrupted.ckpt") + " " + input + " -o " + path("out.csv"), "checksum"},
+      {"predict " + path("missing.ckpt") + " " + input + " -o " + path("out.csv"), "missing.ckpt"},
+      // another model shape: 9 columns where the model takes 8 features
+      {"predict " + ckpt + " " + concrete_csv("nine.csv", 5, true) + " --header no -o " + path("out.csv"),
+       "the model takes 8 feature columns"},
+      {"resume " + path("truncated.ckpt"), "truncated"},
+      {"evaluate " + path("corrupted.ckpt"), "checksum"},
+  };
+  for (const auto& [args, expect] : cases) {
     const Result r = run(args);
     EXPECT_EQ(r.status, 2) << args << ": " << r.out;
-    EXPECT_FALSE(r.out.empty()) << args;
+    EXPECT_THAT(r.out, HasSubstr(expect)) << args;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << ": " << r.out;
   }
-  EXPECT_THAT(run("train --data no_such_set").out, ::testing::HasSubstr("no_such_set: no such data set directory"));
-  EXPECT_THAT(run("train --split 99").out, ::testing::HasSubstr("split 99 out of range"));
+  EXPECT_EQ(read_file(path("out.csv")), "precious\n") << "a failed predict leaves the output alone";
+  EXPECT_EQ(read_file(ckpt), bytes) << "and the checkpoint";
 }
 
 }  // namespace
