@@ -184,7 +184,7 @@ ActiveLearningLoop::ActiveLearningLoop(const EnsembleTrainerOptions& trainer_opt
   options_.validate();
   const int64_t runs = strategies() * options_.ensembles();
   const EnsembleTrainerOptions pack = pack_options(trainer_options, runs);
-  TORCH_CHECK(pool_x.dim() == 2 && test_x.dim() == 2 && test_y.dim() == 2 && test_x.size(0) == test_y.size(0) &&
+  TORCH_CHECK(pool_x.dim() == 2 && test_x.dim() == 2 && test_y.dim() == 2 && test_y.size(1) == 1 && test_x.size(0) == test_y.size(0) &&
                   test_x.size(1) == pool_x.size(1),
               "active learning: expected pool x (N, I) and test x (T, I), y (T, 1), got ", pool_x.sizes(), ", ",
               test_x.sizes(), ", ", test_y.sizes());

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 namespace packtrain::runtime {
 
@@ -247,12 +249,36 @@ std::string series_svg(const Frame& f, const PlotSeries& s, const char* colour) 
   return out + "</g>\n";
 }
 
+// Points of the drawn lines (markers and segment samples) inside a box.
+int64_t covered(const Frame& f, const std::vector<PlotSeries>& series, double x, double y, double w, double h) {
+  int64_t n = 0;
+  for (const PlotSeries& s : series) {
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      const double x1 = f.px(s.x[i]), y1 = f.py(s.y[i]);
+      const double x0 = i > 0 ? f.px(s.x[i - 1]) : x1, y0 = i > 0 ? f.py(s.y[i - 1]) : y1;
+      for (int t = 0; t <= 8; ++t) {
+        const double px = x0 + (x1 - x0) * t / 8, py = y0 + (y1 - y0) * t / 8;
+        n += px >= x && px <= x + w && py >= y && py <= y + h ? 1 : 0;
+      }
+    }
+  }
+  return n;
+}
+
 std::string legend(const Frame& f, const std::vector<PlotSeries>& series) {
   size_t longest = 0;
   for (const PlotSeries& s : series) longest = std::max(longest, s.name.size());
   const double width = 40 + 7.0 * static_cast<double>(longest), row = 18;
   const double height = 8 + row * static_cast<double>(series.size());
-  const double x = f.left + f.width - width - 8, y = f.top + 8;
+  // The corner hiding the least of the data: top right, top left, bottom right, bottom left.
+  const double right = f.left + f.width - width - 8, left = f.left + 8;
+  const double top = f.top + 8, bottom = f.top + f.height - height - 8;
+  double x = right, y = top;
+  int64_t best = -1;
+  for (const auto& [cx, cy] : {std::pair{right, top}, {left, top}, {right, bottom}, {left, bottom}}) {
+    const int64_t n = covered(f, series, cx, cy, width, height);
+    if (best < 0 || n < best) std::tie(best, x, y) = std::tuple{n, cx, cy};
+  }
   std::string out = "<g class=\"legend\" font-family=\"sans-serif\" font-size=\"12\">\n";
   out += "<rect x=\"" + number(x) + "\" y=\"" + number(y) + "\" width=\"" + number(width) + "\" height=\"" +
          number(height) + "\" fill=\"#ffffff\" fill-opacity=\"0.85\" stroke=\"#bbbbbb\"/>\n";

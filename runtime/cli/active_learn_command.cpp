@@ -114,7 +114,7 @@ void add_active_learn_command(CLI::App& app, int& status) {
   a->add_option("--acquire", c->loop.acquire(), "Rows labelled per round")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
   a->add_option("--rounds", c->loop.rounds(), "Trainings (acquisitions happen between them)")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
   a->add_option("--runs", c->loop.ensembles(), "Independent runs (ensembles) per strategy, all in one pack")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
-  a->add_option("--al-seed", c->loop.seed(), "Seed of the initial labelled set and of random acquisition")->capture_default_str()->group("Active learning");
+  a->add_option("--al-seed", c->loop.seed(), "Seed of the initial labelled set, random acquisition and the rounds' re-initializations")->capture_default_str()->group("Active learning");
   a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
   a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");
   a->add_flag("--json", c->json, "Print the result as JSON on stdout")->group("Output");
