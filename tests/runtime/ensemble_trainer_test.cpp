@@ -42,6 +42,8 @@ Data make_data(int64_t rows, int64_t val_rows) {
   return {x.narrow(0, 0, rows), y.narrow(0, 0, rows), x.narrow(0, rows, val_rows), y.narrow(0, rows, val_rows)};
 }
 
+void ignore_log(const std::string&) {}
+
 EnsembleTrainerOptions small_options(c10::Device d) {
   return EnsembleTrainerOptions()
       .members(4)
@@ -53,7 +55,7 @@ EnsembleTrainerOptions small_options(c10::Device d) {
       .seed(3)
       .unroll(3)
       .device(d)
-      .log([](const std::string&) {});
+      .log(&ignore_log);
 }
 
 fs::path temp_file(const std::string& name) {
@@ -160,7 +162,7 @@ TEST_P(EnsembleTrainerTest, ResumeFromACheckpointEqualsAnUninterruptedRun) {
   }
   const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
   EXPECT_EQ(EnsembleTrainer::checkpoint_extra(*checkpoint), "{\"note\": 1}");
-  EnsembleTrainer resumed(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()).log([](const std::string&) {}));
+  EnsembleTrainer resumed(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()).log(&ignore_log));
   resumed.prepare(d.x, d.y, d.val_x, d.val_y);
   resumed.restore(*checkpoint);
   EXPECT_EQ(resumed.epoch(), 5);
