@@ -104,18 +104,6 @@ void append_le(std::string& out, uint64_t value, int n) {
 
 class CheckpointFile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "packtrain_checkpoint_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  // Not fs::remove_all: libtorch exports a copy of it that crashes. One by one.
-  void TearDown() override {
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(dir_)) files.push_back(entry.path());
-    for (const auto& file : files) fs::remove(file);
-    fs::remove(dir_);
-  }
 
   fs::path path(const std::string& name) const { return dir_ / name; }
 
@@ -148,7 +136,8 @@ class CheckpointFile : public ::testing::Test {
     return path(name);
   }
 
-  fs::path dir_;
+  packtrain::testing::ScopedTempDir temp_{"packtrain_checkpoint"};
+  const fs::path dir_ = temp_.path();
 };
 
 TEST_F(CheckpointFile, RoundTrip_AllValueKinds) {

@@ -40,23 +40,13 @@ std::string error_of(F&& f) {
 // exports a broken std::filesystem::remove_all that interposes on libstdc++'s.
 class TempFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string name = ::testing::TempDir() + "packtrain_split_XXXXXX";
-    ASSERT_NE(::mkdtemp(name.data()), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override {
-    for (const fs::path& file : written_) fs::remove(file);
-    fs::remove(dir_);
-  }
   fs::path write(const std::string& name, const std::string& text) {
     const fs::path file = dir_ / name;
     std::ofstream(file, std::ios::binary) << text;
-    written_.push_back(file);
     return file;
   }
-  fs::path dir_;
-  std::vector<fs::path> written_;
+  packtrain::testing::ScopedTempDir temp_{"packtrain_split"};
+  const fs::path dir_ = temp_.path();
 };
 
 // A spec with the other fields at their defaults (designated initializers that

@@ -5,6 +5,7 @@
 
 #include "ensemble/packed_loss.h"
 #include "ensemble/packed_mlp.h"
+#include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
@@ -148,19 +149,8 @@ std::string python_unavailable_reason() {
 
 class ExportDir : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "packtrain_export_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  // Not fs::remove_all: libtorch exports a copy of it that crashes. One by one.
-  void TearDown() override {
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(dir_)) files.push_back(entry.path());
-    for (const auto& file : files) fs::remove(file);
-    fs::remove(dir_);
-  }
-  fs::path dir_;
+  packtrain::testing::ScopedTempDir temp_{"packtrain_export"};
+  const fs::path dir_ = temp_.path();
 };
 
 class ModelExport : public ExportDir, public ::testing::WithParamInterface<ExportCase> {
@@ -196,10 +186,6 @@ class ModelExport : public ExportDir, public ::testing::WithParamInterface<Expor
   void SetUp() override {
     const std::string reason = python_unavailable_reason();
     if (!reason.empty()) GTEST_SKIP() << reason;
-    ExportDir::SetUp();
-  }
-  void TearDown() override {
-    if (!dir_.empty()) ExportDir::TearDown();
   }
 };
 

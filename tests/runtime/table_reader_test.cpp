@@ -50,19 +50,9 @@ TableFormat with_header(HeaderMode header) {
 // exports a broken std::filesystem::remove_all that interposes on libstdc++'s.
 class TableFile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string name = ::testing::TempDir() + "packtrain_table_XXXXXX";
-    ASSERT_NE(::mkdtemp(name.data()), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override {
-    for (const fs::path& file : written_) fs::remove(file);
-    fs::remove(dir_);
-  }
   fs::path write(const std::string& name, const std::string& text) {
     const fs::path file = dir_ / name;
     std::ofstream(file, std::ios::binary) << text;
-    written_.push_back(file);
     return file;
   }
   Table read(const std::string& text, const TableFormat& format = {}) { return read_table(write("t.csv", text), format); }
@@ -70,8 +60,8 @@ class TableFile : public ::testing::Test {
     const fs::path file = write("t.csv", text);
     return error_of([&] { read_table(file, format); });
   }
-  fs::path dir_;
-  std::vector<fs::path> written_;
+  packtrain::testing::ScopedTempDir temp_{"packtrain_table"};
+  const fs::path dir_ = temp_.path();
 };
 
 TEST_F(TableFile, DetectsComma) {

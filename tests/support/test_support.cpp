@@ -6,6 +6,8 @@
 #include <c10/util/Logging.h>
 
 #include <sstream>
+#include <stdexcept>
+#include <unistd.h>
 
 namespace packtrain::testing {
 
@@ -61,6 +63,20 @@ std::string device_name(const ::testing::TestParamInfo<c10::Device>& info) {
 void DeviceTest::SetUp() {
   const std::string reason = device_unavailable_reason(device());
   if (!reason.empty()) GTEST_SKIP() << reason;
+}
+
+ScopedTempDir::ScopedTempDir(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a temporary directory " + pattern);
+  path_ = pattern;
+}
+
+ScopedTempDir::~ScopedTempDir() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) files.push_back(entry.path());
+  for (const auto& file : files) std::filesystem::remove(file, ec);
+  std::filesystem::remove(path_, ec);
 }
 
 }  // namespace packtrain::testing

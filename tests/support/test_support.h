@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,21 @@ std::vector<c10::Device> test_devices();
 // Empty when `device` can run here, else why not ("no CUDA device: ...").
 std::string device_unavailable_reason(const c10::Device& device);
 std::string device_name(const ::testing::TestParamInfo<c10::Device>& info);
+
+// A fresh directory under the system temp dir (prefix + random suffix), removed with
+// its files when the object goes — file by file: libtorch exports a broken copy of
+// std::filesystem::remove_all that interposes on libstdc++'s.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix);
+  ~ScopedTempDir();
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // Base for device-parameterized tests: SetUp skips with the printed reason.
 class DeviceTest : public ::testing::TestWithParam<c10::Device> {
