@@ -503,15 +503,12 @@ void EnsembleTrainer::restore(const Checkpoint& checkpoint) {
   try {
     const int64_t in = d.at("in_features").toInt();
     classes_ = to_vector(d.at("classes").toTensor());
-    if (!model_) {
-      build_model(in);
-    } else if (in != in_features_ || model_->parameters().flat().numel() != d.at("params").toTensor().numel()) {
+    if (!model_) build_model(in);
+    const int64_t saved = d.at("params").toTensor().numel(), ours = model_->parameters().flat().numel();
+    if (in != in_features_ || saved != ours) {
       throw DataError(where + "the checkpoint is for a model with " + std::to_string(in) + " inputs and " +
-                      std::to_string(d.at("params").toTensor().numel()) + " parameters; this one has " +
-                      std::to_string(in_features_) + " and " + std::to_string(model_->parameters().flat().numel()));
-    }
-    if (model_->parameters().flat().numel() != d.at("params").toTensor().numel()) {
-      throw DataError(where + "the weights do not fit the model the checkpoint's options describe");
+                      std::to_string(saved) + " parameters; this one has " + std::to_string(in_features_) + " and " +
+                      std::to_string(ours));
     }
     if (prepared() && static_cast<int64_t>(data_fingerprint_) != d.at("data_fingerprint").toInt()) {
       throw DataError(where + "the training data differ from the data this checkpoint was trained on");

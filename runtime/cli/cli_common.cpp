@@ -23,50 +23,23 @@ c10::Device pick_device(const std::string& name) {
   return device;
 }
 
-std::string to_json(const RunDescription& run) {
-  const DataArgs& a = run.data;
-  const nlohmann::json data{{"data", a.data},
-                        {"features", a.features},
-                        {"target", a.target},
-                        {"delimiter", a.delimiter},
-                        {"header", a.header},
-                        {"split", a.split},
-                        {"train_index", a.train_index},
-                        {"val_index", a.val_index},
-                        {"test_index", a.test_index},
-                        {"val_fraction", a.val_fraction},
-                        {"test_fraction", a.test_fraction},
-                        {"split_seed", a.split_seed}};
-  return nlohmann::json{{"data", data}, {"feature_names", run.feature_names}, {"target_name", run.target_name}}.dump();
-}
+// Each field once: the JSON keys are the member names (from_json throws on a missing key).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataArgs, data, features, target, delimiter, header, split, train_index, val_index,
+                                   test_index, val_fraction, test_fraction, split_seed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunDescription, data, feature_names, target_name)
+
+std::string to_json(const RunDescription& run) { return nlohmann::json(run).dump(); }
 
 RunDescription run_description_from_json(const std::string& text) {
   const nlohmann::json root = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!root.is_object() || !root.contains("data")) {
     throw runtime::DataError("checkpoint: no description of its data (was it written by `packtrain train`?)");
   }
-  RunDescription run;
-  DataArgs& a = run.data;
   try {
-    const nlohmann::json& j = root.at("data");
-    run.feature_names = root.at("feature_names").get<std::vector<std::string>>();
-    run.target_name = root.at("target_name").get<std::string>();
-    a.data = j.at("data").get<std::string>();
-    a.features = j.at("features").get<std::string>();
-    a.target = j.at("target").get<std::string>();
-    a.delimiter = j.at("delimiter").get<std::string>();
-    a.header = j.at("header").get<std::string>();
-    a.split = j.at("split").get<int>();
-    a.train_index = j.at("train_index").get<std::string>();
-    a.val_index = j.at("val_index").get<std::string>();
-    a.test_index = j.at("test_index").get<std::string>();
-    a.val_fraction = j.at("val_fraction").get<double>();
-    a.test_fraction = j.at("test_fraction").get<double>();
-    a.split_seed = j.at("split_seed").get<uint64_t>();
+    return root.get<RunDescription>();
   } catch (const nlohmann::json::exception& e) {
     throw runtime::DataError(std::string("checkpoint: bad data description: ") + e.what());
   }
-  return run;
 }
 
 void export_members(const std::string& path, const runtime::EnsembleTrainer& trainer,

@@ -12,6 +12,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/cuda/nccl.h>
 #include <torch/version.h>
 
 #include <filesystem>
@@ -51,11 +52,13 @@ nlohmann::json info_json() {
     }
   }
   j["devices"] = devices;
-#ifdef PACKTRAIN_HAVE_NCCL
-  j["nccl"] = "linked";
-#else
-  j["nccl"] = at::hasCUDA() ? "available through LibTorch's CUDA build" : "not usable (no CUDA device)";
-#endif
+  try {  // the NCCL LibTorch's CUDA build links (collectives need a CUDA device too)
+    const uint64_t v = torch::cuda::nccl::version();  // major << 32 | minor << 16 | patch
+    j["nccl"] = fmt::format("{}.{}.{}{}", v >> 32, (v >> 16) & 0xffff, v & 0xffff,
+                            at::hasCUDA() ? "" : " (no CUDA device: collectives unusable here)");
+  } catch (const std::exception&) {
+    j["nccl"] = "not available in this LibTorch build";
+  }
 #ifdef PACKTRAIN_HAVE_NVTX
   j["nvtx"] = true;
 #else

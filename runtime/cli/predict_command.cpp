@@ -71,18 +71,20 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
                            bool per_member) {
   std::string out;
   const int64_t K = trainer.options().members();
+  const std::vector<double>& classes = trainer.classes();
   if (trainer.options().head() == runtime::Head::kClassification) {
     out += "predicted";
-    for (double c : trainer.classes()) out += fmt::format(",p_{}", c);
+    for (double c : classes) out += fmt::format(",p_{}", c);
     if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
     out += "\n";
-    const at::Tensor member_class = p.member_probabilities.argmax(2);  // (K, N)
-    for (int64_t r = 0; r < p.probabilities.size(0); ++r) {
-      out += fmt::format("{}", p.predicted[r].item<double>());
-      for (int64_t c = 0; c < p.probabilities.size(1); ++c) out += fmt::format(",{:.6g}", p.probabilities[r][c].item<double>());
-      if (per_member) {
-        for (int64_t k = 0; k < K; ++k) out += fmt::format(",{}", trainer.classes()[member_class[k][r].item<int64_t>()]);
-      }
+    const at::Tensor member_class = p.member_probabilities.argmax(2).contiguous();  // (K, N)
+    const auto predicted = p.predicted.accessor<double, 1>();
+    const auto probs = p.probabilities.accessor<double, 2>();
+    const auto members = member_class.accessor<int64_t, 2>();
+    for (int64_t r = 0; r < probs.size(0); ++r) {
+      out += fmt::format("{}", predicted[r]);
+      for (int64_t c = 0; c < probs.size(1); ++c) out += fmt::format(",{:.6g}", probs[r][c]);
+      if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{}", classes[members[k][r]]);
       out += "\n";
     }
     return out;
@@ -91,9 +93,12 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
   out += "\n";
   const at::Tensor std = p.variance.sqrt();
-  for (int64_t r = 0; r < p.mean.size(0); ++r) {
-    out += fmt::format("{:.9g},{:.9g}", p.mean[r].item<double>(), std[r].item<double>());
-    if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{:.9g}", p.member_mean[k][r].item<double>());
+  const auto mean = p.mean.accessor<double, 1>();
+  const auto sd = std.accessor<double, 1>();
+  const auto members = p.member_mean.accessor<double, 2>();
+  for (int64_t r = 0; r < mean.size(0); ++r) {
+    out += fmt::format("{:.9g},{:.9g}", mean[r], sd[r]);
+    if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{:.9g}", members[k][r]);
     out += "\n";
   }
   return out;

@@ -4,6 +4,7 @@
 #include "runtime/data_split.h"
 #include "runtime/dataset.h"
 #include "runtime/uci_dataset.h"
+#include "tests/runtime/data_error_message.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -23,18 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// The message of the DataError `f` throws, or "no error". Any other exception
-// escapes and fails the test.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // Files in a fresh directory per test. Cleaned up file by file: libtorch.so
 // exports a broken std::filesystem::remove_all that interposes on libstdc++'s.

@@ -4,6 +4,7 @@
 #include "runtime/dataset.h"
 #include "runtime/table_reader.h"
 #include "runtime/uci_dataset.h"
+#include "tests/runtime/data_error_message.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -20,18 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// The message of the DataError `f` throws, or "no error". Any other exception
-// escapes and fails the test.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // Formats with one field set (designated initializers that leave a field out
 // trip -Wmissing-field-initializers).
