@@ -1,7 +1,8 @@
 // packtrain_bench: member-steps per second of K small regressors trained
 //   NaiveLoop    - K standalone LibTorch models, each with its own torch::optim::AdamW,
 //                  one step each in a loop (what users write today);
-//   PackedEager  - one PackedMLP of K members and one PackedAdam (AdamW), eager;
+//   PackedEager  - one PackedMLP of K members and one PackedAdam (AdamW), eager:
+//                  ensemble::packed_train_step (on CPU its fused member-wise step);
 //   PackedGraph, PackedGraphUnrolled - the packed step captured as a CUDA graph
 //                  (benchmarks/captured_step_bench.cpp; CUDA only).
 // Workload: I=8 inputs, 1 output, hidden layers of width `hidden` (one by default:
@@ -11,11 +12,12 @@
 // Device: CUDA when available (or PACKTRAIN_BENCH_DEVICE=cpu|cuda), else CPU.
 // Members 1..4096 at hidden 64 and batch 128, plus a wider model (hidden 512);
 // PACKTRAIN_BENCH_UNROLL sets U for PackedGraphUnrolled (default: the trainer's).
+#include "benchmarks/bench_workload.h"
 #include "benchmarks/captured_step_bench.h"
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/pack.h"
-#include "ensemble/packed_loss.h"
 #include "ensemble/packed_mlp.h"
+#include "ensemble/packed_step.h"
 #include "runtime/cpu_memory.h"
 #include "runtime/ensemble_steps.h"
 
@@ -34,9 +36,6 @@ namespace {
 
 using namespace packtrain::ensemble;
 
-constexpr int64_t kIn = 8;
-constexpr int64_t kOut = 1;
-
 int64_t bench_depth() {
   const char* env = std::getenv("PACKTRAIN_BENCH_DEPTH");
   return env != nullptr ? std::stoll(env) : 1;
@@ -53,16 +52,7 @@ void synchronize(const c10::Device& device) {
 }
 
 PackedMLPOptions workload(int64_t members, int64_t hidden, c10::Device device) {
-  return PackedMLPOptions(kIn, kOut).members(members).hidden(hidden).depth(bench_depth()).seed(1).device(device);
-}
-
-struct Batch {
-  at::Tensor x, y;
-};
-
-Batch fixed_batch(int64_t batch, c10::Device device) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  return {at::randn({batch, kIn}, gen).to(device), at::randn({batch, kOut}, gen).to(device)};
+  return packtrain::benchmarks::workload_options(members, hidden, bench_depth(), device);
 }
 
 // Host time to issue a step (before waiting for the device); a step of all K members.
@@ -82,9 +72,9 @@ void NaiveLoop(benchmark::State& state) {
   for (int64_t k = 0; k < members; ++k) {
     models.push_back(make_standalone_mlp(options, k));
     optimizers.push_back(std::make_unique<torch::optim::AdamW>(models.back()->parameters(),
-                                                               torch::optim::AdamWOptions(1e-3)));
+                                                               torch::optim::AdamWOptions(packtrain::benchmarks::kWorkloadLr)));
   }
-  const Batch data = fixed_batch(batch, device);
+  const auto data = packtrain::benchmarks::fixed_batch(batch, device);
   HostClock host;
   for (auto _ : state) {
     host.start();
@@ -105,14 +95,12 @@ void PackedEager(benchmark::State& state) {
   const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2);
   const c10::Device device = bench_device();
   PackedMLP model(workload(members, hidden, device));
-  PackedAdam optimizer(model.parameters(), adamw_options().lr(1e-3));
-  const Batch data = fixed_batch(batch, device);
+  PackedAdam optimizer(model.parameters(), adamw_options().lr(packtrain::benchmarks::kWorkloadLr));
+  const auto data = packtrain::benchmarks::fixed_batch(batch, device);
   HostClock host;
   for (auto _ : state) {
     host.start();
-    model.parameters().zero_grad();
-    packed_mse_loss(model.forward(data.x), data.y).sum().backward();
-    optimizer.step();
+    packed_train_step(model, optimizer, data.x, data.y, LossKind::kMSE);
     host.stop();
     synchronize(device);
   }

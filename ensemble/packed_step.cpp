@@ -1,5 +1,6 @@
 #include "ensemble/packed_step.h"
 
+#include "ensemble/cpu_fused_step.h"
 #include "ensemble/packed_loss.h"
 #include "profiling/nvtx.h"
 
@@ -40,8 +41,17 @@ at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const
                              const at::Tensor& y, LossKind kind, double min_variance) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "packed_train_step: the optimizer does not hold this model's parameters");
-  model.parameters().zero_grad();
   at::Tensor losses;
+  if (cpu_fused_step_applies(model, x, y, kind)) {
+    {
+      PACKTRAIN_NVTX_RANGE("forward+backward");  // fused, member by member
+      losses = cpu_fused_gradients(model, x, y, kind, min_variance);
+    }
+    PACKTRAIN_NVTX_RANGE("optimizer");
+    optimizer.step();
+    return losses;
+  }
+  model.parameters().zero_grad();
   {
     PACKTRAIN_NVTX_RANGE("forward");
     losses = packed_loss(kind, model.forward(x), y, min_variance);

@@ -29,6 +29,8 @@ at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& 
 // One training step: gradients zeroed in place, forward, packed loss, backward of
 // the sum (so each member's gradient is its own), one optimizer update (mask,
 // per-member learning rates and schedule included). Returns the (K) losses, detached.
+// On CPU the forward and backward run member by member without autograd where
+// cpu_fused_step_applies (ensemble/cpu_fused_step.h): the same gradients, one call.
 at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
                              const at::Tensor& y, LossKind kind, double min_variance = 1e-6);
 

@@ -15,17 +15,11 @@ import re
 import sys
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("bench_json")
-    ap.add_argument("--base", default="NaiveLoop")
-    ap.add_argument("--families", nargs="*", default=["PackedEager"])
-    ap.add_argument("--counter", action="append", default=[])
-    args = ap.parse_args()
-    with open(args.bench_json) as f:
-        report = json.load(f)
-    rates = {}
-    counters = {}
+def read_rates(report):
+    """{(family, "members:8/hidden:64/batch:128"): (items_per_second, the benchmark's entry)}
+    from Google Benchmark's JSON (medians when repetitions were run), and whether
+    they are medians. Skipped or failed benchmarks are left out."""
+    found = {}
     have_medians = any(b.get("aggregate_name") == "median" for b in report["benchmarks"])
     for b in report["benchmarks"]:
         if have_medians and b.get("aggregate_name") != "median":
@@ -35,8 +29,22 @@ def main() -> int:
         rest = rest.removesuffix("/real_time").removesuffix("/manual_time")
         if "items_per_second" not in b:  # skipped or failed
             continue
-        rates[(family, rest)] = b["items_per_second"]
-        counters[(family, rest)] = b
+        found[(family, rest)] = (b["items_per_second"], b)
+    return found, have_medians
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench_json")
+    ap.add_argument("--base", default="NaiveLoop")
+    ap.add_argument("--families", nargs="*", default=["PackedEager"])
+    ap.add_argument("--counter", action="append", default=[])
+    args = ap.parse_args()
+    with open(args.bench_json) as f:
+        report = json.load(f)
+    found, have_medians = read_rates(report)
+    rates = {key: rate for key, (rate, _) in found.items()}
+    counters = {key: bench for key, (_, bench) in found.items()}
     ctx = report.get("context", {})
     print(f"# {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, device {ctx.get('device', '?')}, "
           f"{ctx.get('date', '?')}, {'median of repetitions' if have_medians else 'single run'}")

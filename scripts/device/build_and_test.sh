@@ -3,7 +3,8 @@
 # carried .deb files into a prefix, configures against the machine's own PyTorch
 # (python3 -c "import torch.utils; print(torch.utils.cmake_prefix_path)"), builds,
 # runs every test (CUDA instances included) and the benchmark, and leaves logs and
-# JSON in $OUT (ctest, benchmark, `packtrain profile` reports and traces, the main job).
+# JSON in $OUT (ctest, benchmark, `packtrain profile` reports and traces, the main job,
+# the peers benchmark in $OUT/peers).
 #   scripts/device/build_and_test.sh [extra packtrain_bench args]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,4 +28,12 @@ for k in 64 4096; do
   build-device/bin/packtrain profile --members "$k" --unroll 8 > "$out/profile_k${k}_u8.txt" 2>&1 || true
 done
 build-device/bin/packtrain train --json > "$out/train.json" 2> "$out/train.err" || true
+# The peers benchmark (benchmarks/peers/run.sh) on this machine's PyTorch and JAX;
+# optax from the carried wheels when the machine lacks it.
+if ! python3 -c "import optax" 2>/dev/null; then
+  python3 -m pip install --quiet --no-index --no-deps --target .device/pyextra .device/wheels/*.whl
+  export PYTHONPATH="$PWD/.device/pyextra${PYTHONPATH:+:$PYTHONPATH}"
+fi
+PACKTRAIN_PEERS_PYTHON=python3 PACKTRAIN_PEERS_NO_BUILD=1 PACKTRAIN_BUILD_DIR=build-device \
+  timeout 1500 benchmarks/peers/run.sh --out "$out/peers" > "$out/peers.txt" 2>&1 || true
 tail -3 "$out/ctest.log"

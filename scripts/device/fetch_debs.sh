@@ -2,7 +2,9 @@
 # Run HERE (the development machine): downloads Debian's .deb files of the build and
 # test dependencies the GPU machine lacks (fmt, GoogleTest/GMock, Google Benchmark,
 # CLI11, nlohmann-json, ccache is not needed) into .device/debs/, which .gitignore
-# keeps out of git and the device tool carries (carry: [".device"]).
+# keeps out of git and the device tool carries (carry: [".device"]); and the wheels
+# of the pure-Python optax and absl-py into .device/wheels/ for the peers benchmark
+# (the GPU machine has JAX; optax may be missing and it has no network).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/debs
@@ -11,3 +13,8 @@ apt-get update -qq
 apt-get download libfmt-dev libfmt9 libgtest-dev libgmock-dev googletest libbenchmark-dev \
   libbenchmark1debian libcli11-dev nlohmann-json3-dev 2>&1 | tail -1
 ls -1 *.deb
+cd ../..
+mkdir -p .device/wheels
+"${PACKTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/packtrain}/venv-torch-2.11.0/bin/python" -m pip download \
+  --quiet --disable-pip-version-check --no-deps --only-binary=:all: -d .device/wheels optax==0.2.8 absl-py
+ls -1 .device/wheels

@@ -1,0 +1,171 @@
+// The fused CPU step (ensemble/cpu_fused_step.h) against autograd: the same losses
+// and the same gradient for every parameter of every member, across activations,
+// losses, depths, shared and per-member batches, both dtypes, and a pack large
+// enough to be split over threads. And where it must step aside for autograd.
+#include "ensemble/cpu_fused_step.h"
+#include "ensemble/optimizers/adam.h"
+#include "ensemble/packed_step.h"
+#include "tests/support/test_support.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <string>
+
+namespace packtrain::ensemble {
+namespace {
+
+using packtrain::testing::all_close;
+
+struct Case {
+  Activation activation;
+  LossKind loss;
+  int64_t depth;
+  bool per_member;
+  c10::ScalarType dtype;
+  int64_t members = 3, hidden = 7, batch = 6;
+};
+
+std::string case_name(const Case& c) {
+  std::string loss(to_string(c.loss));
+  std::replace(loss.begin(), loss.end(), '-', '_');  // gtest names: letters, digits, '_'
+  return std::string(to_string(c.activation)) + "_" + loss + "_depth" +
+         std::to_string(c.depth) + (c.per_member ? "_per_member" : "_shared") +
+         (c.dtype == at::kFloat ? "_f32" : "_f64") + "_K" + std::to_string(c.members);
+}
+
+constexpr int64_t kIn = 5;
+
+int64_t out_features(LossKind loss) { return loss == LossKind::kGaussianNLL ? 4 : 3; }  // 2 targets, or 3 classes
+
+PackedMLP make_model(const Case& c) {
+  return PackedMLP(PackedMLPOptions(kIn, out_features(c.loss))
+                       .members(c.members)
+                       .hidden(c.hidden)
+                       .depth(c.depth)
+                       .activation(c.activation)
+                       .seed(17)
+                       .dtype(c.dtype));
+}
+
+std::pair<at::Tensor, at::Tensor> make_batch(const Case& c) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto t = at::TensorOptions().dtype(c.dtype);
+  std::vector<int64_t> lead = c.per_member ? std::vector<int64_t>{c.members, c.batch} : std::vector<int64_t>{c.batch};
+  std::vector<int64_t> x_shape = lead;
+  x_shape.push_back(kIn);
+  const at::Tensor x = 2 * at::randn(x_shape, gen, t);
+  if (c.loss == LossKind::kCrossEntropy) return {x, at::randint(0, 3, lead, gen, at::kLong)};
+  std::vector<int64_t> y_shape = lead;
+  y_shape.push_back(c.loss == LossKind::kGaussianNLL ? 2 : 3);
+  return {x, at::randn(y_shape, gen, t)};
+}
+
+class CpuFusedStep : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuFusedStep, EqualsAutograd) {
+  const Case c = GetParam();
+  const auto [x, y] = make_batch(c);
+  PackedMLP fused = make_model(c);
+  PackedMLP reference = make_model(c);
+  ASSERT_TRUE(cpu_fused_step_applies(fused, x, y, c.loss));
+
+  // Stale gradients must be overwritten, not accumulated into.
+  fused.parameters().flat_grad().fill_(7);
+  const at::Tensor losses = cpu_fused_gradients(fused, x, y, c.loss);
+
+  reference.parameters().zero_grad();
+  const at::Tensor expected = packed_loss(c.loss, reference.forward(x), y);
+  torch::autograd::backward({expected.sum()});
+
+  const double tolerance = c.dtype == at::kFloat ? 2e-5 : 1e-11;
+  EXPECT_TRUE(all_close(losses, expected.detach(), tolerance));
+  for (size_t i = 0; i < fused.parameters().size(); ++i) {
+    EXPECT_TRUE(all_close(fused.parameters()[i].grad(), reference.parameters()[i].grad(), tolerance))
+        << fused.parameters().spec(i).name;
+  }
+  // The gradients are not trivially zero (a test that could not fail otherwise).
+  EXPECT_GT(fused.parameters().flat_grad().abs().max().item<double>(), 1e-3);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (Activation a : {Activation::kReLU, Activation::kGELU, Activation::kSiLU, Activation::kTanh})
+    for (LossKind l : {LossKind::kMSE, LossKind::kGaussianNLL, LossKind::kCrossEntropy})
+      out.push_back({a, l, 2, false, at::kDouble});
+  for (int64_t depth : {0, 1, 3}) out.push_back({Activation::kTanh, LossKind::kMSE, depth, false, at::kDouble});
+  for (LossKind l : {LossKind::kMSE, LossKind::kGaussianNLL, LossKind::kCrossEntropy})
+    out.push_back({Activation::kReLU, l, 2, true, at::kDouble});
+  out.push_back({Activation::kReLU, LossKind::kMSE, 1, false, at::kFloat});
+  out.push_back({Activation::kSiLU, LossKind::kGaussianNLL, 2, true, at::kFloat});
+  // Big enough per member that members are split over threads.
+  out.push_back({Activation::kReLU, LossKind::kMSE, 2, false, at::kDouble, 9, 64, 64});
+  out.push_back({Activation::kGELU, LossKind::kCrossEntropy, 1, true, at::kFloat, 9, 64, 64});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CpuFusedStep, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
+
+TEST(CpuFusedStepScope, ThreadsDoNotChangeTheResult) {
+  const Case c{Activation::kReLU, LossKind::kMSE, 2, false, at::kFloat, 16, 64, 64};
+  const auto [x, y] = make_batch(c);
+  PackedMLP one = make_model(c), two = make_model(c);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor a = cpu_fused_gradients(one, x, y, c.loss);
+  at::set_num_threads(std::max(2, threads));
+  const at::Tensor b = cpu_fused_gradients(two, x, y, c.loss);
+  at::set_num_threads(threads);
+  // Each member is computed by one thread in one order: bit for bit the same.
+  EXPECT_TRUE(packtrain::testing::all_equal(a, b));
+  EXPECT_TRUE(packtrain::testing::all_equal(one.parameters().flat_grad(), two.parameters().flat_grad()));
+}
+
+TEST(CpuFusedStepScope, StepsAsideForWhatItDoesNotHandle) {
+  const Case c{Activation::kReLU, LossKind::kMSE, 2, false, at::kFloat};
+  const auto [x, y] = make_batch(c);
+  PackedMLP plain = make_model(c);
+  EXPECT_TRUE(cpu_fused_step_applies(plain, x, y, LossKind::kMSE));
+  PackedMLP norm(PackedMLPOptions(kIn, 3).members(3).layer_norm(true));
+  EXPECT_FALSE(cpu_fused_step_applies(norm, x, y, LossKind::kMSE)) << "layer norm";
+  PackedMLP dropout(PackedMLPOptions(kIn, 3).members(3).dropout(0.1));
+  EXPECT_FALSE(cpu_fused_step_applies(dropout, x, y, LossKind::kMSE)) << "dropout while training";
+  dropout.train(false);
+  EXPECT_TRUE(cpu_fused_step_applies(dropout, x, y, LossKind::kMSE)) << "dropout is off in eval mode";
+  EXPECT_FALSE(cpu_fused_step_applies(plain, x.to(at::kDouble), y, LossKind::kMSE)) << "dtype mismatch";
+  EXPECT_FALSE(cpu_fused_step_applies(plain, x.narrow(1, 0, 4), y, LossKind::kMSE)) << "wrong input width";
+  EXPECT_FALSE(cpu_fused_step_applies(plain, x, y.narrow(0, 0, 5), LossKind::kMSE)) << "rows differ";
+  EXPECT_FALSE(cpu_fused_step_applies(plain, x.t().contiguous().t(), y, LossKind::kMSE)) << "not contiguous";
+
+  // What it rejects, the autograd step reports with its own message.
+  PackedAdam optimizer(plain.parameters(), adamw_options());
+  try {
+    packed_train_step(plain, optimizer, x.narrow(1, 0, 4), y, LossKind::kMSE);
+    ADD_FAILURE() << "a batch of the wrong width trained";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("input width"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
+TEST(CpuFusedStepScope, RejectsOutOfRangeClasses) {
+  const Case c{Activation::kReLU, LossKind::kCrossEntropy, 1, false, at::kFloat};
+  auto [x, y] = make_batch(c);
+  PackedMLP model = make_model(c);
+  y[2] = 3;  // 3 classes: 0, 1, 2
+  try {
+    cpu_fused_gradients(model, x, y, c.loss);
+    ADD_FAILURE() << "an out-of-range class trained";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("out of range for 3 classes"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
+}  // namespace
+}  // namespace packtrain::ensemble
