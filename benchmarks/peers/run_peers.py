@@ -162,6 +162,24 @@ def device_name(device):
     return f"{model}, {os.cpu_count()} cores"
 
 
+def chosen_variants(rows):
+    """'torch.func vmap: torch-vmap:fused at members 1, 8; torch-vmap:foreach at members 512; ...'"""
+    parts = []
+    for name, _ in SYSTEMS:
+        by_variant = {}
+        for row in rows:
+            variant = row["systems"][name].get("variant")
+            if variant:
+                w = row["workload"]
+                by_variant.setdefault(variant, []).append(
+                    f"{w['members']}" + ("" if w["hidden"] == 64 else f" (hidden {w['hidden']})"))
+        if len(by_variant) == 1:
+            parts.append(f"{name}: {next(iter(by_variant))}")
+        elif by_variant:
+            parts.append(f"{name}: " + ", ".join(f"{v} at members {'/'.join(ks)}" for v, ks in by_variant.items()))
+    return "; ".join(parts)
+
+
 def write_markdown(results, path):
     rows = results["rows"]
     names = [name for name, _ in SYSTEMS]
@@ -190,8 +208,7 @@ def write_markdown(results, path):
     lines += ["", f"Depth {results['depth']} hidden layer(s), 8 inputs, 1 output, ReLU, MSE, AdamW "
               "(lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), float32, one fixed batch on the device.",
               f"packtrain path: {results['packtrain_path']}. Variants chosen (fastest that passed): "
-              + "; ".join(sorted({f"{n}: {s.get('variant')}" for r in rows for n, s in r['systems'].items()
-                                  if n != 'packtrain' and s.get('variant')})) + ".",
+              + chosen_variants(rows) + ".",
               "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v) + "."]
     if notes:
         lines += ["", "Not reported:"] + [f"- {n}" for n in notes]

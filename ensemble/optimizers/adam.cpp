@@ -1,11 +1,30 @@
 #include "ensemble/optimizers/adam.h"
 
+#include "ensemble/optimizers/adam_math.h"
 #include "ensemble/optimizers/adam_update.h"
+#include "ensemble/optimizers/adam_update_cuda.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace packtrain::ensemble {
+
+namespace {
+// The fused CUDA kernels (adam_update_cuda.cu) exist when the build had nvcc;
+// without them a CUDA pack falls back to ATen tensor ops.
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+void* current_stream(const c10::Device& device) { return c10::cuda::getCurrentCUDAStream(device.index()).stream(); }
+void check_cuda(int error) { C10_CUDA_CHECK(static_cast<cudaError_t>(error)); }
+bool fused_cuda(const c10::Device& device) { return device.is_cuda(); }
+#else
+bool fused_cuda(const c10::Device&) { return false; }
+#endif
+}  // namespace
 
 void AdamOptions::validate() const {
   TORCH_CHECK(lr() >= 0, "Adam: lr must be >= 0, got ", lr());
@@ -21,7 +40,9 @@ PackedAdam::PackedAdam(PackedParameters& parameters, AdamOptions options)
       exp_avg_(at::zeros_like(parameters.flat())),
       exp_avg_sq_(at::zeros_like(parameters.flat())),
       exp_avg_blocks_(parameters.blocks(exp_avg_)),
-      exp_avg_sq_blocks_(parameters.blocks(exp_avg_sq_)) {}
+      exp_avg_sq_blocks_(parameters.blocks(exp_avg_sq_)),
+      coefficients_(at::zeros({detail::kAdamCoefficientRows, parameters.members()},
+                              parameters.flat().options().dtype(at::kDouble))) {}
 
 void PackedAdam::reset_state(const at::Tensor& which) {
   at::NoGradGuard no_grad;
@@ -34,27 +55,61 @@ void PackedAdam::reset_state(const at::Tensor& which) {
 void PackedAdam::step() {
   at::NoGradGuard no_grad;
   const double beta1 = options_.beta1(), beta2 = options_.beta2();
-
-  // torch::optim::Adam(W)'s update with per-member coefficients, (K) in float64;
-  // a frozen member's are the identity and its step count does not advance.
-  const at::Tensor active = mask_.to(at::kDouble);
-  step_.add_(active);
-  const at::Tensor steps = step_.clamp_min(1);  // a never-stepped frozen member: no 0/0
   const bool decay = options_.weight_decay() != 0;
   const bool decoupled = decay && options_.decoupled_weight_decay();
-  detail::AdamCoefficients c;
-  c.active = active;
-  const at::Tensor lr = scheduled_lr(step_ - active);
-  c.neg_step_size = -(lr / (1 - at::pow(beta1, steps))) * active;
-  c.sqrt_bias_correction2 = (1 - at::pow(beta2, steps)).sqrt();
-  if (decoupled) c.decay_factor = 1 - lr * weight_decay_ * active;
-  if (decay && !decoupled) c.l2 = weight_decay_;
+  const int64_t K = members();
+  const c10::Device device = parameters_->flat().device();
 
-  const bool cpu = parameters_->flat().is_cpu();
+  // torch::optim::Adam(W)'s update with per-member coefficients (adam_math.h), a
+  // (5, K) float64 table; a frozen member's are the identity and its step count
+  // does not advance. The learning rate comes from each member's count of earlier
+  // updates, read before this update advances it.
+  const at::Tensor lr = scheduled_lr(step_);
+  if (device.is_cpu()) {
+    // A loop over members, not ~15 tensor ops: on CPU the ops' dispatch was most of
+    // a small pack's optimizer time.
+    const bool* mask = mask_.data_ptr<bool>();
+    double* step = step_.data_ptr<double>();
+    const double* rate = lr.data_ptr<double>();
+    const double* wd = weight_decay_.data_ptr<double>();
+    double* table = coefficients_.data_ptr<double>();
+    for (int64_t k = 0; k < K; ++k)
+      detail::adam_member_coefficients(k, K, mask[k], step, rate[k], wd[k], beta1, beta2, decay, decoupled, table);
+  } else if (fused_cuda(device)) {
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+    check_cuda(detail::launch_adam_coefficients(K, mask_.data_ptr<bool>(), step_.data_ptr<double>(),
+                                                lr.data_ptr<double>(), weight_decay_.data_ptr<double>(), beta1,
+                                                beta2, decay, decoupled, coefficients_.data_ptr<double>(),
+                                                current_stream(device)));
+#endif
+  } else {
+    const at::Tensor active = mask_.to(at::kDouble);
+    step_.add_(active);
+    const at::Tensor steps = step_.clamp_min(1);
+    coefficients_[detail::kActive].copy_(active);
+    coefficients_[detail::kNegStepSize].copy_(-(lr / (1 - at::pow(beta1, steps))) * active);
+    coefficients_[detail::kSqrtBiasCorrection2].copy_((1 - at::pow(beta2, steps)).sqrt());
+    coefficients_[detail::kDecayFactor].copy_(decay && decoupled ? 1 - lr * weight_decay_ * active
+                                                                 : at::ones_like(active));
+    coefficients_[detail::kL2].copy_(decay && !decoupled ? weight_decay_ : at::zeros_like(active));
+  }
+
+  const detail::AdamCoefficients c = detail::coefficient_rows(coefficients_, decay, decoupled);
   for (size_t i = 0; i < param_blocks_.size(); ++i) {
-    const auto update = cpu ? detail::adam_update_cpu : detail::adam_update_tensor_ops;
-    update(param_blocks_[i], grad_blocks_[i], exp_avg_blocks_[i], exp_avg_sq_blocks_[i], c, beta1, beta2,
-           options_.eps());
+    const at::Tensor &p = param_blocks_[i], &g = grad_blocks_[i];
+    const at::Tensor &m = exp_avg_blocks_[i], &v = exp_avg_sq_blocks_[i];
+    if (device.is_cpu()) {
+      detail::adam_update_cpu(p, g, m, v, c, beta1, beta2, options_.eps());
+    } else if (fused_cuda(device) && p.is_contiguous() && g.is_contiguous() &&
+               (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble)) {
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+      check_cuda(detail::launch_adam_update(p.scalar_type() == at::kDouble, p.data_ptr(), g.data_ptr(), m.data_ptr(),
+                                            v.data_ptr(), p.size(0), p.size(1), coefficients_.data_ptr<double>(),
+                                            beta1, beta2, options_.eps(), decay, decoupled, current_stream(device)));
+#endif
+    } else {
+      detail::adam_update_tensor_ops(p, g, m, v, c, beta1, beta2, options_.eps());
+    }
   }
 }
 

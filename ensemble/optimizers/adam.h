@@ -47,6 +47,7 @@ class PackedAdam : public PackedOptimizer {
   at::Tensor exp_avg_sq_;  // (N)
   std::vector<at::Tensor> exp_avg_blocks_;     // (K, n_i) views
   std::vector<at::Tensor> exp_avg_sq_blocks_;  // (K, n_i) views
+  at::Tensor coefficients_;  // (5, K) float64: this update's per-member coefficients (adam_math.h)
 };
 
 }  // namespace packtrain::ensemble

@@ -1,5 +1,7 @@
 #include "ensemble/optimizers/adam_update.h"
 
+#include "ensemble/optimizers/adam_math.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -38,16 +40,8 @@ void adam_rows(scalar_t* P, const scalar_t* G, scalar_t* M, scalar_t* V, int64_t
     scalar_t* __restrict__ vk = V + k * n;
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
-      scalar_t w = pk[j];
-      if constexpr (kDecay) w = w * dec;
-      scalar_t grad = gk[j];
-      if constexpr (kL2) grad = grad + w * wd;
-      const scalar_t mj = mk[j] * b1 + grad * one_minus_b1;
-      const scalar_t vj = vk[j] * b2 + one_minus_b2 * grad * grad;
-      mk[j] = mj;
-      vk[j] = vj;
-      const scalar_t denom = std::sqrt(vj) / bc2 + epsilon;
-      pk[j] = w + (mj / denom) * step;
+      adam_element<scalar_t, kDecay, kL2>(pk[j], gk[j], mk[j], vk[j], step, bc2, dec, wd, b1, b2, one_minus_b1,
+                                          one_minus_b2, epsilon);
     }
   }
 }
@@ -78,6 +72,16 @@ at::Tensor column(const at::Tensor& per_member, const at::Tensor& like) {
 }
 
 }  // namespace
+
+AdamCoefficients coefficient_rows(const at::Tensor& table, bool decay, bool decoupled) {
+  AdamCoefficients c;
+  c.active = table[kActive];
+  c.neg_step_size = table[kNegStepSize];
+  c.sqrt_bias_correction2 = table[kSqrtBiasCorrection2];
+  if (decay && decoupled) c.decay_factor = table[kDecayFactor];
+  if (decay && !decoupled) c.l2 = table[kL2];
+  return c;
+}
 
 void adam_update_tensor_ops(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                             const AdamCoefficients& c, double beta1, double beta2, double eps) {

@@ -17,6 +17,10 @@ struct AdamCoefficients {
   at::Tensor l2;                     // wd (Adam), or undefined
 };
 
+// Row views of a (5, K) coefficient table (adam_math.h's rows); decay_factor and
+// l2 are defined only for the variant that uses them.
+AdamCoefficients coefficient_rows(const at::Tensor& table, bool decay, bool decoupled);
+
 // p, g, m, v: contiguous (K, n) CPU blocks of one dtype.
 void adam_update_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                      const AdamCoefficients& c, double beta1, double beta2, double eps);

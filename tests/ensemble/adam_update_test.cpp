@@ -1,7 +1,9 @@
-// The two implementations of the packed Adam block update — the vectorized CPU
-// pass and the ATen tensor-op path that CUDA uses — agree, and both leave a frozen
+// The implementations of the packed Adam update — the vectorized CPU pass, the
+// fused CUDA kernels and the ATen tensor-op path — agree, and all leave a frozen
 // member untouched even when its gradient is NaN.
+#include "ensemble/optimizers/adam.h"
 #include "ensemble/optimizers/adam_update.h"
+#include "ensemble/packed_mlp.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -59,6 +61,64 @@ void check_agreement(c10::ScalarType dtype, bool decoupled, double tolerance) {
 TEST(AdamUpdate, CpuPassMatchesTensorOps_AdamW_Float64) { check_agreement(at::kDouble, true, 1e-15); }
 TEST(AdamUpdate, CpuPassMatchesTensorOps_AdamL2_Float64) { check_agreement(at::kDouble, false, 1e-15); }
 TEST(AdamUpdate, CpuPassMatchesTensorOps_AdamW_Float32) { check_agreement(at::kFloat, true, 1e-6); }
+
+// PackedAdam::step on the device under test (CPU: host coefficients + the CPU pass;
+// CUDA: the coefficient and update kernels) against the tensor-op formulas on CPU,
+// over steps with a warm-up schedule, per-member rates, a frozen member with NaN
+// gradients, AdamW and Adam's L2.
+class PackedAdamStep : public packtrain::testing::DeviceTest {};
+
+void expect_step_matches_reference(c10::Device device, bool decoupled) {
+  constexpr int64_t K = 5;
+  const PackedMLPOptions options = PackedMLPOptions(3, 2).members(K).hidden(9).depth(1).dtype(at::kDouble);
+  PackedMLP model(PackedMLPOptions(options).device(device));
+  PackedMLP reference(options);
+  const AdamOptions adam = AdamOptions().lr(1e-2).weight_decay(0.05).decoupled_weight_decay(decoupled);
+  PackedAdam optimizer(model.parameters(), adam);
+  const at::Tensor lr = at::tensor({1e-2, 2e-2, 3e-2, 4e-2, 5e-2}, at::kDouble);
+  optimizer.set_lr(lr);
+  optimizer.set_schedule(LrSchedule().kind(LrScheduleKind::kLinearWarmup).warmup_steps(3));
+  const at::Tensor mask = at::ones({K}, at::kBool);
+  mask[3] = false;
+  optimizer.set_mask(mask);
+
+  at::Tensor p = reference.parameters().flat().view({-1}).clone();
+  at::Tensor m = at::zeros_like(p), v = at::zeros_like(p), step = at::zeros({K}, at::kDouble);
+  const auto blocks = [&](const at::Tensor& flat) { return reference.parameters().blocks(flat); };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  for (int t = 0; t < 4; ++t) {
+    at::Tensor g = at::randn(p.sizes(), gen, at::kDouble);
+    for (const at::Tensor& block : blocks(g)) block[3].fill_(NAN);  // the frozen member's gradient
+    model.parameters().flat_grad().copy_(g);
+    optimizer.step();
+
+    // Reference: the tensor-op formulas of torch::optim, on CPU.
+    const at::Tensor active = mask.to(at::kDouble);
+    const at::Tensor rate = lr * optimizer.schedule().factor(step);
+    step.add_(active);
+    const at::Tensor steps = step.clamp_min(1);
+    AdamCoefficients c;
+    c.active = active;
+    c.neg_step_size = -(rate / (1 - at::pow(0.9, steps))) * active;
+    c.sqrt_bias_correction2 = (1 - at::pow(0.999, steps)).sqrt();
+    if (decoupled) c.decay_factor = 1 - rate * 0.05 * active;
+    else c.l2 = at::full({K}, 0.05, at::kDouble);
+    const auto pb = blocks(p), gb = blocks(g), mb = blocks(m), vb = blocks(v);
+    for (size_t i = 0; i < pb.size(); ++i) adam_update_tensor_ops(pb[i], gb[i], mb[i], vb[i], c, 0.9, 0.999, 1e-8);
+  }
+  EXPECT_TRUE(all_close(model.parameters().flat().cpu(), p, 1e-12));
+  EXPECT_TRUE(all_close(optimizer.exp_avg().cpu(), m, 1e-12));
+  EXPECT_TRUE(all_close(optimizer.exp_avg_sq().cpu(), v, 1e-12));
+  EXPECT_TRUE(all_equal(optimizer.step_count().cpu(), step));
+  // The frozen member did not move.
+  const auto rows = [&](const at::Tensor& flat) { return reference.parameters().blocks(flat)[0][3]; };
+  EXPECT_TRUE(all_equal(rows(model.parameters().flat().cpu()), rows(reference.parameters().flat())));
+}
+
+TEST_P(PackedAdamStep, MatchesTheTensorOpReference_AdamW) { expect_step_matches_reference(device(), true); }
+TEST_P(PackedAdamStep, MatchesTheTensorOpReference_AdamL2) { expect_step_matches_reference(device(), false); }
+
+PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedAdamStep);
 
 }  // namespace
 }  // namespace packtrain::ensemble::detail
