@@ -1,0 +1,192 @@
+#include "ensemble/packed_transformer.h"
+
+#include "ensemble/member_seed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace packtrain::ensemble {
+
+namespace {
+
+std::string block(int64_t l) { return "block" + std::to_string(l); }
+
+std::vector<ParameterSpec> transformer_specs(const PackedTransformerOptions& o) {
+  const int64_t d = o.width(), r = o.mlp_ratio() * o.width();
+  std::vector<ParameterSpec> specs{{"tok_emb.weight", {o.vocab(), d}}, {"pos_emb.weight", {o.max_length(), d}}};
+  for (int64_t l = 0; l < o.layers(); ++l) {
+    const std::string b = block(l);
+    specs.push_back({b + ".ln1.weight", {1, d}});
+    specs.push_back({b + ".ln1.bias", {1, d}});
+    specs.push_back({b + ".attn.qkv.weight", {d, 3 * d}});
+    specs.push_back({b + ".attn.qkv.bias", {1, 3 * d}});
+    specs.push_back({b + ".attn.out.weight", {d, d}});
+    specs.push_back({b + ".attn.out.bias", {1, d}});
+    specs.push_back({b + ".ln2.weight", {1, d}});
+    specs.push_back({b + ".ln2.bias", {1, d}});
+    specs.push_back({b + ".mlp.fc.weight", {d, r}});
+    specs.push_back({b + ".mlp.fc.bias", {1, r}});
+    specs.push_back({b + ".mlp.proj.weight", {r, d}});
+    specs.push_back({b + ".mlp.proj.bias", {1, d}});
+  }
+  specs.push_back({"ln_f.weight", {1, d}});
+  specs.push_back({"ln_f.bias", {1, d}});
+  specs.push_back({"cls.weight", {d, o.classes()}});
+  specs.push_back({"cls.bias", {1, o.classes()}});
+  if (!o.tie_lm_head()) {
+    specs.push_back({"lm.weight", {d, o.vocab()}});
+    specs.push_back({"lm.bias", {1, o.vocab()}});
+  }
+  return specs;
+}
+
+}  // namespace
+
+void PackedTransformerOptions::validate() const {
+  TORCH_CHECK(members() >= 1, "transformer: members must be >= 1, got ", members());
+  TORCH_CHECK(vocab() >= 2, "transformer: vocab must be >= 2, got ", vocab());
+  TORCH_CHECK(width() >= 1 && heads() >= 1 && width() % heads() == 0, "transformer: width (", width(),
+              ") must be a positive multiple of heads (", heads(), ")");
+  TORCH_CHECK(layers() >= 1, "transformer: layers must be >= 1, got ", layers());
+  TORCH_CHECK(mlp_ratio() >= 1, "transformer: mlp_ratio must be >= 1, got ", mlp_ratio());
+  TORCH_CHECK(max_length() >= 2, "transformer: max_length must be >= 2, got ", max_length());
+  TORCH_CHECK(classes() >= 2, "transformer: classes must be >= 2, got ", classes());
+  TORCH_CHECK(dtype() == at::kFloat || dtype() == at::kDouble, "transformer: dtype must be float32 or float64");
+}
+
+PackedTransformer::PackedTransformer(PackedTransformerOptions options)
+    : options_((options.validate(), std::move(options))),
+      parameters_(options_.members(), transformer_specs(options_),
+                  c10::TensorOptions().dtype(options_.dtype()).device(options_.device())) {
+  reinitialize(options_.seed());
+}
+
+void PackedTransformer::reinitialize(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  options_.seed(seed);
+  // Residual projections are scaled by 1/sqrt(2 * layers), as GPT-2 does.
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(options_.layers()));
+  std::vector<at::Tensor> rows;
+  std::vector<int64_t> selected;
+  for (int64_t k = 0; k < members(); ++k) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, k));
+    at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      const std::string& name = parameters_.spec(i).name;
+      at::Tensor slot = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i));
+      const bool is_norm = name.find(".ln") != std::string::npos || name.starts_with("ln_f");
+      if (is_norm) {
+        slot.fill_(name.ends_with(".weight") ? 1.0 : 0.0);
+      } else if (name.ends_with(".bias")) {
+        slot.zero_();
+      } else {
+        const bool residual = name.ends_with("attn.out.weight") || name.ends_with("mlp.proj.weight");
+        slot.normal_(0.0, residual ? residual_std : 0.02, generator);
+      }
+    }
+    rows.push_back(row);
+    selected.push_back(k);
+  }
+  parameters_.write_member_rows(at::stack(rows), selected);
+}
+
+at::Tensor PackedTransformer::norm(const at::Tensor& x, const std::string& prefix) const {
+  const at::Tensor normalized = at::layer_norm(x, {options_.width()}, {}, {}, 1e-5);
+  return at::addcmul(param(prefix + ".bias"), normalized, param(prefix + ".weight"));
+}
+
+at::Tensor PackedTransformer::linear(const at::Tensor& x, const std::string& prefix) const {
+  return at::baddbmm(param(prefix + ".bias"), x, param(prefix + ".weight"));
+}
+
+at::Tensor PackedTransformer::mlp(const at::Tensor& x, int64_t layer) const {
+  const std::string b = block(layer);
+  return linear(at::gelu(linear(norm(x, b + ".ln2"), b + ".mlp.fc")), b + ".mlp.proj");
+}
+
+at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
+              "transformer trunk: tokens must be (B, T) int64, got ", tokens.scalar_type(), " ", tokens.sizes());
+  const int64_t K = members(), B = tokens.size(0), T = tokens.size(1), d = options_.width();
+  const int64_t H = options_.heads(), dh = d / H;
+  TORCH_CHECK(T >= 1 && T <= options_.max_length(), "transformer trunk: ", T,
+              " tokens per row, the model has ", options_.max_length(), " positions");
+  TORCH_CHECK(tokens.device() == parameters_.flat().device(), "transformer trunk: tokens are on ",
+              tokens.device(), " but the model is on ", parameters_.flat().device());
+  const at::Tensor embedded = param("tok_emb.weight").index_select(1, tokens.reshape({-1})).view({K, B, T, d});
+  at::Tensor x = (embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1)).reshape({K, B * T, d});
+  for (int64_t l = 0; l < options_.layers(); ++l) {
+    const std::string b = block(l);
+    const at::Tensor qkv = linear(norm(x, b + ".ln1"), b + ".attn.qkv")
+                               .view({K, B, T, 3, H, dh})
+                               .permute({3, 0, 1, 4, 2, 5})
+                               .reshape({3, K * B, H, T, dh});
+    const at::Tensor attended = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
+    x = x + linear(attended.reshape({K, B, H, T, dh}).permute({0, 1, 3, 2, 4}).reshape({K, B * T, d}), b + ".attn.out");
+    x = x + mlp(x, l);
+  }
+  return norm(x, "ln_f").view({K, B, T, d});
+}
+
+at::Tensor PackedTransformer::classify(const at::Tensor& hidden, const at::Tensor& lengths) const {
+  const int64_t K = hidden.size(0), B = hidden.size(1), d = hidden.size(3);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B && lengths.scalar_type() == at::kLong,
+              "transformer classify: lengths must be (", B, ") int64, got ", lengths.scalar_type(), " ",
+              lengths.sizes());
+  const at::Tensor last = (lengths - 1).view({1, B, 1, 1}).expand({K, B, 1, d});
+  const at::Tensor pooled = hidden.gather(2, last).squeeze(2);  // (K, B, d)
+  return linear(pooled, "cls");
+}
+
+at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
+  const int64_t K = hidden.size(0), B = hidden.size(1), T = hidden.size(2), d = hidden.size(3);
+  const at::Tensor h = hidden.reshape({K, B * T, d});
+  const at::Tensor logits = options_.tie_lm_head() ? at::bmm(h, param("tok_emb.weight").transpose(1, 2))
+                                                   : linear(h, "lm");
+  return logits.view({K, B, T, options_.vocab()});
+}
+
+KvCache PackedTransformer::make_cache(int64_t rows) const {
+  TORCH_CHECK(rows >= 1, "KV cache: rows must be >= 1, got ", rows);
+  const int64_t H = options_.heads(), dh = options_.width() / H;
+  const auto opts = parameters_.flat().options();
+  KvCache cache;
+  cache.keys = at::zeros({options_.layers(), members() * rows, H, options_.max_length(), dh}, opts);
+  cache.values = at::zeros_like(cache.keys);
+  cache.rows = rows;
+  return cache;
+}
+
+at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Tensor& position,
+                                          KvCache& cache) const {
+  const int64_t K = members(), R = cache.rows, d = options_.width(), H = options_.heads(), dh = d / H;
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == K && tokens.size(1) == R && tokens.scalar_type() == at::kLong,
+              "decode step: tokens must be (", K, ", ", R, ") int64, got ", tokens.scalar_type(), " ", tokens.sizes());
+  TORCH_CHECK(position.numel() == 1 && position.scalar_type() == at::kLong,
+              "decode step: position must be a 1-element int64 tensor");
+  const at::Tensor index = tokens.unsqueeze(-1).expand({K, R, d});
+  at::Tensor x = param("tok_emb.weight").gather(1, index) + param("pos_emb.weight").index_select(1, position.view({1}));
+  const at::Tensor visible =
+      (at::arange(options_.max_length(), position.options()) <= position.view({1})).view({1, 1, 1, -1});
+  for (int64_t l = 0; l < options_.layers(); ++l) {
+    const std::string b = block(l);
+    const at::Tensor qkv = linear(norm(x, b + ".ln1"), b + ".attn.qkv")
+                               .view({K, R, 3, H, dh})
+                               .permute({2, 0, 1, 3, 4})
+                               .reshape({3, K * R, H, 1, dh});
+    at::Tensor keys = cache.keys[l], values = cache.values[l];  // (K*R, H, max_length, dh) views
+    keys.index_copy_(2, position.view({1}), qkv[1]);
+    values.index_copy_(2, position.view({1}), qkv[2]);
+    const at::Tensor attended = at::scaled_dot_product_attention(qkv[0], keys, values, visible);
+    x = x + linear(attended.reshape({K, R, d}), b + ".attn.out");
+    x = x + mlp(x, l);
+  }
+  return norm(x, "ln_f");
+}
+
+}  // namespace packtrain::ensemble

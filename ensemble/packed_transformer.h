@@ -1,0 +1,94 @@
+// PackedTransformer: K small decoder-only transformers of one shape, trained as one
+// model (K = 1 is the ordinary model): a shared trunk — token and position
+// embeddings, pre-norm blocks of causal self-attention (at::scaled_dot_product_attention)
+// and a GELU MLP, a final norm — feeding two heads: a classifier on each row's last
+// real token, as sequence-classification models do, and a causal language-model head,
+// optionally tied to the token embedding.
+//
+// Parameters live in one PackedParameters flat buffer (member-major, so packed
+// optimizers, checkpoints and the flat-gradient all-reduce work unchanged); every
+// matmul is a baddbmm over the K members. Inputs are right-padded token rows
+// (B, T) with per-row lengths: causal attention never lets a real token see a pad,
+// so no padding mask is needed, and losses ignore pad positions.
+//
+// Decoding with a KV cache: decode_step runs one token per row at a position held in
+// a device tensor and attends over the whole preallocated cache with a mask built on
+// the device, so its shapes never change and the step can be captured as a graph.
+#pragma once
+
+#include "ensemble/packed_parameters.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+
+namespace packtrain::ensemble {
+
+struct PackedTransformerOptions {
+  /// Example: PackedTransformerOptions().width(256).layers(4).heads(8).max_length(64)
+  TORCH_ARG(int64_t, members) = 1;       // K
+  TORCH_ARG(int64_t, vocab) = 259;       // V: bytes and three special tokens (runtime/byte_tokenizer.h)
+  TORCH_ARG(int64_t, width) = 128;       // d
+  TORCH_ARG(int64_t, layers) = 2;        // blocks
+  TORCH_ARG(int64_t, heads) = 4;         // d % heads == 0
+  TORCH_ARG(int64_t, mlp_ratio) = 4;     // MLP hidden = mlp_ratio * d
+  TORCH_ARG(int64_t, max_length) = 128;  // positions, and the KV cache's length
+  TORCH_ARG(int64_t, classes) = 2;       // C of the classification head
+  TORCH_ARG(bool, tie_lm_head) = true;   // LM logits = hidden @ token_embedding^T (no LM weights)
+  TORCH_ARG(uint64_t, seed) = 0;         // member i draws from member_seed(seed, i)
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+
+ public:
+  // Throws naming the offending field and value.
+  void validate() const;
+};
+
+// Keys and values of every layer for `rows` sequences per member, preallocated
+// for max_length positions.
+struct KvCache {
+  at::Tensor keys;    // (layers, K * rows, heads, max_length, head_dim)
+  at::Tensor values;  // same
+  int64_t rows = 0;
+};
+
+class PackedTransformer {
+ public:
+  explicit PackedTransformer(PackedTransformerOptions options);
+
+  const PackedTransformerOptions& options() const { return options_; }
+  int64_t members() const { return options_.members(); }
+  PackedParameters& parameters() { return parameters_; }
+  const PackedParameters& parameters() const { return parameters_; }
+
+  // tokens (B, T) int64, shared by the members, T <= max_length. Returns the final
+  // normalized hidden states (K, B, T, d).
+  at::Tensor trunk(const at::Tensor& tokens) const;
+  // Logits (K, B, C) of each row at its last real token (lengths (B) int64, >= 1).
+  at::Tensor classify(const at::Tensor& hidden, const at::Tensor& lengths) const;
+  // Next-token logits (K, B, T, V).
+  at::Tensor lm_logits(const at::Tensor& hidden) const;
+
+  KvCache make_cache(int64_t rows) const;
+  // One token per sequence: tokens (K, rows) int64 at `position` (a 1-element int64
+  // tensor on the device, < max_length); writes its keys and values into the cache
+  // and returns the final hidden states (K, rows, d). No host synchronization.
+  at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& position, KvCache& cache) const;
+
+  // Re-draws every member's parameters from `seed` in place (GPT-2's scheme: N(0,
+  // 0.02) weights and embeddings, zero biases, unit norms).
+  void reinitialize(uint64_t seed);
+
+ private:
+  at::Tensor param(const std::string& name) const { return parameters_.at(name); }
+  at::Tensor norm(const at::Tensor& x, const std::string& prefix) const;  // x (K, N, d)
+  at::Tensor linear(const at::Tensor& x, const std::string& prefix) const;  // x (K, N, in)
+  at::Tensor mlp(const at::Tensor& x, int64_t layer) const;
+
+  PackedTransformerOptions options_;
+  PackedParameters parameters_;
+};
+
+}  // namespace packtrain::ensemble

@@ -1,0 +1,138 @@
+// MultiTaskTrainer: trains a PackedTransformer on labelled sentences for two tasks
+// at once — classification (e.g. CoLA acceptability) and causal language modelling
+// — with one trunk forward per distinct input and one backward per step
+// (ensemble/multitask_step.h), then scores texts and generates continuations.
+//
+// Static shapes: sentences are tokenized once (runtime/byte_tokenizer.h), grouped
+// into length buckets and uploaded to the device; every batch is one bucket's
+// padded length, so each bucket has one captured training graph and one eval graph
+// (graphs::GraphCache keyed by shape). Texts longer than the longest bucket are
+// truncated to it and counted (the stated policy). Losses and eval counts accumulate
+// on the device and are read once per epoch.
+//
+// Generation: the prompt fills a preallocated KV cache, then one decode-and-sample
+// step per token — Gumbel-max sampling with noise drawn up front from the seed, so
+// the step holds no host state — captured as a CUDA graph on a GPU and replayed.
+#pragma once
+
+#include "ensemble/multitask_step.h"
+#include "ensemble/optimizers/adam.h"
+#include "ensemble/packed_transformer.h"
+#include "graphs/graph_cache.h"
+#include "runtime/labelled_texts.h"
+
+#include <torch/arg.h>
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace packtrain::runtime {
+
+struct MultiTaskTrainerOptions {
+  /// Example: MultiTaskTrainerOptions().model(PackedTransformerOptions().width(256)).batch_size(32)
+  TORCH_ARG(ensemble::PackedTransformerOptions, model) = {};
+  TORCH_ARG(int64_t, batch_size) = 32;
+  // Padded lengths in tokens (BOS and EOS included), ascending; the last must not
+  // exceed the model's max_length and is where longer texts are cut.
+  TORCH_ARG(std::vector<int64_t>, buckets) = std::vector<int64_t>{32, 64, 128};
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 0.01;
+  TORCH_ARG(int64_t, warmup_steps) = 100;
+  TORCH_ARG(double, classification_weight) = 1.0;
+  TORCH_ARG(double, lm_weight) = 1.0;
+  // true: both tasks read the same sentences (one trunk forward); false: the LM task
+  // reads another order of the training sentences (two forwards, still one backward).
+  TORCH_ARG(bool, shared_inputs) = true;
+  TORCH_ARG(int64_t, eval_batch_size) = 64;
+  TORCH_ARG(uint64_t, seed) = 0;  // model initialization and batch order
+  TORCH_ARG(bool, capture) = true;
+
+ public:
+  void validate() const;  // throws std::invalid_argument naming the field
+};
+
+std::string to_json(const MultiTaskTrainerOptions& options);
+MultiTaskTrainerOptions multitask_options_from_json(const std::string& json);
+
+// Classification accuracy and Matthews correlation (of the members' mean
+// probabilities), LM loss per real token and its perplexity.
+struct TaskMetrics {
+  double accuracy = 0, mcc = 0, lm_loss = 0, perplexity = 0;
+  int64_t examples = 0, tokens = 0;
+};
+
+struct MultiTaskEpochReport {
+  int64_t epoch = 0;          // 1-based
+  int64_t steps = 0;          // this epoch
+  double classification_loss = 0, lm_loss = 0;  // training means over the epoch (members averaged)
+  double seconds = 0;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: all tokens
+  uint64_t seed = 0;
+  bool capture = true;       // decode step as a CUDA graph (on a GPU)
+};
+
+class MultiTaskTrainer {
+ public:
+  explicit MultiTaskTrainer(MultiTaskTrainerOptions options);
+  ~MultiTaskTrainer();
+
+  const MultiTaskTrainerOptions& options() const { return options_; }
+  ensemble::PackedTransformer& model() { return *model_; }
+  ensemble::PackedAdam& optimizer() { return *optimizer_; }
+  int64_t epochs_done() const { return epochs_done_; }
+  int64_t steps_done() const { return steps_done_; }
+
+  // Tokenizes and uploads the training sentences (once); returns how many were
+  // truncated to the longest bucket.
+  int64_t set_training_data(const LabelledTexts& train);
+  int64_t training_examples() const { return training_examples_; }
+  int64_t steps_per_epoch() const;
+
+  // One epoch over the training data in a seeded order.
+  MultiTaskEpochReport train_epoch();
+  TaskMetrics evaluate(const LabelledTexts& data);
+
+  // (N, C) class probabilities, the mean over members (float64, CPU).
+  at::Tensor score(const std::vector<std::string>& texts);
+  // One continuation per member (without the prompt), cut at EOS.
+  std::vector<std::string> generate(const std::string& prompt, const GenerateOptions& options);
+  // The decode step of the last generate(): graph or eager (for tests and reports).
+  std::string last_decode_mode() const { return last_decode_mode_; }
+  // Graphs captured so far for training (one per bucket seen).
+  size_t training_graphs() const;
+
+  // Checkpoint: options, parameters, optimizer state, epochs and steps, and the
+  // caller's `extra` JSON; atomic and checksummed (runtime/checkpoint_file.h).
+  void save(const std::filesystem::path& path, const std::string& extra = "{}") const;
+  static std::unique_ptr<MultiTaskTrainer> load(const std::filesystem::path& path, c10::Device device,
+                                                std::string* extra = nullptr);
+
+ private:
+  struct Bucket;
+  void run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows);
+  std::vector<Bucket> tokenize(const LabelledTexts& data, int64_t* truncated) const;
+
+  MultiTaskTrainerOptions options_;
+  c10::Device device_;
+  std::unique_ptr<ensemble::PackedTransformer> model_;
+  std::unique_ptr<ensemble::PackedAdam> optimizer_;
+  std::shared_ptr<graphs::GraphPool> pool_;
+  std::unique_ptr<graphs::GraphCache> train_cache_;
+  std::unique_ptr<graphs::GraphCache> eval_cache_;
+  std::vector<Bucket> train_buckets_;
+  int64_t training_examples_ = 0;
+  at::Tensor classification_sum_, lm_sum_;      // (K) float64, this epoch's training losses
+  at::Tensor confusion_, lm_nll_sum_, lm_tokens_;  // eval accumulators on the device
+  int64_t epochs_done_ = 0, steps_done_ = 0;
+  std::string last_decode_mode_;
+};
+
+}  // namespace packtrain::runtime
