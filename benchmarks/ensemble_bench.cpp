@@ -14,6 +14,7 @@
 // PACKTRAIN_BENCH_UNROLL sets U for PackedGraphUnrolled (default: the trainer's).
 #include "benchmarks/bench_workload.h"
 #include "benchmarks/captured_step_bench.h"
+#include "benchmarks/multitask_bench.h"
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/pack.h"
 #include "ensemble/packed_mlp.h"
@@ -142,6 +143,10 @@ int main(int argc, char** argv) {
   } else {
     std::fprintf(stderr, "PackedGraph, PackedGraphUnrolled: not run (CUDA graphs need a CUDA device; this run is on %s)\n",
                  device.str().c_str());
+  }
+  packtrain::benchmarks::register_multitask_benchmarks(device);
+  if (!device.is_cuda()) {
+    std::fprintf(stderr, "MultiTaskGraph, DecodeGraph: not run (CUDA graphs need a CUDA device)\n");
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

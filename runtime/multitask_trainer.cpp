@@ -408,6 +408,11 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
   return out;
 }
 
+MultiTaskTrainer::ScoredGeneration MultiTaskTrainer::score_and_generate(const std::string& text,
+                                                                        const GenerateOptions& options) {
+  return {score({text})[0], generate(text, options)};
+}
+
 void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string& extra) const {
   PACKTRAIN_NVTX_RANGE("checkpoint");
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());

@@ -104,6 +104,12 @@ class MultiTaskTrainer {
   at::Tensor score(const std::vector<std::string>& texts);
   // One continuation per member (without the prompt), cut at EOS.
   std::vector<std::string> generate(const std::string& prompt, const GenerateOptions& options);
+  // The call a user asked for: score `text` and generate a response to it.
+  struct ScoredGeneration {
+    at::Tensor probabilities;                // (C) float64: the members' mean
+    std::vector<std::string> continuations;  // one per member
+  };
+  ScoredGeneration score_and_generate(const std::string& text, const GenerateOptions& options);
   // The decode step of the last generate(): graph or eager (for tests and reports).
   std::string last_decode_mode() const { return last_decode_mode_; }
   // Graphs captured so far for training (one per bucket seen).

@@ -1,6 +1,7 @@
 // The packtrain command line: one binary, one subcommand per job (commands.h).
 //
 //   packtrain train | resume | predict | evaluate | export | active-learn | profile | info
+//   packtrain multitask train | score | generate
 //
 // `--config FILE` (TOML, anywhere on the line) gives any subcommand's flags as
 // `key = value` lines (the flag's name without dashes); flags on the command line
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
   packtrain::cli::add_predict_commands(app, status);
   packtrain::cli::add_active_learn_command(app, status);
   packtrain::cli::add_info_commands(app, status);
+  packtrain::cli::add_multitask_commands(app, status);
 
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
   const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";

@@ -231,6 +231,91 @@ TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
   EXPECT_THAT(info["libtorch"].get<std::string>(), HasSubstr("2.11"));
 }
 
+// A tiny multi-task run: label 1 when a sentence starts with "yes".
+constexpr const char* kTinyModel = "--width 16 --layers 1 --max-length 32 --batch 4 --epochs 2 --device cpu -q";
+const std::string kTinyMultitask = std::string(kTinyModel) + " --heads 2 --buckets 16,32";
+
+std::string yes_no_tsv(int rows) {
+  std::string out;
+  const char* words[] = {"the cat", "a dog ran", "on the mat", "it sat"};
+  for (int i = 0; i < rows; ++i) out += std::string("src\t") + (i % 2 ? "1\t\tyes " : "0\t*\tno ") + words[i % 4] + ".\n";
+  return out;
+}
+
+TEST_F(Cli, MultitaskTrainScoreGenerateFromACheckpoint) {
+  write_file(path("train.tsv"), yes_no_tsv(24));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const nlohmann::json report = run_json("multitask train " + kTinyMultitask + " --train " +
+                                         path("train.tsv") + " --dev " + path("dev.tsv") + " -o " + path("mt.ckpt") +
+                                         " --json");
+  ASSERT_TRUE(report.is_object());
+  EXPECT_EQ(report["epochs"].size(), 2u);
+  EXPECT_EQ(report["dev_metrics"]["examples"], 8);
+  EXPECT_GT(report["dev_metrics"]["perplexity"].get<double>(), 1.0);
+  EXPECT_TRUE(fs::exists(path("mt.ckpt")));
+
+  const Result scored = run("multitask score " + path("mt.ckpt") + " 'yes the cat.' 'no a dog ran.' --device cpu");
+  EXPECT_EQ(scored.status, 0) << scored.out;
+  EXPECT_THAT(scored.out, HasSubstr("\tyes the cat."));
+  EXPECT_THAT(scored.out, HasSubstr("\tno a dog ran."));
+
+  const nlohmann::json generated = run_json("multitask generate " + path("mt.ckpt") +
+                                            " --prompt 'yes the' --max-new-tokens 10 --seed 3 --score --json --device cpu");
+  ASSERT_TRUE(generated.is_object());
+  EXPECT_EQ(generated["continuations"].size(), 1u);
+  EXPECT_EQ(generated["probabilities"].size(), 2u);
+  EXPECT_EQ(run_json("multitask generate " + path("mt.ckpt") +
+                     " --prompt 'yes the' --max-new-tokens 10 --seed 3 --json --device cpu")["continuations"],
+            generated["continuations"])
+      << "the same seed gives the same text";
+}
+
+TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
+  write_file(path("good.tsv"), yes_no_tsv(8));
+  write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");
+  write_file(path("cols.tsv"), "src\t1\t\tfine.\nsrc\t1\tthree columns\n");
+  write_file(path("empty.tsv"), "src\t1\t\tfine.\nsrc\t0\t*\t \n");
+  const std::string tiny = kTinyMultitask + " -o " + path("bad.ckpt");
+  const std::string model = std::string(kTinyModel) + " -o " + path("bad.ckpt");
+  const struct {
+    std::string args, expected;
+  } cases[] = {
+      {"multitask train --train " + path("label.tsv") + " --dev " + path("good.tsv") + " " + tiny,
+       "label.tsv:2: unknown label 'maybe'"},
+      {"multitask train --train " + path("cols.tsv") + " --dev " + path("good.tsv") + " " + tiny,
+       "cols.tsv:2: expected 4 tab-separated columns"},
+      {"multitask train --train " + path("empty.tsv") + " --dev " + path("good.tsv") + " " + tiny,
+       "empty.tsv:2: the sentence is empty"},
+      {"multitask train --train " + path("good.tsv") + " --dev " + path("good.tsv") + " " + model +
+           " --heads 3 --buckets 16,32",
+       "multiple of heads"},
+      {"multitask train --train " + path("good.tsv") + " --dev " + path("good.tsv") + " " + model +
+           " --heads 2 --buckets 16,64",
+       "exceeds the model's max_length"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expected)) << c.args;
+  }
+  EXPECT_FALSE(fs::exists(path("bad.ckpt")));
+  ASSERT_EQ(run("multitask train --train " + path("good.tsv") + " --dev " + path("good.tsv") + " " + tiny).status, 0);
+  const Result empty = run("multitask score " + path("bad.ckpt") + " 'fine.' ' ' --device cpu");
+  EXPECT_EQ(empty.status, 2);
+  EXPECT_THAT(empty.out, HasSubstr("text 2 is empty"));
+  const Result long_prompt =
+      run("multitask generate " + path("bad.ckpt") + " --prompt '" + std::string(40, 'x') + "' --device cpu");
+  EXPECT_EQ(long_prompt.status, 2);
+  EXPECT_THAT(long_prompt.out, HasSubstr("the model has 32 positions"));
+  const Result not_multitask = run("multitask score " + path("good.tsv") + " 'fine.' --device cpu");
+  EXPECT_EQ(not_multitask.status, 2) << not_multitask.out;
+  for (const std::string sub : {"train", "score", "generate"}) {
+    const Result help = run("multitask " + sub + " --help");
+    EXPECT_EQ(help.status, 0);
+    EXPECT_THAT(help.out, HasSubstr("Usage"));
+  }
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
