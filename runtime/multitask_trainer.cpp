@@ -264,12 +264,22 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   }
   std::shuffle(plan.begin(), plan.end(), rng);
 
+  // Every step's rows go to the device in one copy per epoch: a copy per step from
+  // pageable host memory would make the host wait for the device at every step.
+  std::vector<int64_t> all_rows, all_lm_rows;
+  for (const Plan& batch : plan) {
+    all_rows.insert(all_rows.end(), batch.rows.begin(), batch.rows.end());
+    all_lm_rows.insert(all_lm_rows.end(), batch.lm_rows.begin(), batch.lm_rows.end());
+  }
+  const auto steps_in_plan = static_cast<int64_t>(plan.size());
+  const at::Tensor rows = at::tensor(all_rows, at::kLong).view({steps_in_plan, B}).to(device_);
+  const at::Tensor lm_rows =
+      all_lm_rows.empty() ? at::Tensor() : at::tensor(all_lm_rows, at::kLong).view({steps_in_plan, B}).to(device_);
   classification_sum_.zero_();
   lm_sum_.zero_();
-  for (const Plan& batch : plan) {
-    const at::Tensor rows = at::tensor(batch.rows, at::kLong).to(device_);
-    const at::Tensor lm_rows = batch.lm_rows.empty() ? at::Tensor() : at::tensor(batch.lm_rows, at::kLong).to(device_);
-    run_train_batch(train_buckets_[batch.bucket], rows, lm_rows);
+  for (int64_t i = 0; i < steps_in_plan; ++i) {
+    run_train_batch(train_buckets_[plan[static_cast<size_t>(i)].bucket], rows[i],
+                    lm_rows.defined() ? lm_rows[i] : at::Tensor());
     ++steps_done_;
   }
   ++epochs_done_;

@@ -25,16 +25,21 @@
 namespace {
 
 // Config keys outside any [section] belong to the subcommand being run, so a file
-// of `members = 8` lines works for `packtrain train --config f.toml`.
+// of `members = 8` lines works for `packtrain train --config f.toml` (and `epochs = 2`
+// for `packtrain multitask train --config f.toml`).
 class SubcommandConfig : public CLI::ConfigTOML {
  public:
   explicit SubcommandConfig(const CLI::App* app) : app_(app) {}
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
     std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
-    const auto chosen = app_->get_subcommands();
-    if (chosen.empty()) return items;
+    // The chain of chosen subcommands: {"train"}, or {"multitask", "train"}.
+    std::vector<std::string> chain;
+    for (const CLI::App* at = app_; !at->get_subcommands().empty(); at = at->get_subcommands().front()) {
+      chain.push_back(at->get_subcommands().front()->get_name());
+    }
+    if (chain.empty()) return items;
     for (CLI::ConfigItem& item : items) {
-      if (item.parents.empty()) item.parents = {chosen.front()->get_name()};
+      if (item.parents.empty()) item.parents = chain;
     }
     return items;
   }

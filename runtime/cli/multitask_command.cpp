@@ -1,9 +1,10 @@
-// packtrain multitask train | score | generate: one transformer trunk with an
+// packtrain multitask train | resume | score | generate: one transformer trunk with an
 // acceptability classifier and a causal-LM head (runtime/multitask_trainer.h).
 //
 //   train     with no arguments: the bundled CoLA corpus (train / in-domain dev),
 //             both tasks on the same sentences; a checkpoint after every epoch;
 //             dev accuracy, Matthews correlation and LM perplexity at the end
+//   resume    continue a run from its checkpoint (same files, exact at an epoch boundary)
 //   score     class probabilities for texts (arguments, or one per line from a file)
 //   generate  a continuation of --prompt (with --score, the prompt's score too)
 #include "runtime/cli/cli_common.h"
@@ -49,13 +50,90 @@ nlohmann::json metrics_json(const runtime::TaskMetrics& m) {
           {"examples", m.examples}, {"tokens", m.tokens}};
 }
 
+// Where a run's sentences come from and how long it trains: the checkpoint's
+// `extra`, so `multitask resume` reloads the same files.
+struct RunFiles {
+  std::filesystem::path train, dev;
+  int64_t epochs = 0;
+};
+
+// Trains epochs until `files.epochs` are done (a checkpoint after each, Ctrl-C ends
+// after the current one), then reports dev metrics. Returns 0, or 130 if interrupted.
+int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const runtime::LabelledTexts& dev,
+               int64_t truncated, const MultiTaskTrainArgs& a) {
+  std::FILE* log = a.log.empty() ? nullptr : std::fopen(a.log.c_str(), "a");
+  if (!a.log.empty() && log == nullptr) throw UsageError("cannot open log file " + a.log);
+  const auto say = [&](const std::string& line) {
+    if (!a.quiet) fmt::print(stderr, "{}\n", line);
+    if (log != nullptr) fmt::print(log, "{}\n", line);
+  };
+  const runtime::MultiTaskTrainerOptions& options = trainer.options();
+  const auto& m = options.model();
+  const c10::Device device = m.device();
+  say(fmt::format("multitask: {} ({} train / {} dev sentences), {} member(s), width {}, {} layers, {} heads, "
+                  "buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
+                  files.train.filename().string(), trainer.training_examples(), dev.size(), m.members(), m.width(),
+                  m.layers(), m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(),
+                  trainer.steps_per_epoch(),
+                  options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
+                  device.str(), options.capture() && device.is_cuda() ? ", captured" : ""));
+  if (truncated > 0) {
+    say(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)", truncated,
+                    options.buckets().back()));
+  }
+  if (trainer.epochs_done() > 0) say(fmt::format("multitask: resuming after epoch {}", trainer.epochs_done()));
+  const std::string extra =
+      nlohmann::json{{"train", files.train.string()}, {"dev", files.dev.string()}, {"epochs", files.epochs}}.dump();
+  nlohmann::json epochs = nlohmann::json::array();
+  g_stop = 0;
+  const auto previous = std::signal(SIGINT, on_sigint_multitask);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first = trainer.epochs_done();
+  int status = 0;
+  while (trainer.epochs_done() < files.epochs) {
+    const runtime::MultiTaskEpochReport r = trainer.train_epoch();
+    trainer.save(a.out, extra);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = elapsed / static_cast<double>(r.epoch - first) * static_cast<double>(files.epochs - r.epoch);
+    say(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
+                    "ETA {:.0f} s; checkpoint {}",
+                    r.epoch, files.epochs, r.classification_loss, r.lm_loss, static_cast<double>(r.steps) / r.seconds,
+                    eta, a.out));
+    epochs.push_back({{"epoch", r.epoch}, {"classification_loss", r.classification_loss}, {"lm_loss", r.lm_loss},
+                      {"seconds", r.seconds}, {"steps", r.steps}});
+    if (g_stop != 0) {
+      say(fmt::format("multitask: interrupted after epoch {}; checkpoint {} holds it", r.epoch, a.out));
+      status = 130;
+      break;
+    }
+  }
+  std::signal(SIGINT, previous);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const runtime::TaskMetrics metrics = trainer.evaluate(dev);
+  if (log != nullptr) std::fclose(log);
+  if (a.json) {
+    const nlohmann::json out = {{"train", files.train.string()}, {"dev", files.dev.string()},
+                                {"device", device.str()}, {"options", nlohmann::json::parse(runtime::to_json(options))},
+                                {"truncated", truncated}, {"epochs", epochs}, {"seconds", seconds},
+                                {"dev_metrics", metrics_json(metrics)}, {"checkpoint", a.out}};
+    fmt::print("{}\n", out.dump(1));
+  } else {
+    fmt::print("Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
+               "perplexity {:.3f}\n",
+               files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
+               metrics.perplexity);
+    fmt::print("Trained to epoch {} ({} steps in all), {:.1f} s in this run on {}; checkpoint {}\n",
+               trainer.epochs_done(), trainer.steps_done(), seconds, device.str(), a.out);
+  }
+  return status;
+}
+
 int run_train(const MultiTaskTrainArgs& a) {
-  const std::filesystem::path train_path = a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv"
-                                                           : std::filesystem::path(a.train);
-  const std::filesystem::path dev_path = a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv"
-                                                       : std::filesystem::path(a.dev);
-  const runtime::LabelledTexts train = runtime::read_labelled_tsv(train_path);
-  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(dev_path);
+  RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
+                 a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
+                 a.epochs};
+  const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
+  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
   const c10::Device device = pick_device(a.device);
   runtime::MultiTaskTrainerOptions options;
   options.model(ensemble::PackedTransformerOptions()
@@ -85,65 +163,31 @@ int run_train(const MultiTaskTrainArgs& a) {
   }
   runtime::MultiTaskTrainer trainer(options);
   const int64_t truncated = trainer.set_training_data(train);
-  std::FILE* log = a.log.empty() ? nullptr : std::fopen(a.log.c_str(), "a");
-  if (!a.log.empty() && log == nullptr) throw UsageError("cannot open log file " + a.log);
-  const auto say = [&](const std::string& line) {
-    if (!a.quiet) fmt::print(stderr, "{}\n", line);
-    if (log != nullptr) fmt::print(log, "{}\n", line);
-  };
-  const auto& m = options.model();
-  say(fmt::format("multitask: {} ({} train / {} dev sentences), {} member(s), width {}, {} layers, {} heads, "
-                  "buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
-                  train_path.filename().string(), train.size(), dev.size(), m.members(), m.width(), m.layers(),
-                  m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(), trainer.steps_per_epoch(),
-                  options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
-                  device.str(), options.capture() && device.is_cuda() ? ", captured" : ""));
-  if (truncated > 0) {
-    say(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)", truncated,
-                    options.buckets().back()));
+  return train_loop(trainer, files, dev, truncated, a);
+}
+
+// Continues a run from its checkpoint: the same files, until --epochs (default: the
+// run's own) are done; an epoch boundary resumes exactly.
+int run_resume(const std::string& checkpoint, int64_t epochs, MultiTaskTrainArgs a) {
+  std::string extra;
+  auto trainer = runtime::MultiTaskTrainer::load(checkpoint, pick_device(a.device), &extra);
+  RunFiles files;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(extra);
+    files = {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>()};
+  } catch (const std::exception& e) {
+    throw runtime::DataError(checkpoint + ": no run description to resume from (" + e.what() + ")");
   }
-  nlohmann::json epochs = nlohmann::json::array();
-  g_stop = 0;
-  const auto previous = std::signal(SIGINT, on_sigint_multitask);
-  const auto start = std::chrono::steady_clock::now();
-  int status = 0;
-  const std::string extra = nlohmann::json{{"train", train_path.string()}, {"dev", dev_path.string()}}.dump();
-  for (int64_t e = 0; e < a.epochs; ++e) {
-    const runtime::MultiTaskEpochReport r = trainer.train_epoch();
-    trainer.save(a.out, extra);
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double eta = elapsed / static_cast<double>(e + 1) * static_cast<double>(a.epochs - e - 1);
-    say(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
-                    "ETA {:.0f} s; checkpoint {}",
-                    r.epoch, a.epochs, r.classification_loss, r.lm_loss, static_cast<double>(r.steps) / r.seconds,
-                    eta, a.out));
-    epochs.push_back({{"epoch", r.epoch}, {"classification_loss", r.classification_loss}, {"lm_loss", r.lm_loss},
-                      {"seconds", r.seconds}, {"steps", r.steps}});
-    if (g_stop != 0) {
-      say(fmt::format("multitask: interrupted after epoch {}; checkpoint {} holds it", r.epoch, a.out));
-      status = 130;
-      break;
-    }
+  if (epochs > 0) files.epochs = epochs;
+  if (files.epochs <= trainer->epochs_done()) {
+    throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", checkpoint,
+                                 trainer->epochs_done()));
   }
-  std::signal(SIGINT, previous);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const runtime::TaskMetrics metrics = trainer.evaluate(dev);
-  if (log != nullptr) std::fclose(log);
-  if (a.json) {
-    const nlohmann::json out = {{"train", train_path.string()}, {"dev", dev_path.string()},
-                                {"device", device.str()}, {"options", nlohmann::json::parse(runtime::to_json(options))},
-                                {"truncated", truncated}, {"epochs", epochs}, {"seconds", seconds},
-                                {"dev_metrics", metrics_json(metrics)}, {"checkpoint", a.out}};
-    fmt::print("{}\n", out.dump(1));
-  } else {
-    fmt::print("Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
-               "perplexity {:.3f}\n",
-               dev_path.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
-               metrics.perplexity);
-    fmt::print("Trained {} epoch(s), {} steps in {:.1f} s on {}; checkpoint {}\n", trainer.epochs_done(),
-               trainer.steps_done(), seconds, device.str(), a.out);
-  }
-  return status;
+  if (a.out.empty()) a.out = checkpoint;
+  const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
+  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
+  const int64_t truncated = trainer->set_training_data(train);
+  return train_loop(*trainer, files, dev, truncated, a);
 }
 
 std::unique_ptr<runtime::MultiTaskTrainer> load(const std::string& checkpoint, const std::string& device) {
@@ -263,6 +307,23 @@ void add_multitask_commands(CLI::App& app, int& status) {
   train->add_flag("--json", a->json, "Print the report as JSON on stdout");
   train->add_flag("-q,--quiet", a->quiet, "No progress lines");
   train->callback([a, &status] { status = run_train(*a); });
+
+  auto r = std::make_shared<MultiTaskTrainArgs>();
+  r->out.clear();
+  auto resume_checkpoint = std::make_shared<std::string>();
+  auto resume_epochs = std::make_shared<int64_t>(0);
+  CLI::App* resume = mt->add_subcommand(
+      "resume", "Continue a multitask run from its checkpoint with the same sentence files, exactly as if it had not "
+                "stopped (from an epoch boundary).");
+  resume->add_option("checkpoint", *resume_checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
+  resume->add_option("--epochs", *resume_epochs, "Train until this many epochs are done (default: the run's own)")
+      ->check(CLI::PositiveNumber);
+  resume->add_option("--device", r->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  resume->add_option("-o,--out", r->out, "Checkpoint to write (default: the one resumed)");
+  resume->add_option("--log", r->log, "Also append the progress lines to this file");
+  resume->add_flag("--json", r->json, "Print the report as JSON on stdout");
+  resume->add_flag("-q,--quiet", r->quiet, "No progress lines");
+  resume->callback([=, &status] { status = run_resume(*resume_checkpoint, *resume_epochs, *r); });
 
   auto score_checkpoint = std::make_shared<std::string>();
   auto score_texts = std::make_shared<std::vector<std::string>>();

@@ -232,8 +232,9 @@ TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
 }
 
 // A tiny multi-task run: label 1 when a sentence starts with "yes".
-constexpr const char* kTinyModel = "--width 16 --layers 1 --max-length 32 --batch 4 --epochs 2 --device cpu -q";
-const std::string kTinyMultitask = std::string(kTinyModel) + " --heads 2 --buckets 16,32";
+constexpr const char* kTinyModel = "--width 16 --layers 1 --max-length 32 --batch 4 --device cpu -q";
+const std::string kTinyShape = std::string(kTinyModel) + " --heads 2 --buckets 16,32";
+const std::string kTinyMultitask = kTinyShape + " --epochs 2";
 
 std::string yes_no_tsv(int rows) {
   std::string out;
@@ -270,13 +271,34 @@ TEST_F(Cli, MultitaskTrainScoreGenerateFromACheckpoint) {
       << "the same seed gives the same text";
 }
 
+TEST_F(Cli, MultitaskResumeEqualsTheUninterruptedRunAndConfigFilesWork) {
+  write_file(path("train.tsv"), yes_no_tsv(16));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const std::string data = " --train " + path("train.tsv") + " --dev " + path("dev.tsv");
+  ASSERT_EQ(run("multitask train " + kTinyShape + data + " --epochs 1 -o " + path("a.ckpt")).status, 0);
+  const nlohmann::json resumed = run_json("multitask resume " + path("a.ckpt") + " --epochs 3 -q --json");
+  // Epochs and width from a config file; the command line gives the rest.
+  write_file(path("mt.toml"), "epochs = 3\nwidth = 16\n");
+  const nlohmann::json straight = run_json("multitask train --config " + path("mt.toml") +
+                                           " --layers 1 --max-length 32 --batch 4 --device cpu -q --heads 2 "
+                                           "--buckets 16,32" + data + " -o " + path("b.ckpt") + " --json");
+  ASSERT_TRUE(resumed.is_object() && straight.is_object());
+  EXPECT_EQ(resumed["epochs"].size(), 2u);
+  EXPECT_EQ(straight["epochs"].size(), 3u);
+  EXPECT_EQ(resumed["dev_metrics"]["lm_loss"], straight["dev_metrics"]["lm_loss"]);
+  EXPECT_EQ(resumed["dev_metrics"]["accuracy"], straight["dev_metrics"]["accuracy"]);
+  const Result done = run("multitask resume " + path("a.ckpt") + " --epochs 3");
+  EXPECT_EQ(done.status, 2);
+  EXPECT_THAT(done.out, HasSubstr("is at epoch 3"));
+}
+
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   write_file(path("good.tsv"), yes_no_tsv(8));
   write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");
   write_file(path("cols.tsv"), "src\t1\t\tfine.\nsrc\t1\tthree columns\n");
   write_file(path("empty.tsv"), "src\t1\t\tfine.\nsrc\t0\t*\t \n");
   const std::string tiny = kTinyMultitask + " -o " + path("bad.ckpt");
-  const std::string model = std::string(kTinyModel) + " -o " + path("bad.ckpt");
+  const std::string model = std::string(kTinyModel) + " --epochs 2 -o " + path("bad.ckpt");
   const struct {
     std::string args, expected;
   } cases[] = {
@@ -309,7 +331,7 @@ TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   EXPECT_THAT(long_prompt.out, HasSubstr("the model has 32 positions"));
   const Result not_multitask = run("multitask score " + path("good.tsv") + " 'fine.' --device cpu");
   EXPECT_EQ(not_multitask.status, 2) << not_multitask.out;
-  for (const std::string sub : {"train", "score", "generate"}) {
+  for (const std::string sub : {"train", "resume", "score", "generate"}) {
     const Result help = run("multitask " + sub + " --help");
     EXPECT_EQ(help.status, 0);
     EXPECT_THAT(help.out, HasSubstr("Usage"));
