@@ -217,11 +217,20 @@ void CapturedStep::capture() {
         step_(static_inputs_);
       } catch (const std::exception& e) {
         // End the broken capture so the stream and the allocator are usable again.
+        // Each end call on its own: recent PyTorch ends the pools inside capture_end()
+        // before it reports the broken capture, and ending them twice would throw a
+        // second error that hides the first.
         try {
           graph->capture_end();
         } catch (const std::exception&) {
-          c10::cuda::CUDACachingAllocator::endAllocateToPool(device_.index(), pool_->id());
-          at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_->id());
+          try {
+            c10::cuda::CUDACachingAllocator::endAllocateToPool(device_.index(), pool_->id());
+          } catch (const std::exception&) {
+          }
+          try {
+            at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_->id());
+          } catch (const std::exception&) {
+          }
         }
         (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
         const c10::Error* torch_error = dynamic_cast<const c10::Error*>(&e);

@@ -112,8 +112,13 @@ MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
 MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
     : options_(std::move(options)), device_(options_.model().device()) {
   options_.validate();
+  // "cuda" means the first device: graph caches and pools compare devices with their index.
+  if (device_.is_cuda() && device_.index() < 0) {
+    device_ = c10::Device(c10::kCUDA, 0);
+    options_.model(ensemble::PackedTransformerOptions(options_.model()).device(device_));
+  }
   ensemble::PackedTransformerOptions model_options = options_.model();
-  model_options.seed(options_.seed());
+  model_options.seed(options_.seed()).device(device_);
   model_ = std::make_unique<ensemble::PackedTransformer>(model_options);
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
       model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
@@ -152,9 +157,13 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
       },
       capture, pool_, /*capacity=*/8);
 
+  // Eval batches are always eval_batch_size rows: a bucket's last batch is filled
+  // with rows of weight 0 (length 1: no LM targets, no confusion count), so each
+  // bucket has one eval graph whatever the data set's size.
   eval_cache_ = std::make_unique<graphs::GraphCache>(
       "multitask eval", device_,
-      std::vector<graphs::InputKind>{{"tokens", 2, at::kLong}, {"lengths", 1, at::kLong}, {"labels", 1, at::kLong}},
+      std::vector<graphs::InputKind>{
+          {"tokens", 2, at::kLong}, {"lengths", 1, at::kLong}, {"labels", 1, at::kLong}, {"weights", 1, at::kLong}},
       [this, C](const std::vector<at::Tensor>& in) {
         at::NoGradGuard no_grad;
         PACKTRAIN_NVTX_RANGE("eval");
@@ -162,7 +171,7 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
         const at::Tensor hidden = model_->trunk(batch.tokens);
         const at::Tensor probabilities = at::softmax(model_->classify(hidden, batch.lengths), -1).mean(0);
         const at::Tensor predicted = probabilities.argmax(-1);
-        confusion_.view({-1}).index_add_(0, in[2] * C + predicted, at::ones_like(predicted));
+        confusion_.view({-1}).index_add_(0, in[2] * C + predicted, in[3]);
         const at::Tensor count = ensemble::lm_target_count(batch);
         lm_nll_sum_.add_(ensemble::packed_lm_loss(model_->lm_logits(hidden), batch).to(at::kDouble) * count);
         lm_tokens_.add_(count);
@@ -217,6 +226,7 @@ int64_t MultiTaskTrainer::steps_per_epoch() const {
 }
 
 size_t MultiTaskTrainer::training_graphs() const { return train_cache_->size(); }
+size_t MultiTaskTrainer::evaluation_graphs() const { return eval_cache_->size(); }
 
 void MultiTaskTrainer::run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows) {
   std::vector<at::Tensor> inputs{bucket.tokens.index_select(0, rows), bucket.lengths.index_select(0, rows),
@@ -300,10 +310,19 @@ TaskMetrics MultiTaskTrainer::evaluate(const LabelledTexts& data) {
   lm_nll_sum_.zero_();
   lm_tokens_.zero_();
   const int64_t E = options_.eval_batch_size();
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
   for (const Bucket& b : buckets) {
     for (int64_t first = 0; first < b.size(); first += E) {
       const int64_t n = std::min(E, b.size() - first);
-      eval_cache_->run({b.tokens.narrow(0, first, n), b.lengths.narrow(0, first, n), b.labels.narrow(0, first, n)});
+      if (n == E) {
+        eval_cache_->run({b.tokens.narrow(0, first, n), b.lengths.narrow(0, first, n), b.labels.narrow(0, first, n),
+                          at::ones({E}, longs)});
+        continue;
+      }
+      const at::Tensor rows = at::arange(first, first + E, longs).remainder(b.size());
+      const at::Tensor real = at::arange(E, longs) < n;
+      eval_cache_->run({b.tokens.index_select(0, rows), at::where(real, b.lengths.index_select(0, rows), 1),
+                        b.labels.index_select(0, rows), real.to(at::kLong)});
     }
   }
   const at::Tensor confusion = confusion_.to(at::kCPU, at::kDouble);
@@ -409,10 +428,11 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
   }
   last_decode_mode_ = graphs::to_string(decode.mode());
   const at::Tensor host = generated.cpu();
+  const auto tokens = host.accessor<int64_t, 2>();
   std::vector<std::string> out;
   for (int64_t k = 0; k < K; ++k) {
     std::vector<int64_t> member;
-    for (int64_t i = 0; i < steps; ++i) member.push_back(host[i][k].item<int64_t>());
+    for (int64_t i = 0; i < steps; ++i) member.push_back(tokens[i][k]);
     out.push_back(tokenizer.decode(member));
   }
   return out;

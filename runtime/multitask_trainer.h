@@ -112,8 +112,9 @@ class MultiTaskTrainer {
   ScoredGeneration score_and_generate(const std::string& text, const GenerateOptions& options);
   // The decode step of the last generate(): graph or eager (for tests and reports).
   std::string last_decode_mode() const { return last_decode_mode_; }
-  // Graphs captured so far for training (one per bucket seen).
+  // Step graphs made so far (one per bucket seen) for training and for evaluation.
   size_t training_graphs() const;
+  size_t evaluation_graphs() const;
 
   // Checkpoint: options, parameters, optimizer state, epochs and steps, and the
   // caller's `extra` JSON; atomic and checksummed (runtime/checkpoint_file.h).

@@ -100,7 +100,8 @@ void PackedAdam::step() {
     const at::Tensor &m = exp_avg_blocks_[i], &v = exp_avg_sq_blocks_[i];
     if (device.is_cpu()) {
       detail::adam_update_cpu(p, g, m, v, c, beta1, beta2, options_.eps());
-    } else if (fused_cuda(device) && p.is_contiguous() && g.is_contiguous() &&
+    } else if (fused_cuda(device) && p.is_contiguous() && g.is_contiguous() && m.is_contiguous() &&
+               v.is_contiguous() &&
                (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble)) {
 #if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
       check_cuda(detail::launch_adam_update(p.scalar_type() == at::kDouble, p.data_ptr(), g.data_ptr(), m.data_ptr(),

@@ -20,6 +20,8 @@ c10::Device pick_device(const std::string& name) {
   }
   if (device.is_cuda() && !at::hasCUDA()) throw UsageError("device '" + name + "' requested but no CUDA device is available");
   if (!device.is_cuda() && !device.is_cpu()) throw UsageError("device '" + name + "' is not supported (cpu or cuda)");
+  // "cuda" means the first device: graphs and pools compare devices with their index.
+  if (device.is_cuda() && device.index() < 0) device = c10::Device(c10::kCUDA, 0);
   return device;
 }
 

@@ -82,6 +82,25 @@ TEST_P(MultiTaskTrainerTest, CapturedStepEqualsEagerStep) {
   }
 }
 
+TEST_P(MultiTaskTrainerTest, EvaluationPadsPartialBatchesWithoutChangingTheMetrics) {
+  MultiTaskTrainer padded(tiny(device()).eval_batch_size(16)), exact(tiny(device()).eval_batch_size(1));
+  const LabelledTexts train = synthetic(32, 8);
+  padded.set_training_data(train);
+  exact.set_training_data(train);
+  padded.train_epoch();
+  exact.train_epoch();
+  for (int64_t n : {37, 21}) {  // not multiples of 16: every bucket ends with a padded batch
+    const LabelledTexts dev = synthetic(n, 9);
+    const TaskMetrics a = padded.evaluate(dev), b = exact.evaluate(dev);
+    EXPECT_EQ(a.examples, n);
+    EXPECT_EQ(a.examples, b.examples);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_DOUBLE_EQ(a.accuracy, b.accuracy);
+    EXPECT_NEAR(a.lm_loss, b.lm_loss, 1e-5);
+  }
+  EXPECT_LE(padded.evaluation_graphs(), 2u) << "one eval graph per bucket, whatever the data sets' sizes";
+}
+
 TEST_P(MultiTaskTrainerTest, GraphDecodingEqualsEagerDecodingTokenForToken) {
   MultiTaskTrainer trainer(tiny(device()).model(ensemble::PackedTransformerOptions()
                                                     .members(2)
