@@ -4,6 +4,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/cpu_memory.h"
 #include "runtime/dataset.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/launch_profile.h"
 
 #include <ATen/Context.h>
@@ -67,10 +68,41 @@ nlohmann::json info_json() {
   return j;
 }
 
-int run_info(bool json) {
-  const nlohmann::json j = info_json();
+// Joins the run this process belongs to (rank_info_from_environment: torchrun,
+// Slurm or packtrain launch variables; none: one process) and checks an all-reduce
+// and a broadcast give what they must.
+nlohmann::json collectives_check() {
+  using namespace runtime::distributed;
+  const RankInfo info = rank_info_from_environment();
+  auto group = ProcessGroup::join(info, std::chrono::seconds(60));
+  const auto W = static_cast<double>(info.world_size);
+  at::Tensor sum = at::tensor({static_cast<double>(info.rank + 1), 1.0}, at::kDouble);
+  group->all_reduce_sum_(sum);
+  at::Tensor from_root = at::full({3}, static_cast<double>(info.rank == 0 ? 42 : -1), at::kDouble);
+  group->broadcast_(from_root, 0);
+  group->barrier();
+  const bool all_reduce_ok = sum[0].item<double>() == W * (W + 1) / 2 && sum[1].item<double>() == W;
+  const bool broadcast_ok = (from_root == 42).all().item<bool>();
+  return {{"rank", info.rank}, {"world_size", info.world_size}, {"local_rank", info.local_rank},
+          {"source", info.source}, {"backend", "gloo"}, {"all_reduce_ok", all_reduce_ok},
+          {"broadcast_ok", broadcast_ok}, {"describe", info.describe()}};
+}
+
+int run_info(bool json, bool collectives) {
+  nlohmann::json j = info_json();
+  j["gloo"] = runtime::distributed::ProcessGroup::gloo_available();
+  if (collectives) {
+    j["collectives"] = collectives_check();
+    if (!json) {
+      const auto& c = j["collectives"];
+      fmt::print("{}: all-reduce {}, broadcast {}\n", c["describe"].get<std::string>(),
+                 c["all_reduce_ok"].get<bool>() ? "ok" : "WRONG", c["broadcast_ok"].get<bool>() ? "ok" : "WRONG");
+      return c["all_reduce_ok"].get<bool>() && c["broadcast_ok"].get<bool>() ? 0 : 1;
+    }
+  }
   if (json) {
     std::cout << j.dump(2) << "\n";
+    if (collectives) return j["collectives"]["all_reduce_ok"].get<bool>() && j["collectives"]["broadcast_ok"].get<bool>() ? 0 : 1;
     return 0;
   }
   fmt::print("packtrain {}\nLibTorch {} (CUDA runtime in this build: {})\n", j["packtrain"].get<std::string>(),
@@ -132,7 +164,11 @@ void add_info_commands(CLI::App& app, int& status) {
   auto json = std::make_shared<bool>(false);
   CLI::App* info = app.add_subcommand("info", "Versions, devices, and whether CUDA, NCCL and NVTX are usable here.");
   info->add_flag("--json", *json, "Print as JSON");
-  info->callback([json, &status] { status = run_info(*json); });
+  auto collectives = std::make_shared<bool>(false);
+  info->add_flag("--collectives", *collectives,
+                 "Join this process's multi-process run (torchrun, Slurm or packtrain launch variables) and check an "
+                 "all-reduce and a broadcast over Gloo");
+  info->callback([json, collectives, &status] { status = run_info(*json, *collectives); });
 
   auto p = std::make_shared<ProfileArgs>();
   CLI::App* profile = app.add_subcommand(

@@ -1,7 +1,8 @@
 // The packtrain command line: one binary, one subcommand per job (commands.h).
 //
 //   packtrain train | resume | predict | evaluate | export | active-learn | profile | info
-//   packtrain multitask train | score | generate
+//   packtrain multitask train | resume | score | generate
+//   packtrain launch --nproc N -- <command>
 //
 // `--config FILE` (TOML, anywhere on the line) gives any subcommand's flags as
 // `key = value` lines (the flag's name without dashes); flags on the command line
@@ -52,6 +53,7 @@ class SubcommandConfig : public CLI::ConfigTOML {
 // (or --config=F) from wherever the user wrote it to the front.
 std::vector<std::string> hoist_config(std::vector<std::string> args) {
   for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") break;  // after --, the arguments are another command's (packtrain launch)
     if (args[i] == "--config" && i + 1 < args.size()) {
       const std::string file = args[i + 1];
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
   packtrain::cli::add_active_learn_command(app, status);
   packtrain::cli::add_info_commands(app, status);
   packtrain::cli::add_multitask_commands(app, status);
+  packtrain::cli::add_launch_command(app, status);
 
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
   const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";

@@ -11,7 +11,7 @@ mkdir -p .device/debs
 cd .device/debs
 apt-get update -qq
 apt-get download libfmt-dev libfmt9 libgtest-dev libgmock-dev googletest libbenchmark-dev \
-  libbenchmark1debian libcli11-dev nlohmann-json3-dev 2>&1 | tail -1
+  libbenchmark1debian libcli11-dev nlohmann-json3-dev libgloo-dev 2>&1 | tail -1
 ls -1 *.deb
 cd ../..
 mkdir -p .device/wheels

@@ -338,6 +338,30 @@ TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   }
 }
 
+TEST_F(Cli, LaunchStartsRanksThatJoinOneGroupAndForwardsTheirOutput) {
+  for (int n : {2, 3}) {
+    const Result r = run("launch --nproc " + std::to_string(n) + " -- info --collectives");
+    EXPECT_EQ(r.status, 0) << r.out;
+    for (int rank = 0; rank < n; ++rank) {
+      const std::string r_s = std::to_string(rank), n_s = std::to_string(n);
+      EXPECT_THAT(r.out, HasSubstr("[rank " + r_s + "] rank " + r_s + " of " + n_s + " (local " + r_s + " of " + n_s + ")"))
+          << r.out;
+    }
+    EXPECT_EQ(std::count_if(r.out.begin(), r.out.end(), [](char c) { return c == '\n'; }), n + 1) << r.out;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("WRONG")));
+  }
+  // A failing command fails the launch with its status; every rank's error is shown.
+  const Result bad = run("launch --nproc 2 --grace 5 -- train --data " + path("missing.csv"));
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("[rank 0] packtrain: error:"));
+  EXPECT_THAT(bad.out, HasSubstr("[rank 1] packtrain: error:"));
+  EXPECT_EQ(run("launch --nproc 2").status, 2);
+  // Rendezvous variables that do not add up are bad input, named.
+  const Result no_addr = run_command("env RANK=0 WORLD_SIZE=2 " + std::string(PACKTRAIN_BINARY) + " info --collectives");
+  EXPECT_EQ(no_addr.status, 2);
+  EXPECT_THAT(no_addr.out, HasSubstr("MASTER_ADDR is not set"));
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));

@@ -1,0 +1,216 @@
+// `packtrain launch --nproc N -- <subcommand> …`: a one-node launcher. Starts N
+// copies of this binary with the variables torchrun sets (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards each one's
+// stdout and stderr line by line with a "[rank r] " prefix, and, when a rank fails,
+// stops the others after a grace period and exits with the failing rank's status.
+// Ctrl-C is passed on to every rank.
+#include "runtime/cli/cli_common.h"
+#include "runtime/cli/commands.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace packtrain::cli {
+
+namespace {
+
+struct LaunchArgs {
+  int64_t nproc = 2;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 0;  // 0: a free port
+  double grace_seconds = 10;
+  std::vector<std::string> command;
+};
+
+volatile std::sig_atomic_t g_launch_interrupted = 0;
+extern "C" void on_launch_sigint(int) { g_launch_interrupted = 1; }
+
+int free_port(const std::string& addr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw UsageError("launch: cannot open a socket to find a free port");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  if (!ok) throw UsageError("launch: cannot find a free port on " + addr + "; pass --master-port");
+  return ntohs(a.sin_port);
+}
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1, err = -1;  // read ends
+  std::string out_buffer, err_buffer;
+  int status = -1;  // exit status once reaped
+};
+
+// Prints complete lines of `buffer` with the rank prefix; with `flush`, the rest too.
+void emit(std::string& buffer, int64_t rank, std::FILE* stream, bool flush) {
+  size_t start = 0;
+  for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+    fmt::print(stream, "[rank {}] {}\n", rank, buffer.substr(start, nl - start));
+  }
+  buffer.erase(0, start);
+  if (flush && !buffer.empty()) {
+    fmt::print(stream, "[rank {}] {}\n", rank, buffer);
+    buffer.clear();
+  }
+  std::fflush(stream);
+}
+
+int run_launch(const LaunchArgs& a) {
+  if (a.command.empty()) throw UsageError("launch: give the command after --, e.g. packtrain launch --nproc 2 -- train");
+  if (a.command.front() == "launch") throw UsageError("launch: the command cannot itself be launch");
+  const int port = a.master_port > 0 ? static_cast<int>(a.master_port) : free_port(a.master_addr);
+  fmt::print(stderr, "launch: {} processes, store {}:{}, command: packtrain {}\n", a.nproc, a.master_addr, port,
+             fmt::join(a.command, " "));
+  std::vector<Child> children(static_cast<size_t>(a.nproc));
+  for (int64_t r = 0; r < a.nproc; ++r) {
+    int out[2], err[2];
+    if (::pipe(out) != 0 || ::pipe(err) != 0) throw std::runtime_error("launch: pipe() failed");
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("launch: fork() failed");
+    if (pid == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      ::close(out[0]), ::close(out[1]), ::close(err[0]), ::close(err[1]);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", a.master_addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<std::string> args{"packtrain"};
+      args.insert(args.end(), a.command.begin(), a.command.end());
+      std::vector<char*> argv;
+      for (std::string& s : args) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      std::fprintf(stderr, "launch: exec failed: %s\n", std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    children[static_cast<size_t>(r)] = {pid, out[0], err[0], {}, {}, -1};
+  }
+
+  g_launch_interrupted = 0;
+  const auto previous = std::signal(SIGINT, on_launch_sigint);
+  int first_failure = 0;
+  int64_t failed_rank = -1;
+  std::chrono::steady_clock::time_point failed_at;
+  bool terminated = false, forwarded_interrupt = false;
+  size_t running = children.size();
+  while (running > 0) {
+    if (g_launch_interrupted != 0 && !forwarded_interrupt) {
+      for (const Child& c : children)
+        if (c.status < 0) ::kill(c.pid, SIGINT);
+      forwarded_interrupt = true;
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, bool>> owner;  // child, is stderr
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].out >= 0) fds.push_back({children[i].out, POLLIN, 0}), owner.emplace_back(i, false);
+      if (children[i].err >= 0) fds.push_back({children[i].err, POLLIN, 0}), owner.emplace_back(i, true);
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    for (size_t f = 0; f < fds.size(); ++f) {
+      if ((fds[f].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      Child& c = children[owner[f].first];
+      const bool is_err = owner[f].second;
+      char chunk[4096];
+      const ssize_t n = ::read(fds[f].fd, chunk, sizeof(chunk));
+      std::string& buffer = is_err ? c.err_buffer : c.out_buffer;
+      if (n > 0) {
+        buffer.append(chunk, static_cast<size_t>(n));
+        emit(buffer, static_cast<int64_t>(owner[f].first), is_err ? stderr : stdout, false);
+      } else {
+        emit(buffer, static_cast<int64_t>(owner[f].first), is_err ? stderr : stdout, true);
+        ::close(fds[f].fd);
+        (is_err ? c.err : c.out) = -1;
+      }
+    }
+    for (size_t i = 0; i < children.size(); ++i) {
+      Child& c = children[i];
+      if (c.status >= 0) continue;
+      int raw = 0;
+      if (::waitpid(c.pid, &raw, WNOHANG) != c.pid) continue;
+      c.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+      --running;
+      if (c.status != 0 && first_failure == 0) {
+        first_failure = c.status;
+        failed_rank = static_cast<int64_t>(i);
+        failed_at = std::chrono::steady_clock::now();
+        fmt::print(stderr, "launch: rank {} exited with status {}; the others get {} s to finish\n", i, c.status,
+                   a.grace_seconds);
+      }
+    }
+    if (failed_rank >= 0 && !terminated && running > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count() > a.grace_seconds) {
+      for (const Child& c : children)
+        if (c.status < 0) ::kill(c.pid, SIGTERM);
+      terminated = true;
+      fmt::print(stderr, "launch: stopped the remaining ranks (rank {} had failed)\n", failed_rank);
+    }
+  }
+  for (Child& c : children) {  // output written just before exit
+    for (int* fd : {&c.out, &c.err}) {
+      if (*fd < 0) continue;
+      char chunk[4096];
+      for (ssize_t n; (n = ::read(*fd, chunk, sizeof(chunk))) > 0;) {
+        (fd == &c.out ? c.out_buffer : c.err_buffer).append(chunk, static_cast<size_t>(n));
+      }
+      ::close(*fd);
+    }
+    const int64_t r = &c - children.data();
+    emit(c.out_buffer, r, stdout, true);
+    emit(c.err_buffer, r, stderr, true);
+  }
+  std::signal(SIGINT, previous);
+  if (g_launch_interrupted != 0) return 130;
+  return first_failure;
+}
+
+}  // namespace
+
+void add_launch_command(CLI::App& app, int& status) {
+  auto a = std::make_shared<LaunchArgs>();
+  CLI::App* launch = app.add_subcommand(
+      "launch",
+      "Run a packtrain command in N processes on this machine, as torchrun would: each gets RANK, WORLD_SIZE, "
+      "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; output is forwarded with a [rank r] prefix. "
+      "Example: packtrain launch --nproc 2 -- info --collectives");
+  launch->add_option("--nproc", a->nproc, "Processes to start (one per GPU on a GPU machine)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->capture_default_str();
+  launch->add_option("--master-addr", a->master_addr, "Address of rank 0's store")->capture_default_str();
+  launch->add_option("--master-port", a->master_port, "Port of rank 0's store (0: a free one)")
+      ->check(CLI::Range(int64_t{0}, int64_t{65535}))
+      ->capture_default_str();
+  launch->add_option("--grace", a->grace_seconds, "Seconds the other ranks get after one fails")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  launch->add_option("command", a->command, "The packtrain command and its arguments, after --")->required();
+  launch->callback([a, &status] { status = run_launch(*a); });
+}
+
+}  // namespace packtrain::cli

@@ -1,0 +1,47 @@
+// ProcessGroup: this process's membership in a multi-process run — the c10d TCP
+// store at MASTER_ADDR:MASTER_PORT (rank 0 serves it, the others connect) and a
+// collective backend: Gloo for CPU tensors. c10d's headers stay in the .cpp.
+//
+// Every collective waits at most the group's timeout and then throws naming the
+// operation, this rank and the world size, instead of hanging on a dead peer.
+#pragma once
+
+#include "runtime/distributed/rank_info.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+
+namespace packtrain::runtime::distributed {
+
+class ProcessGroup {
+ public:
+  // Connects to (rank 0: serves) the store and joins the collective backend. Throws
+  // DataError when the store cannot be reached within `timeout`, or when this build
+  // has no Gloo (built without its headers).
+  static std::unique_ptr<ProcessGroup> join(const RankInfo& info,
+                                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~ProcessGroup();
+
+  const RankInfo& info() const;
+  int64_t rank() const { return info().rank; }
+  int64_t world_size() const { return info().world_size; }
+
+  // In place, over all ranks (CPU tensors): the element-wise sum, or the mean.
+  void all_reduce_sum_(at::Tensor& tensor);
+  void all_reduce_mean_(at::Tensor& tensor);
+  // In place: every rank gets `root`'s values.
+  void broadcast_(at::Tensor& tensor, int64_t root = 0);
+  void barrier();
+
+  // Whether this build can make Gloo groups (it found Gloo's headers).
+  static bool gloo_available();
+
+ private:
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace packtrain::runtime::distributed

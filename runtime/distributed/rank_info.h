@@ -1,0 +1,35 @@
+// Where this process stands in a multi-process run, read from the variables that
+// torchrun (and `packtrain launch`) set — RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT — or, under srun, Slurm's SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID (with MASTER_ADDR/MASTER_PORT from the job script).
+// No variables: a single process (rank 0 of 1).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace packtrain::runtime::distributed {
+
+struct RankInfo {
+  int64_t rank = 0, world_size = 1;
+  int64_t local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 29500;
+  std::string source = "single process";  // "torchrun variables", "Slurm variables"
+
+  bool distributed() const { return world_size > 1; }
+  std::string describe() const;  // "rank 1 of 2 (local 1 of 2), store 127.0.0.1:29500, from torchrun variables"
+};
+
+// A variable's value, or nothing when unset (std::getenv by default; tests pass a map).
+using Environment = std::function<std::optional<std::string>(const std::string& name)>;
+Environment process_environment();
+
+// Throws DataError naming the variable for a malformed or inconsistent value: a
+// non-integer, RANK outside [0, WORLD_SIZE), LOCAL_RANK outside [0, LOCAL_WORLD_SIZE),
+// a port outside 1..65535, RANK without WORLD_SIZE, or WORLD_SIZE > 1 without MASTER_ADDR.
+RankInfo rank_info_from_environment(const Environment& environment = process_environment());
+
+}  // namespace packtrain::runtime::distributed
