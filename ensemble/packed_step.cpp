@@ -38,7 +38,8 @@ at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& 
 }
 
 at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
-                             const at::Tensor& y, LossKind kind, double min_variance) {
+                             const at::Tensor& y, LossKind kind, double min_variance,
+                             const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "packed_train_step: the optimizer does not hold this model's parameters");
   at::Tensor losses;
@@ -47,6 +48,7 @@ at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const
       PACKTRAIN_NVTX_RANGE("forward+backward");  // fused, member by member
       losses = cpu_fused_gradients(model, x, y, kind, min_variance);
     }
+    if (after_backward) after_backward();
     PACKTRAIN_NVTX_RANGE("optimizer");
     optimizer.step();
     return losses;
@@ -60,6 +62,7 @@ at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const
     PACKTRAIN_NVTX_RANGE("backward");
     torch::autograd::backward({losses.sum()});
   }
+  if (after_backward) after_backward();
   {
     PACKTRAIN_NVTX_RANGE("optimizer");
     optimizer.step();

@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string_view>
 
 namespace packtrain::ensemble {
@@ -31,8 +32,12 @@ at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& 
 // per-member learning rates and schedule included). Returns the (K) losses, detached.
 // On CPU the forward and backward run member by member without autograd where
 // cpu_fused_step_applies (ensemble/cpu_fused_step.h): the same gradients, one call.
+// `after_backward`, when set, runs between the gradients and the update (a
+// data-parallel run averages the flat gradient buffer across ranks there).
+using GradientHook = std::function<void()>;
 at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
-                             const at::Tensor& y, LossKind kind, double min_variance = 1e-6);
+                             const at::Tensor& y, LossKind kind, double min_variance = 1e-6,
+                             const GradientHook& after_backward = {});
 
 // Forward without gradients: the (K) per-member mean losses over the batch.
 at::Tensor packed_eval_losses(const PackedMLP& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,

@@ -12,6 +12,10 @@ void EnsembleStepsOptions::validate() const {
   TORCH_CHECK(unroll() > 0, "unroll must be positive, got ", unroll());
   TORCH_CHECK(eval_batch_size() > 0, "eval batch size must be positive, got ", eval_batch_size());
   TORCH_CHECK(readback_steps() >= 0, "readback steps must be >= 0, got ", readback_steps());
+  TORCH_CHECK(shard_count() >= 1 && shard_index() >= 0 && shard_index() < shard_count(), "shard ", shard_index(),
+              " of ", shard_count(), " does not exist");
+  TORCH_CHECK(batch_size() % shard_count() == 0, "the global batch (", batch_size(), ") must divide into ",
+              shard_count(), " equal per-rank batches");
   TORCH_CHECK(min_variance() >= 0, "min variance must be >= 0, got ", min_variance());
 }
 
@@ -59,9 +63,16 @@ EnsembleSteps::~EnsembleSteps() = default;
 
 void EnsembleSteps::train_steps(int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
-    const std::vector<at::Tensor> batch = batcher_.next_batch();
-    const at::Tensor losses = ensemble::packed_train_step(*model_, *optimizer_, batch[0], batch[1],
-                                                          options_.loss(), options_.min_variance());
+    std::vector<at::Tensor> batch = batcher_.next_batch();
+    if (options_.shard_count() > 1) {
+      // Rows are dim 0 of a shared batch, dim 1 of per-member batches (K, B, ...).
+      const int64_t dim = options_.order() == graphs::BatchOrder::kShared ? 0 : 1;
+      const int64_t rows = options_.batch_size() / options_.shard_count();
+      for (at::Tensor& t : batch) t = t.narrow(dim, options_.shard_index() * rows, rows).contiguous();
+    }
+    const at::Tensor losses =
+        ensemble::packed_train_step(*model_, *optimizer_, batch[0], batch[1], options_.loss(),
+                                    options_.min_variance(), options_.gradient_hook());
     loss_sum_.add_(losses);
   }
 }

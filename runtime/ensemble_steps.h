@@ -44,6 +44,12 @@ struct EnsembleStepsOptions {
   TORCH_ARG(int64_t, readback_steps) = 0;  // copy losses back every N steps; 0: once per epoch
   TORCH_ARG(uint64_t, seed) = 0;           // the batch orders' seed
   TORCH_ARG(graphs::CaptureOptions, capture) = {};
+  // Data parallel: this rank trains on its shard_index-th of shard_count equal parts
+  // of every (global) batch, and gradient_hook (e.g. an all-reduce averaging the
+  // flat gradients) runs between backward and the optimizer.
+  TORCH_ARG(int64_t, shard_index) = 0;
+  TORCH_ARG(int64_t, shard_count) = 1;
+  TORCH_ARG(ensemble::GradientHook, gradient_hook) = {};
 
  public:
   void validate() const;

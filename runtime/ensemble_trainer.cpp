@@ -1,5 +1,7 @@
 #include "runtime/ensemble_trainer.h"
 
+#include "runtime/distributed/process_group.h"
+
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/optimizers/sgd.h"
 #include "ensemble/packed_loss.h"
@@ -166,8 +168,23 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   } else {
     y_scale_ = Standardizer::fit(fy);
   }
+  const int64_t world = group_ != nullptr ? group_->world_size() : 1;
+  if (world > 1) {
+    if (!options_.device().is_cpu()) {
+      throw DataError("data-parallel training runs on CPU (Gloo) for now; on CUDA it needs NCCL inside the captured "
+                      "step, which packtrain does not have yet");
+    }
+    if (options_.batch_size() % world != 0) {
+      throw DataError("the global batch " + std::to_string(options_.batch_size()) + " does not split into " +
+                      std::to_string(world) + " equal per-rank batches");
+    }
+  }
   steps_.reset();  // its graphs refer to the previous model and optimizer
   build_model(x.size(1));
+  if (world > 1) {
+    at::Tensor flat = model_->parameters().flat();
+    group_->broadcast_(flat, 0);  // every rank starts from rank 0's weights
+  }
   data_fingerprint_ = fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options_.device());
   const at::Tensor xs = x_scale_.transform(x).to(f32);  // the whole set lives on the device
@@ -199,7 +216,14 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
           .min_variance(options_.min_variance())
           .unroll(options_.unroll())
           .seed(options_.seed() ^ 0x5DEECE66Dull)
-          .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log())));
+          .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
+          .shard_index(group_ != nullptr ? group_->rank() : 0)
+          .shard_count(world)
+          .gradient_hook(world > 1 ? ensemble::GradientHook([this] {
+            at::Tensor gradients = model_->parameters().flat_grad();
+            group_->all_reduce_mean_(gradients);  // one all-reduce of the flat buffer per step
+          })
+                                   : ensemble::GradientHook()));
   if (options_.schedule() != ensemble::LrScheduleKind::kConstant) {
     optimizer_->set_schedule(ensemble::LrSchedule()
                                  .kind(options_.schedule())
@@ -213,6 +237,10 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   steps_taken_ = 0;
   train_history_.clear();
   val_history_.clear();
+}
+
+int64_t EnsembleTrainer::per_rank_batch() const {
+  return options_.batch_size() / (group_ != nullptr ? group_->world_size() : 1);
 }
 
 void EnsembleTrainer::set_training_rows(const at::Tensor& rows) {
@@ -266,6 +294,10 @@ EpochReport EnsembleTrainer::run_epoch() {
   // synchronization per epoch, which the per-member decisions below need anyway.
   const std::vector<LossReport> losses = steps_->wait_losses();
   TORCH_CHECK(!losses.empty(), "internal: no loss report after an epoch");
+  if (group_ != nullptr && group_->world_size() > 1) {
+    at::Tensor mean = losses.back().mean.contiguous();
+    group_->all_reduce_mean_(mean);  // each rank saw its shard: the global batch's loss
+  }
   const at::Tensor val = val_x_.defined() ? steps_->evaluate(val_x_, val_y_).cpu() : at::Tensor();
   ++epoch_;
   steps_taken_ += report.steps;

@@ -25,6 +25,9 @@ class PackedOptimizer;
 }
 namespace packtrain::runtime {
 class EnsembleSteps;
+namespace distributed {
+class ProcessGroup;
+}
 }
 
 namespace packtrain::runtime {
@@ -106,6 +109,14 @@ class EnsembleTrainer {
   // early stopping, epoch count. Captured graphs are kept (no re-capture).
   void reinitialize(uint64_t seed);
 
+  // Data parallel (call before prepare; CPU, Gloo): every rank trains the same
+  // members on its equal share of each global batch (batch_size() is the global
+  // batch), gradients are averaged across ranks before each update, rank 0's initial
+  // weights are broadcast, and training losses are averaged so every rank takes the
+  // same per-member decisions. The group must outlive the trainer.
+  void set_process_group(distributed::ProcessGroup* group) { group_ = group; }
+  int64_t per_rank_batch() const;
+
   EnsemblePrediction predict(const at::Tensor& x) const;
   EnsembleMetrics evaluate(const at::Tensor& x, const at::Tensor& y) const;
 
@@ -155,6 +166,7 @@ class EnsembleTrainer {
   std::unique_ptr<ensemble::PackedMLP> model_;
   std::unique_ptr<ensemble::PackedOptimizer> optimizer_;
   std::unique_ptr<EnsembleSteps> steps_;
+  distributed::ProcessGroup* group_ = nullptr;
   at::Tensor val_x_, val_y_;   // standardized, on the device
   at::Tensor best_params_;     // (N) on the device: each member's best weights
   at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them

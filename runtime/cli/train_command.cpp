@@ -8,6 +8,7 @@
 #include "runtime/cli/trainer_args.h"
 #include "runtime/cpu_memory.h"
 #include "runtime/data_error.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/ensemble_trainer.h"
 
 #include <fmt/format.h>
@@ -61,9 +62,21 @@ graphs::GraphLog graph_log(const SessionArgs& s, std::vector<std::string>& lines
 }
 
 int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const DataArgs& data_args,
-                const SessionArgs& s, const std::vector<std::string>& log_lines, const char* command) {
+                SessionArgs s, const std::vector<std::string>& log_lines, const char* command,
+                const runtime::distributed::ProcessGroup* group = nullptr) {
   const runtime::EnsembleTrainerOptions& o = trainer.options();
+  // In a data-parallel run every rank trains; rank 0 alone reports and writes files.
+  const bool primary = group == nullptr || group->rank() == 0;
+  if (!primary) {
+    s = SessionArgs();
+    s.quiet = true;
+  }
   Progress progress(!s.quiet && !s.json, s.log);
+  if (group != nullptr && group->world_size() > 1) {
+    progress.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
+                              "over Gloo every step",
+                              group->world_size(), group->info().source, o.batch_size(), trainer.per_rank_batch()));
+  }
   progress.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
                             command, data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
                             o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), o.batch_size(),
@@ -96,6 +109,7 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
     return 130;
   }
   save();
+  if (!primary) return 0;
   if (!s.export_path.empty()) export_members(s.export_path, trainer, data.all.feature_names, {});
   const double seconds = progress.seconds();
   const runtime::Dataset test = data.test();
@@ -145,10 +159,17 @@ int run_train(const TrainCommand& c) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::EnsembleTrainer trainer(options);
+  // Under torchrun, srun or packtrain launch: one data-parallel run over all ranks.
+  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
+  std::unique_ptr<runtime::distributed::ProcessGroup> group;
+  if (rank.distributed()) {
+    group = runtime::distributed::ProcessGroup::join(rank);
+    trainer.set_process_group(group.get());
+  }
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
-  return run_session(trainer, data, c.data, c.session, log_lines, "train");
+  return run_session(trainer, data, c.data, c.session, log_lines, "train", group.get());
 }
 
 struct ResumeCommand {
@@ -159,6 +180,9 @@ struct ResumeCommand {
 };
 
 int run_resume(ResumeCommand c) {
+  if (runtime::distributed::rank_info_from_environment().distributed()) {
+    throw UsageError("resume runs in one process for now (a data-parallel resume is not implemented yet)");
+  }
   std::vector<std::string> log_lines;
   const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(c.from);
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);

@@ -362,6 +362,39 @@ TEST_F(Cli, LaunchStartsRanksThatJoinOneGroupAndForwardsTheirOutput) {
   EXPECT_THAT(no_addr.out, HasSubstr("MASTER_ADDR is not set"));
 }
 
+// The JSON a launched rank 0 printed (its lines carry the "[rank 0] " prefix).
+nlohmann::json rank0_json(const std::string& out) {
+  std::string json;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[rank 0] ", 0) == 0) json += line.substr(9) + "\n";
+  }
+  return nlohmann::json::parse(json, nullptr, false);
+}
+
+TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
+  const std::string args = "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --json --quiet";
+  const nlohmann::json single = run_json(args);
+  const Result launched = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- " + args + " 2>/dev/null");
+  ASSERT_EQ(launched.status, 0) << launched.out;
+  EXPECT_THAT(launched.out, ::testing::Not(HasSubstr("[rank 1] {"))) << "only rank 0 reports";
+  const nlohmann::json parallel = rank0_json(launched.out);
+  ASSERT_TRUE(parallel.is_object()) << launched.out;
+  // Per-rank batch 32 on each of 2 ranks, gradients averaged: the batch-64 run.
+  const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-6 * std::abs(b); };
+  EXPECT_TRUE(close(parallel["ensemble"]["rmse"].get<double>(), single["ensemble"]["rmse"].get<double>()))
+      << parallel["ensemble"] << " vs " << single["ensemble"];
+  ASSERT_EQ(parallel["members"].size(), single["members"].size());
+  for (size_t k = 0; k < single["members"].size(); ++k) {
+    EXPECT_TRUE(close(parallel["members"][k]["rmse"].get<double>(), single["members"][k]["rmse"].get<double>()))
+        << "member " << k;
+  }
+  // A global batch that does not split evenly is refused, by name.
+  const Result odd = run("launch --nproc 2 -- train --members 2 --epochs 1 --batch 63 --device cpu");
+  EXPECT_EQ(odd.status, 2) << odd.out;
+  EXPECT_THAT(odd.out, HasSubstr("does not split into 2 equal per-rank batches"));
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
