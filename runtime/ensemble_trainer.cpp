@@ -221,7 +221,10 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
           .shard_count(world)
           .gradient_hook(world > 1 ? ensemble::GradientHook([this] {
             at::Tensor gradients = model_->parameters().flat_grad();
-            group_->all_reduce_mean_(gradients);  // one all-reduce of the flat buffer per step
+            // One all-reduce of the flat buffer per step; a dead or stuck peer ends it
+            // with an error naming the step, after the group's timeout at most.
+            group_->all_reduce_mean_(gradients,
+                                     "gradient all-reduce at step " + std::to_string(steps_->steps_taken() + 1));
           })
                                    : ensemble::GradientHook()));
   if (options_.schedule() != ensemble::LrScheduleKind::kConstant) {
@@ -237,6 +240,23 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   steps_taken_ = 0;
   train_history_.clear();
   val_history_.clear();
+}
+
+void EnsembleTrainer::check_ranks_agree() const {
+  // Once per epoch: every rank compares its parameters' checksum with rank 0's, and
+  // all learn whether any rank differs, so they fail together instead of hanging.
+  const at::Tensor flat = model_->parameters().flat().detach().to(at::kCPU, at::kDouble);
+  const at::Tensor mine = at::stack({flat.sum(), flat.abs().sum(), (flat * flat).sum()});
+  at::Tensor root = mine.clone();
+  group_->broadcast_(root, 0, "parameter-checksum broadcast");
+  at::Tensor differing = at::full({1}, at::equal(mine, root) ? 0.0 : 1.0, at::kDouble);
+  group_->all_reduce_sum_(differing, "parameter-checksum all-reduce");
+  if (differing.item<double>() > 0) {
+    throw distributed::CollectiveError("parameters differ across ranks after epoch " + std::to_string(epoch_ + 1) + ": " +
+                             std::to_string(static_cast<int64_t>(differing.item<double>())) +
+                             " rank(s) disagree with rank 0 (this rank " + (at::equal(mine, root) ? "agrees" : "differs") +
+                             ")");
+  }
 }
 
 int64_t EnsembleTrainer::per_rank_batch() const {
@@ -296,7 +316,8 @@ EpochReport EnsembleTrainer::run_epoch() {
   TORCH_CHECK(!losses.empty(), "internal: no loss report after an epoch");
   if (group_ != nullptr && group_->world_size() > 1) {
     at::Tensor mean = losses.back().mean.contiguous();
-    group_->all_reduce_mean_(mean);  // each rank saw its shard: the global batch's loss
+    group_->all_reduce_mean_(mean, "training-loss all-reduce");  // each rank saw its shard
+    check_ranks_agree();
   }
   const at::Tensor val = val_x_.defined() ? steps_->evaluate(val_x_, val_y_).cpu() : at::Tensor();
   ++epoch_;

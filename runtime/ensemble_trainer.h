@@ -167,6 +167,7 @@ class EnsembleTrainer {
   std::unique_ptr<ensemble::PackedOptimizer> optimizer_;
   std::unique_ptr<EnsembleSteps> steps_;
   distributed::ProcessGroup* group_ = nullptr;
+  void check_ranks_agree() const;
   at::Tensor val_x_, val_y_;   // standardized, on the device
   at::Tensor best_params_;     // (N) on the device: each member's best weights
   at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them

@@ -35,6 +35,7 @@ struct LaunchArgs {
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 0;  // 0: a free port
   double grace_seconds = 10;
+  double timeout_seconds = 0;  // 0: the ranks' default (60 s)
   std::vector<std::string> command;
 };
 
@@ -99,6 +100,7 @@ int run_launch(const LaunchArgs& a) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", a.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (a.timeout_seconds > 0) ::setenv("PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(a.timeout_seconds).c_str(), 1);
       std::vector<std::string> args{"packtrain"};
       args.insert(args.end(), a.command.begin(), a.command.end());
       std::vector<char*> argv;
@@ -207,6 +209,11 @@ void add_launch_command(CLI::App& app, int& status) {
       ->check(CLI::Range(int64_t{0}, int64_t{65535}))
       ->capture_default_str();
   launch->add_option("--grace", a->grace_seconds, "Seconds the other ranks get after one fails")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  launch->add_option("--timeout", a->timeout_seconds,
+                     "Seconds a collective may take before every rank stops with an error (0: 60; sets "
+                     "PACKTRAIN_COLLECTIVE_TIMEOUT)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   launch->add_option("command", a->command, "The packtrain command and its arguments, after --")->required();

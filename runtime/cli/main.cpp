@@ -13,6 +13,7 @@
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/commands.h"
 #include "runtime/data_error.h"
+#include "runtime/distributed/process_group.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -113,6 +114,9 @@ int main(int argc, char** argv) {
   } catch (const packtrain::cli::UsageError& e) {
     fmt::print(stderr, "packtrain: error: {}\n", e.what());
     return 2;
+  } catch (const packtrain::runtime::distributed::CollectiveError& e) {
+    fmt::print(stderr, "packtrain: error: {}\n", e.what());  // a peer died or hangs: not bad input, not a bug
+    return 1;
   } catch (const c10::Error& e) {
     fmt::print(stderr, "packtrain: internal error: {}\n", e.what_without_backtrace());
     return 1;

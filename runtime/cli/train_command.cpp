@@ -149,6 +149,16 @@ struct TrainCommand {
   SessionArgs session;
 };
 
+// Under torchrun, srun or packtrain launch: joins the run's process group and makes
+// the trainer data-parallel over it; one process: no group.
+std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched(runtime::EnsembleTrainer& trainer) {
+  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
+  if (!rank.distributed()) return nullptr;
+  auto group = runtime::distributed::ProcessGroup::join(rank, runtime::distributed::collective_timeout());
+  trainer.set_process_group(group.get());
+  return group;
+}
+
 int run_train(const TrainCommand& c) {
   std::vector<std::string> log_lines;
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
@@ -159,13 +169,7 @@ int run_train(const TrainCommand& c) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::EnsembleTrainer trainer(options);
-  // Under torchrun, srun or packtrain launch: one data-parallel run over all ranks.
-  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
-  std::unique_ptr<runtime::distributed::ProcessGroup> group;
-  if (rank.distributed()) {
-    group = runtime::distributed::ProcessGroup::join(rank);
-    trainer.set_process_group(group.get());
-  }
+  const auto group = join_if_launched(trainer);
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
@@ -180,9 +184,6 @@ struct ResumeCommand {
 };
 
 int run_resume(ResumeCommand c) {
-  if (runtime::distributed::rank_info_from_environment().distributed()) {
-    throw UsageError("resume runs in one process for now (a data-parallel resume is not implemented yet)");
-  }
   std::vector<std::string> log_lines;
   const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(c.from);
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
@@ -192,12 +193,13 @@ int run_resume(ResumeCommand c) {
   const SplitData data = load_split_data(data_args);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   runtime::EnsembleTrainer trainer(options);
+  const auto group = join_if_launched(trainer);  // every rank reads the same checkpoint
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
   trainer.restore(*checkpoint);
   if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume");
+  return run_session(trainer, data, data_args, c.session, log_lines, "resume", group.get());
 }
 
 }  // namespace

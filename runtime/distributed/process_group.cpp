@@ -21,12 +21,14 @@ struct ProcessGroup::Impl {
 
   // Waits for `work` at most the group's timeout; a peer that died or hangs becomes
   // an error naming the collective and this rank.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) const {
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
     try {
       work->wait(timeout);
     } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("{} failed on rank {} of {} (timeout {} ms): {}", what, info.rank,
-                                           info.world_size, timeout.count(), e.what()));
+      std::string reason = e.what();
+      reason = reason.substr(0, reason.find('\n'));
+      throw CollectiveError(fmt::format("{} failed on rank {} of {} (timeout {} ms): {}", what, info.rank,
+                                        info.world_size, timeout.count(), reason));
     }
   }
   void check_cpu(const at::Tensor& t, const char* what) const {
@@ -80,29 +82,29 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
 
 const RankInfo& ProcessGroup::info() const { return impl_->info; }
 
-void ProcessGroup::all_reduce_sum_(at::Tensor& tensor) {
+void ProcessGroup::all_reduce_sum_(at::Tensor& tensor, const std::string& what) {
   PACKTRAIN_NVTX_RANGE("allreduce");
   impl_->check_cpu(tensor, "all-reduce");
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   options.timeout = impl_->timeout;
-  impl_->wait(impl_->backend->allreduce(tensors, options), "all-reduce");
+  impl_->wait(impl_->backend->allreduce(tensors, options), what);
 }
 
-void ProcessGroup::all_reduce_mean_(at::Tensor& tensor) {
-  all_reduce_sum_(tensor);
+void ProcessGroup::all_reduce_mean_(at::Tensor& tensor, const std::string& what) {
+  all_reduce_sum_(tensor, what);
   tensor.div_(static_cast<double>(world_size()));
 }
 
-void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root) {
+void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root, const std::string& what) {
   PACKTRAIN_NVTX_RANGE("broadcast");
   impl_->check_cpu(tensor, "broadcast");
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   options.timeout = impl_->timeout;
-  impl_->wait(impl_->backend->broadcast(tensors, options), "broadcast");
+  impl_->wait(impl_->backend->broadcast(tensors, options), what);
 }
 
 void ProcessGroup::barrier() {

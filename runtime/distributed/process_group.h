@@ -12,8 +12,17 @@
 
 #include <chrono>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 namespace packtrain::runtime::distributed {
+
+// A collective that failed or timed out (a peer died or hangs): exit status 1, one
+// line naming the operation, the rank and the world size.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class ProcessGroup {
  public:
@@ -29,10 +38,12 @@ class ProcessGroup {
   int64_t world_size() const { return info().world_size; }
 
   // In place, over all ranks (CPU tensors): the element-wise sum, or the mean.
-  void all_reduce_sum_(at::Tensor& tensor);
-  void all_reduce_mean_(at::Tensor& tensor);
+  // `what` names the operation in the error a failed or timed-out collective raises
+  // (e.g. "gradient all-reduce at step 120").
+  void all_reduce_sum_(at::Tensor& tensor, const std::string& what = "all-reduce");
+  void all_reduce_mean_(at::Tensor& tensor, const std::string& what = "all-reduce");
   // In place: every rank gets `root`'s values.
-  void broadcast_(at::Tensor& tensor, int64_t root = 0);
+  void broadcast_(at::Tensor& tensor, int64_t root = 0, const std::string& what = "broadcast");
   void barrier();
 
   // Whether this build can make Gloo groups (it found Gloo's headers).

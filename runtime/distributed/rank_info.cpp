@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <stdexcept>
 
 namespace packtrain::runtime::distributed {
 
@@ -78,6 +79,23 @@ RankInfo rank_info_from_environment(const Environment& env) {
     throw DataError(fmt::format("MASTER_PORT={} is not a port (1-65535)", info.master_port));
   }
   return info;
+}
+
+std::chrono::milliseconds collective_timeout(const Environment& env) {
+  const std::optional<std::string> value = env("PACKTRAIN_COLLECTIVE_TIMEOUT");
+  if (!value) return std::chrono::seconds(60);
+  double seconds = 0;
+  try {
+    size_t used = 0;
+    seconds = std::stod(*value, &used);
+    if (used != value->size()) throw std::invalid_argument(*value);
+  } catch (const std::exception&) {
+    seconds = -1;
+  }
+  if (!(seconds > 0)) {
+    throw DataError("PACKTRAIN_COLLECTIVE_TIMEOUT='" + *value + "' is not a positive number of seconds");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 }  // namespace packtrain::runtime::distributed

@@ -5,6 +5,7 @@
 // No variables: a single process (rank 0 of 1).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -31,5 +32,10 @@ Environment process_environment();
 // non-integer, RANK outside [0, WORLD_SIZE), LOCAL_RANK outside [0, LOCAL_WORLD_SIZE),
 // a port outside 1..65535, RANK without WORLD_SIZE, or WORLD_SIZE > 1 without MASTER_ADDR.
 RankInfo rank_info_from_environment(const Environment& environment = process_environment());
+
+// How long a collective may take before every rank fails with an error instead of
+// waiting on a dead or stuck peer: PACKTRAIN_COLLECTIVE_TIMEOUT (seconds; `packtrain
+// launch --timeout` sets it), default 60. Throws DataError for a non-positive value.
+std::chrono::milliseconds collective_timeout(const Environment& environment = process_environment());
 
 }  // namespace packtrain::runtime::distributed

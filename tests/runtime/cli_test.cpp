@@ -395,6 +395,55 @@ TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
   EXPECT_THAT(odd.out, HasSubstr("does not split into 2 equal per-rank batches"));
 }
 
+TEST_F(Cli, DataParallelResumeEqualsTheUninterruptedRun) {
+  const std::string args = "--members 3 --hidden 16 --batch 64 --device cpu --quiet";
+  const Result full = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- train " + args +
+                                  " --epochs 6 --json 2>/dev/null");
+  ASSERT_EQ(full.status, 0) << full.out;
+  ASSERT_EQ(run("launch --nproc 2 -- train " + args + " --epochs 3 --checkpoint " + path("dp.ckpt")).status, 0);
+  const Result resumed = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- resume " + path("dp.ckpt") +
+                                     " --epochs 6 --quiet --json 2>/dev/null");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  const nlohmann::json a = rank0_json(full.out), b = rank0_json(resumed.out);
+  ASSERT_TRUE(a.is_object() && b.is_object());
+  EXPECT_EQ(b["epochs_run"], 6);
+  EXPECT_EQ(a["ensemble"]["rmse"], b["ensemble"]["rmse"]);
+  EXPECT_EQ(a["ensemble"]["nll"], b["ensemble"]["nll"]);
+}
+
+TEST_F(Cli, AKilledRankEndsTheOthersWithAnErrorNamingTheStep) {
+  const std::string port = std::to_string(20000 + getpid() % 20000);
+  const std::string env = "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port;
+  const std::string train = std::string(PACKTRAIN_BINARY) + " train --members 2 --hidden 8 --epochs 100000 --quiet";
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = run_command("(" + env + " RANK=1 " + train + " >/dev/null 2>&1 & pid=$!; (sleep 3; kill -9 $pid) & " +
+                               env + " RANK=0 " + train + "; echo \"rank0 exit $?\")");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_THAT(r.out, HasSubstr("rank0 exit 1")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("failed on rank 0 of 2")) << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("all-reduce at step [0-9]+|all-reduce failed|checksum")) << r.out;
+  EXPECT_LT(seconds, 70) << "the surviving rank must not hang";
+}
+
+TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
+  const std::string port = std::to_string(20000 + (getpid() + 7919) % 20000);
+  const std::string env =
+      "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 PACKTRAIN_COLLECTIVE_TIMEOUT=4 MASTER_PORT=" + port;
+  const std::string train = std::string(PACKTRAIN_BINARY) + " train --members 2 --hidden 8 --epochs 100000 --quiet";
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1 is stopped (not dead: its sockets stay open) after 3 s.
+  const Result r = run_command("(" + env + " RANK=1 " + train + " >/dev/null 2>&1 & pid=$!; (sleep 3; kill -STOP $pid) & " +
+                               env + " RANK=0 " + train + "; echo \"rank0 exit $?\"; kill -9 $pid)");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_THAT(r.out, HasSubstr("rank0 exit 1")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("failed on rank 0 of 2 (timeout 4000 ms)")) << r.out;
+  EXPECT_LT(seconds, 40) << "the timeout, not a hang";
+  const Result bad = run_command("env PACKTRAIN_COLLECTIVE_TIMEOUT=soon RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 " +
+                                 std::string(PACKTRAIN_BINARY) + " train --epochs 1");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.out, HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='soon'"));
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
