@@ -47,7 +47,8 @@ MultiTaskLosses multitask_losses(const PackedTransformer& model, const TextBatch
 
 MultiTaskLosses multitask_train_step(PackedTransformer& model, PackedOptimizer& optimizer,
                                      const TextBatch& classification, const at::Tensor& labels,
-                                     const TextBatch& language_model, const TaskWeights& weights) {
+                                     const TextBatch& language_model, const TaskWeights& weights,
+                                     const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "multitask_train_step: the optimizer does not hold this model's parameters");
   model.parameters().zero_grad();
@@ -58,6 +59,7 @@ MultiTaskLosses multitask_train_step(PackedTransformer& model, PackedOptimizer& 
         losses.classification * weights.classification + losses.language_model * weights.language_model;
     torch::autograd::backward({total.sum()});
   }
+  if (after_backward) after_backward();
   {
     PACKTRAIN_NVTX_RANGE("optimizer");
     optimizer.step();

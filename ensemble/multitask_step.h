@@ -6,6 +6,7 @@
 #pragma once
 
 #include "ensemble/optimizers/packed_optimizer.h"
+#include "ensemble/packed_step.h"
 #include "ensemble/packed_transformer.h"
 
 #include <ATen/core/Tensor.h>
@@ -44,9 +45,11 @@ MultiTaskLosses multitask_losses(const PackedTransformer& model, const TextBatch
 
 // One training step: gradients zeroed in place, multitask_losses, one backward of
 // sum over members of (w_c * classification + w_lm * language_model), one optimizer
-// update. Returns the detached losses.
+// update (`after_backward`, when set, runs between the two: a data-parallel run
+// averages the flat gradients there). Returns the detached losses.
 MultiTaskLosses multitask_train_step(PackedTransformer& model, PackedOptimizer& optimizer,
                                      const TextBatch& classification, const at::Tensor& labels,
-                                     const TextBatch& language_model, const TaskWeights& weights);
+                                     const TextBatch& language_model, const TaskWeights& weights,
+                                     const GradientHook& after_backward = {});
 
 }  // namespace packtrain::ensemble

@@ -6,6 +6,7 @@
 #include "runtime/byte_tokenizer.h"
 #include "runtime/checkpoint_file.h"
 #include "runtime/data_error.h"
+#include "runtime/distributed/process_group.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -151,7 +152,11 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
         const ensemble::TextBatch lm = options_.shared_inputs() ? classification : ensemble::TextBatch{in[3], in[4]};
         const ensemble::MultiTaskLosses losses = ensemble::multitask_train_step(
             *model_, *optimizer_, classification, in[2], lm,
-            {options_.classification_weight(), options_.lm_weight()});
+            {options_.classification_weight(), options_.lm_weight()},
+            group_ == nullptr ? ensemble::GradientHook() : ensemble::GradientHook([this] {
+              at::Tensor gradients = model_->parameters().flat_grad();
+              group_->all_reduce_mean_(gradients, "gradient all-reduce at step " + std::to_string(steps_done_ + 1));
+            }));
         classification_sum_.add_(losses.classification);
         lm_sum_.add_(losses.language_model);
       },
@@ -228,6 +233,24 @@ int64_t MultiTaskTrainer::steps_per_epoch() const {
 size_t MultiTaskTrainer::training_graphs() const { return train_cache_->size(); }
 size_t MultiTaskTrainer::evaluation_graphs() const { return eval_cache_->size(); }
 
+void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
+  if (group == nullptr || group->world_size() == 1) {
+    group_ = nullptr;
+    return;
+  }
+  if (!device_.is_cpu()) {
+    throw DataError("data-parallel multi-task training runs on CPU (Gloo) for now; on CUDA it needs NCCL inside the "
+                    "captured step, which packtrain does not have yet");
+  }
+  if (options_.batch_size() % group->world_size() != 0) {
+    throw DataError(fmt::format("the global batch {} does not split into {} equal per-rank batches",
+                                options_.batch_size(), group->world_size()));
+  }
+  group_ = group;
+  at::Tensor flat = model_->parameters().flat();
+  group_->broadcast_(flat, 0, "initial-weights broadcast");
+}
+
 void MultiTaskTrainer::run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows) {
   std::vector<at::Tensor> inputs{bucket.tokens.index_select(0, rows), bucket.lengths.index_select(0, rows),
                                  bucket.labels.index_select(0, rows)};
@@ -287,10 +310,17 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
       all_lm_rows.empty() ? at::Tensor() : at::tensor(all_lm_rows, at::kLong).view({steps_in_plan, B}).to(device_);
   classification_sum_.zero_();
   lm_sum_.zero_();
+  // Data parallel: this rank's equal share of every global batch.
+  const int64_t world = group_ != nullptr ? group_->world_size() : 1;
+  const int64_t share = B / world, first_row = group_ != nullptr ? group_->rank() * share : 0;
   for (int64_t i = 0; i < steps_in_plan; ++i) {
-    run_train_batch(train_buckets_[plan[static_cast<size_t>(i)].bucket], rows[i],
-                    lm_rows.defined() ? lm_rows[i] : at::Tensor());
+    run_train_batch(train_buckets_[plan[static_cast<size_t>(i)].bucket], rows[i].narrow(0, first_row, share),
+                    lm_rows.defined() ? lm_rows[i].narrow(0, first_row, share) : at::Tensor());
     ++steps_done_;
+  }
+  if (group_ != nullptr) {
+    group_->all_reduce_mean_(classification_sum_, "training-loss all-reduce");
+    group_->all_reduce_mean_(lm_sum_, "training-loss all-reduce");
   }
   ++epochs_done_;
   MultiTaskEpochReport report;

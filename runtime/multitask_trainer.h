@@ -31,6 +31,10 @@
 
 namespace packtrain::runtime {
 
+namespace distributed {
+class ProcessGroup;
+}
+
 struct MultiTaskTrainerOptions {
   /// Example: MultiTaskTrainerOptions().model(PackedTransformerOptions().width(256)).batch_size(32)
   TORCH_ARG(ensemble::PackedTransformerOptions, model) = {};
@@ -90,6 +94,12 @@ class MultiTaskTrainer {
   int64_t epochs_done() const { return epochs_done_; }
   int64_t steps_done() const { return steps_done_; }
 
+  // Data parallel (CPU, Gloo; call before training): batch_size() is the global
+  // batch, each rank trains on its equal share of every batch, gradients are
+  // averaged across ranks before each update, rank 0's weights are broadcast now.
+  // The group must outlive the trainer.
+  void set_process_group(distributed::ProcessGroup* group);
+
   // Tokenizes and uploads the training sentences (once); returns how many were
   // truncated to the longest bucket.
   int64_t set_training_data(const LabelledTexts& train);
@@ -140,6 +150,7 @@ class MultiTaskTrainer {
   at::Tensor confusion_, lm_nll_sum_, lm_tokens_;  // eval accumulators on the device
   int64_t epochs_done_ = 0, steps_done_ = 0;
   std::string last_decode_mode_;
+  distributed::ProcessGroup* group_ = nullptr;
 };
 
 }  // namespace packtrain::runtime

@@ -16,6 +16,8 @@
 #include <torch/csrc/cuda/nccl.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -131,9 +133,54 @@ struct ProfileArgs {
   bool eager = false;
   bool json = false;
   std::string trace;
+  bool collectives = false;
+  int64_t collective_repeats = 20;
 };
 
+// All-reduce time against message size over this run's process group (launch it
+// with packtrain launch / torchrun): the measured half of the data-parallel scaling
+// model in benchmarks/RESULTS.md. Median of `repeats` timed calls per size.
+int run_collectives_profile(const ProfileArgs& args) {
+  using namespace runtime::distributed;
+  const RankInfo info = rank_info_from_environment();
+  auto group = ProcessGroup::join(info, collective_timeout());
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t bytes = 4 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
+    at::Tensor t = at::ones({bytes / 4}, at::kFloat);
+    for (int i = 0; i < 3; ++i) group->all_reduce_mean_(t);  // warm-up: connections, buffers
+    std::vector<double> us;
+    for (int64_t r = 0; r < args.collective_repeats; ++r) {
+      group->barrier();
+      const auto start = std::chrono::steady_clock::now();
+      group->all_reduce_mean_(t);
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(us.begin(), us.end());
+    const double median = us[us.size() / 2];
+    // Ring all-reduce moves 2 (W-1)/W of the buffer through each rank's link.
+    const double W = static_cast<double>(info.world_size);
+    const double bus_gb_s = W > 1 ? 2 * (W - 1) / W * static_cast<double>(bytes) / (median * 1e-6) / 1e9 : 0;
+    rows.push_back({{"bytes", bytes}, {"median_us", median}, {"bus_bandwidth_gb_s", bus_gb_s}});
+  }
+  if (info.rank != 0) return 0;
+  const nlohmann::json out = {{"world_size", info.world_size}, {"backend", "gloo"}, {"device", "cpu"},
+                              {"repeats", args.collective_repeats}, {"allreduce", rows}};
+  if (args.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  fmt::print("all-reduce (mean, float32) over {} ranks, Gloo on CPU, median of {}:\n", info.world_size,
+             args.collective_repeats);
+  fmt::print("{:>12} {:>12} {:>16}\n", "bytes", "median us", "bus GB/s");
+  for (const auto& r : rows) {
+    fmt::print("{:>12} {:>12.1f} {:>16.3f}\n", r["bytes"].get<int64_t>(), r["median_us"].get<double>(),
+               r["bus_bandwidth_gb_s"].get<double>());
+  }
+  return 0;
+}
+
 int run_profile(const ProfileArgs& args) {
+  if (args.collectives) return run_collectives_profile(args);
   runtime::ProfileRequest request;
   request.workload = runtime::WorkloadOptions()
                          .members(args.members)
@@ -186,6 +233,12 @@ void add_info_commands(CLI::App& app, int& status) {
   profile->add_flag("--eager", p->eager, "Profile the eager step")->excludes(graph_flag);
   profile->add_flag("--json", p->json, "Print the report as JSON on stdout");
   profile->add_option("--trace", p->trace, "Also write the profiled path's ranges as Chrome trace JSON to this file");
+  profile->add_flag("--collectives", p->collectives,
+                    "Instead: time all-reduces of 4 KiB to 64 MiB over this run's ranks (start it with packtrain "
+                    "launch or torchrun)");
+  profile->add_option("--repeats", p->collective_repeats, "Timed all-reduces per size (with --collectives)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   profile->callback([p, &status] { status = run_profile(*p); });
 }
 

@@ -10,6 +10,7 @@
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/commands.h"
 #include "runtime/data_error.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/labelled_texts.h"
 #include "runtime/multitask_trainer.h"
 
@@ -60,7 +61,14 @@ struct RunFiles {
 // Trains epochs until `files.epochs` are done (a checkpoint after each, Ctrl-C ends
 // after the current one), then reports dev metrics. Returns 0, or 130 if interrupted.
 int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const runtime::LabelledTexts& dev,
-               int64_t truncated, const MultiTaskTrainArgs& a) {
+               int64_t truncated, MultiTaskTrainArgs a, const runtime::distributed::ProcessGroup* group) {
+  // In a data-parallel run every rank trains; rank 0 alone reports and writes files.
+  const bool primary = group == nullptr || group->rank() == 0;
+  if (!primary) {
+    a.quiet = true;
+    a.json = false;
+    a.log.clear();
+  }
   std::FILE* log = a.log.empty() ? nullptr : std::fopen(a.log.c_str(), "a");
   if (!a.log.empty() && log == nullptr) throw UsageError("cannot open log file " + a.log);
   const auto say = [&](const std::string& line) {
@@ -77,6 +85,10 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
                   trainer.steps_per_epoch(),
                   options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
                   device.str(), options.capture() && device.is_cuda() ? ", captured" : ""));
+  if (group != nullptr) {
+    say(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank", group->world_size(),
+                    group->info().source, options.batch_size(), options.batch_size() / group->world_size()));
+  }
   if (truncated > 0) {
     say(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)", truncated,
                     options.buckets().back()));
@@ -92,7 +104,7 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
   int status = 0;
   while (trainer.epochs_done() < files.epochs) {
     const runtime::MultiTaskEpochReport r = trainer.train_epoch();
-    trainer.save(a.out, extra);
+    if (primary) trainer.save(a.out, extra);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / static_cast<double>(r.epoch - first) * static_cast<double>(files.epochs - r.epoch);
     say(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
@@ -111,6 +123,7 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const runtime::TaskMetrics metrics = trainer.evaluate(dev);
   if (log != nullptr) std::fclose(log);
+  if (!primary) return status;
   if (a.json) {
     const nlohmann::json out = {{"train", files.train.string()}, {"dev", files.dev.string()},
                                 {"device", device.str()}, {"options", nlohmann::json::parse(runtime::to_json(options))},
@@ -126,6 +139,13 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
                trainer.epochs_done(), trainer.steps_done(), seconds, device.str(), a.out);
   }
   return status;
+}
+
+// Under torchrun, srun or packtrain launch: the run's process group (none alone).
+std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched() {
+  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
+  if (!rank.distributed()) return nullptr;
+  return runtime::distributed::ProcessGroup::join(rank, runtime::distributed::collective_timeout());
 }
 
 int run_train(const MultiTaskTrainArgs& a) {
@@ -162,8 +182,10 @@ int run_train(const MultiTaskTrainArgs& a) {
     throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", a.batch, train.size()));
   }
   runtime::MultiTaskTrainer trainer(options);
+  const auto group = join_if_launched();
+  trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
-  return train_loop(trainer, files, dev, truncated, a);
+  return train_loop(trainer, files, dev, truncated, a, group.get());
 }
 
 // Continues a run from its checkpoint: the same files, until --epochs (default: the
@@ -186,8 +208,10 @@ int run_resume(const std::string& checkpoint, int64_t epochs, MultiTaskTrainArgs
   if (a.out.empty()) a.out = checkpoint;
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
+  const auto group = join_if_launched();
+  trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
-  return train_loop(*trainer, files, dev, truncated, a);
+  return train_loop(*trainer, files, dev, truncated, a, group.get());
 }
 
 std::unique_ptr<runtime::MultiTaskTrainer> load(const std::string& checkpoint, const std::string& device) {

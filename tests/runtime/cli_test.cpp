@@ -231,6 +231,8 @@ TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
   EXPECT_THAT(info["libtorch"].get<std::string>(), HasSubstr("2.11"));
 }
 
+nlohmann::json rank0_json(const std::string& out);
+
 // A tiny multi-task run: label 1 when a sentence starts with "yes".
 constexpr const char* kTinyModel = "--width 16 --layers 1 --max-length 32 --batch 4 --device cpu -q";
 const std::string kTinyShape = std::string(kTinyModel) + " --heads 2 --buckets 16,32";
@@ -290,6 +292,23 @@ TEST_F(Cli, MultitaskResumeEqualsTheUninterruptedRunAndConfigFilesWork) {
   const Result done = run("multitask resume " + path("a.ckpt") + " --epochs 3");
   EXPECT_EQ(done.status, 2);
   EXPECT_THAT(done.out, HasSubstr("is at epoch 3"));
+}
+
+TEST_F(Cli, MultitaskDataParallelEqualsOneProcessWithTheDoubledBatch) {
+  write_file(path("train.tsv"), yes_no_tsv(32));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const std::string args = "multitask train " + kTinyShape + " --epochs 2 --train " + path("train.tsv") + " --dev " +
+                           path("dev.tsv") + " --json";
+  const nlohmann::json single = run_json(args + " -o " + path("one.ckpt"));
+  const Result launched = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- " + args + " -o " +
+                                      path("two.ckpt") + " 2>/dev/null");
+  ASSERT_EQ(launched.status, 0) << launched.out;
+  const nlohmann::json parallel = rank0_json(launched.out);
+  ASSERT_TRUE(parallel.is_object() && single.is_object()) << launched.out;
+  // 2 ranks x 2 rows = one process's batch of 4 (kTinyModel's --batch 4).
+  const double a = parallel["dev_metrics"]["lm_loss"].get<double>(), b = single["dev_metrics"]["lm_loss"].get<double>();
+  EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
+  EXPECT_EQ(parallel["dev_metrics"]["accuracy"], single["dev_metrics"]["accuracy"]);
 }
 
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
