@@ -54,7 +54,7 @@ std::vector<at::Tensor> standalone_in_pack_layout(const torch::nn::Sequential& s
 torch::nn::Sequential make_standalone_mlp(const PackedMLPOptions& options, int64_t member) {
   options.validate();
   TORCH_CHECK(member >= 0, "member index must be >= 0, got ", member);
-  torch::manual_seed(member_seed(options.seed(), member));
+  torch::manual_seed(member_seed(options.seed(), options.first_member() + member));
   torch::nn::Sequential seq = empty_standalone(options);
   seq->to(options.device(), options.dtype());
   return seq;

@@ -30,6 +30,7 @@ Activation parse_activation(std::string_view name) {
 
 void PackedMLPOptions::validate() const {
   TORCH_CHECK(members() > 0, "members must be positive, got members=", members());
+  TORCH_CHECK(first_member() >= 0, "first_member must be >= 0, got ", first_member());
   TORCH_CHECK(in_features() > 0, "in_features must be positive, got ", in_features());
   TORCH_CHECK(out_features() > 0, "out_features must be positive, got ", out_features());
   TORCH_CHECK(depth() >= 0, "depth (hidden layers) must be >= 0, got ", depth());
@@ -105,7 +106,7 @@ at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {
   // seeding the default generator (torch::nn::Linear::reset_parameters):
   // weight (O, I) ~ U(-b, b) with b = sqrt(3) * gain(leaky_relu, sqrt(5)) / sqrt(I),
   // then bias (O) ~ U(-1/sqrt(I), 1/sqrt(I)). LayerNorm starts at ones and zeros.
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, member));
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + member));
   at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const ParameterSpec& spec = parameters_.spec(i);

@@ -37,7 +37,10 @@ struct PackedMLPOptions {
   TORCH_ARG(Activation, activation) = Activation::kReLU;
   TORCH_ARG(bool, layer_norm) = false;         // LayerNorm after each hidden Linear
   TORCH_ARG(double, dropout) = 0.0;            // after each hidden activation, in training mode
-  TORCH_ARG(uint64_t, seed) = 0;               // member i draws from member_seed(seed, i)
+  TORCH_ARG(uint64_t, seed) = 0;               // member i draws from member_seed(seed, first_member + i)
+  // The global index of member 0: a shard of a bigger ensemble (member parallel)
+  // holds members first_member .. first_member + K - 1 of it, initialized as there.
+  TORCH_ARG(int64_t, first_member) = 0;
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
 

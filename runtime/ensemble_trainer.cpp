@@ -114,6 +114,7 @@ void EnsembleTrainer::build_model(int64_t in_features) {
                                                      .layer_norm(options_.layer_norm())
                                                      .dropout(options_.dropout())
                                                      .seed(options_.seed())
+                                                     .first_member(options_.first_member())
                                                      .device(options_.device()));
   model_->train(false);
   members_.assign(options_.members(), MemberState{});
@@ -429,14 +430,34 @@ EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
   } else {
     out.member_mean = raw.squeeze(2) * y_std + y_mean;
   }
-  const at::Tensor means = out.member_mean.index_select(0, inc);
-  out.mean = means.mean(0);
-  out.spread = means.std(0, /*unbiased=*/false);
-  const at::Tensor second = out.member_variance.defined()
-                                ? (out.member_variance.index_select(0, inc) + means.square()).mean(0)
+  return combine_regression_members(std::move(out));
+}
+
+EnsemblePrediction combine_regression_members(EnsemblePrediction p) {
+  TORCH_CHECK(!p.included.empty(), "every member diverged: no usable member to predict with");
+  const at::Tensor inc = at::tensor(p.included, at::kLong);
+  const at::Tensor means = p.member_mean.index_select(0, inc);
+  p.mean = means.mean(0);
+  p.spread = means.std(0, /*unbiased=*/false);
+  const at::Tensor second = p.member_variance.defined()
+                                ? (p.member_variance.index_select(0, inc) + means.square()).mean(0)
                                 : means.square().mean(0);
-  out.variance = (second - out.mean.square()).clamp_min(0);
-  return out;
+  p.variance = (second - p.mean.square()).clamp_min(0);
+  return p;
+}
+
+EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y) {
+  EnsembleMetrics m;
+  const at::Tensor target = y.reshape({-1}).to(at::kDouble);
+  for (int64_t k = 0; k < p.member_mean.size(0); ++k) {
+    Metrics r;
+    r.rmse = rmse(p.member_mean[k], target);
+    if (p.member_variance.defined()) r.nll = gaussian_nll(p.member_mean[k], p.member_variance[k], target);
+    m.members.push_back(r);
+  }
+  m.ensemble.rmse = rmse(p.mean, target);
+  m.ensemble.nll = gaussian_nll(p.mean, p.variance, target);
+  return m;
 }
 
 EnsembleMetrics EnsembleTrainer::evaluate(const at::Tensor& x, const at::Tensor& y) const {
@@ -455,16 +476,7 @@ EnsembleMetrics EnsembleTrainer::evaluate(const at::Tensor& x, const at::Tensor&
     m.ensemble = metrics(p.probabilities);
     return m;
   }
-  const at::Tensor target = y.reshape({-1}).to(at::kDouble);
-  for (int64_t k = 0; k < options_.members(); ++k) {
-    Metrics r;
-    r.rmse = rmse(p.member_mean[k], target);
-    if (p.member_variance.defined()) r.nll = gaussian_nll(p.member_mean[k], p.member_variance[k], target);
-    m.members.push_back(r);
-  }
-  m.ensemble.rmse = rmse(p.mean, target);
-  m.ensemble.nll = gaussian_nll(p.mean, p.variance, target);
-  return m;
+  return regression_metrics(p, y);
 }
 
 // --- checkpoints ---------------------------------------------------------------

@@ -85,6 +85,13 @@ struct EnsemblePrediction {
   at::Tensor predicted;             // (N) original label values (float64)
 };
 
+// The mixture statistics (mean, spread, variance) of regression members' predictions
+// (member_mean, member_variance when Gaussian, included): how predict() combines its
+// members, and how member-parallel ranks combine members gathered from all shards.
+EnsemblePrediction combine_regression_members(EnsemblePrediction members);
+// Per-member and ensemble RMSE / Gaussian NLL of a combined prediction against y (N).
+EnsembleMetrics regression_metrics(const EnsemblePrediction& prediction, const at::Tensor& y);
+
 class EnsembleTrainer {
  public:
   explicit EnsembleTrainer(EnsembleTrainerOptions options);

@@ -39,6 +39,7 @@ OptimizerKind parse_optimizer(std::string_view name) {
 
 void EnsembleTrainerOptions::validate() const {
   TORCH_CHECK(members() > 0, "members must be positive, got ", members());
+  TORCH_CHECK(first_member() >= 0, "first_member must be >= 0, got ", first_member());
   TORCH_CHECK(hidden() > 0, "hidden must be positive, got ", hidden());
   TORCH_CHECK(depth() >= 0, "depth must be >= 0, got ", depth());
   TORCH_CHECK(dropout() >= 0 && dropout() < 1, "dropout must be in [0, 1), got ", dropout());
@@ -78,6 +79,7 @@ std::string to_json(const EnsembleTrainerOptions& o) {
       {"restore_best", o.restore_best()},
       {"min_variance", o.min_variance()},
       {"seed", o.seed()},
+      {"first_member", o.first_member()},
       {"device", o.device().str()},
       {"capture", o.capture()},
       {"unroll", o.unroll()},
@@ -114,6 +116,7 @@ EnsembleTrainerOptions options_from_json(const std::string& text) {
   o.order(graphs::parse_batch_order(str("order"))).patience(i64("patience")).restore_best(flag("restore_best"));
   o.min_variance(f64("min_variance")).seed(get("seed", static_cast<uint64_t*>(nullptr)));
   o.device(c10::Device(str("device"))).capture(flag("capture")).unroll(i64("unroll"));
+  if (j.contains("first_member")) o.first_member(i64("first_member"));  // absent before member parallel
   o.validate();
   return o;
 }

@@ -58,6 +58,7 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(bool, restore_best) = true;
   TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
   TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too
+  TORCH_ARG(int64_t, first_member) = 0;    // member parallel: this shard's members start at this global index
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
   TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
   TORCH_ARG(int64_t, unroll) = kDefaultUnroll;  // training steps per graph replay

@@ -11,8 +11,11 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 namespace packtrain::cli {
 
@@ -125,7 +128,79 @@ struct EvaluateCommand {
   DataArgs format;
 };
 
+// A member-parallel run's manifest (train --member-parallel --checkpoint F): the
+// shards' files and member ranges, or nothing when `path` is an ordinary checkpoint.
+std::optional<nlohmann::json> member_parallel_manifest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || in.peek() != '{') return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("format", "") != "packtrain-member-parallel-1") {
+    throw runtime::DataError(path + ": not a packtrain checkpoint or member-parallel manifest");
+  }
+  return j;
+}
+
+// Evaluates all shards of a member-parallel run in this process (any number of
+// ranks trained it): every shard's members predict, the ensemble combines them all.
+int run_evaluate_shards(const EvaluateCommand& c, const nlohmann::json& manifest) {
+  const std::filesystem::path dir = std::filesystem::path(c.checkpoint).parent_path();
+  std::vector<std::pair<LoadedModel, int64_t>> shards;  // model, first member
+  for (const auto& shard : manifest.at("shards")) {
+    shards.emplace_back(load_model((dir / shard.at("file").get<std::string>()).string(), c.device),
+                        shard.at("first_member").get<int64_t>());
+  }
+  const LoadedModel& first = shards.front().first;
+  at::Tensor x, y;
+  std::string what;
+  if (c.input.empty()) {
+    const SplitData data = load_split_data(first.run.data);
+    const runtime::Dataset test = data.test();
+    if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
+    x = test.features;
+    y = test.targets;
+    what = data.description + ", test rows";
+  } else {
+    const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+    const at::Tensor xy = table.numeric(model_columns(table, first, /*with_target=*/true));
+    x = xy.narrow(1, 0, xy.size(1) - 1);
+    y = xy.narrow(1, xy.size(1) - 1, 1);
+    what = c.input;
+  }
+  const int64_t K = manifest.at("members").get<int64_t>(), N = x.size(0);
+  runtime::EnsemblePrediction all;
+  all.member_mean = at::zeros({K, N}, at::kDouble);
+  for (auto& [model, offset] : shards) {
+    const runtime::EnsemblePrediction p = model.trainer->predict(x);
+    all.member_mean.narrow(0, offset, p.member_mean.size(0)).copy_(p.member_mean);
+    if (p.member_variance.defined()) {
+      if (!all.member_variance.defined()) all.member_variance = at::zeros({K, N}, at::kDouble);
+      all.member_variance.narrow(0, offset, p.member_variance.size(0)).copy_(p.member_variance);
+    }
+    for (int64_t k : p.included) all.included.push_back(offset + k);
+  }
+  const runtime::EnsembleMetrics metrics = runtime::regression_metrics(runtime::combine_regression_members(all), y);
+  nlohmann::json members = nlohmann::json::array();
+  for (size_t k = 0; k < metrics.members.size(); ++k) {
+    members.push_back({{"member", k}, {"rmse", metrics.members[k].rmse}, {"nll", metrics.members[k].nll}});
+  }
+  if (c.json) {
+    std::cout << nlohmann::json{{"data", what}, {"rows", N}, {"shards", shards.size()}, {"members", members},
+                                {"ensemble", {{"rmse", metrics.ensemble.rmse}, {"nll", metrics.ensemble.nll}}}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  fmt::print("Metrics on {} ({} rows, original units), {} members from {} shards:\n", what, N, K, shards.size());
+  for (const auto& m : members) {
+    fmt::print("  member {:>3}  RMSE {:.4f}  NLL {:.4f}\n", m["member"].get<int64_t>(), m["rmse"].get<double>(),
+               m["nll"].get<double>());
+  }
+  fmt::print("  ensemble    RMSE {:.4f}  NLL {:.4f}\n", metrics.ensemble.rmse, metrics.ensemble.nll);
+  return 0;
+}
+
 int run_evaluate(const EvaluateCommand& c) {
+  if (const auto manifest = member_parallel_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
   const LoadedModel m = load_model(c.checkpoint, c.device);
   at::Tensor x, y;
   std::string what;

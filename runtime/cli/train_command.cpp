@@ -6,6 +6,7 @@
 #include "runtime/cli/metrics_report.h"
 #include "runtime/cli/progress.h"
 #include "runtime/cli/trainer_args.h"
+#include "runtime/checkpoint_file.h"
 #include "runtime/cpu_memory.h"
 #include "runtime/data_error.h"
 #include "runtime/distributed/process_group.h"
@@ -147,7 +148,114 @@ struct TrainCommand {
   DataArgs data;
   TrainerArgs trainer;
   SessionArgs session;
+  bool member_parallel = false;
 };
+
+// Member parallel: the ensemble's members split across the ranks (contiguous
+// shards, sizes differing by at most one), each rank training its own with no
+// gradient traffic; test predictions gathered for the ensemble statistics; a
+// checkpoint per shard, then a manifest naming them, written last by rank 0.
+int run_member_parallel(const TrainCommand& c) {
+  using namespace runtime::distributed;
+  const RankInfo rank = rank_info_from_environment();
+  if (!rank.distributed()) {
+    throw UsageError("--member-parallel splits the members across the ranks of a multi-process run: start it with "
+                     "packtrain launch, torchrun or srun");
+  }
+  runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
+  if (options.head() == runtime::Head::kClassification) {
+    throw UsageError("--member-parallel supports the regression heads (mean, gaussian) for now");
+  }
+  const int64_t K = options.members(), W = rank.world_size, r = rank.rank;
+  if (K < W) throw UsageError(fmt::format("--member-parallel: {} members cannot be split over {} ranks", K, W));
+  const int64_t count = K / W + (r < K % W ? 1 : 0), first = r * (K / W) + std::min(r, K % W);
+  options.members(count).first_member(first);
+  std::vector<std::string> log_lines;
+  SessionArgs s = c.session;
+  const bool primary = r == 0;
+  if (!primary) {
+    s = SessionArgs();
+    s.quiet = true;
+  }
+  options.log(graph_log(s, log_lines));
+  auto group = ProcessGroup::join(rank, collective_timeout());
+  const SplitData data = load_split_data(c.data);
+  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  runtime::EnsembleTrainer trainer(options);
+  const runtime::Dataset train = data.train(), val = data.validation();
+  trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
+                  val.features.size(0) > 0 ? val.targets : at::Tensor());
+  Progress progress(!s.quiet && !s.json, s.log);
+  progress.note(fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
+                            "gradient traffic",
+                            K, W, rank.source, first, first + count - 1));
+  trainer.train([&](const runtime::EpochReport& report) {
+    progress.epoch(report, count);
+    return true;
+  });
+  progress.finish();
+  const std::string checkpoint = c.session.checkpoint;
+  if (!checkpoint.empty()) {
+    const std::string shard = fmt::format("{}.shard-{}-of-{}", checkpoint, r, W);
+    trainer.save(shard, to_json(RunDescription{c.data, data.all.feature_names, data.all.target_name}));
+    group->barrier();  // every shard is on disk before the manifest that commits them
+    if (primary) {
+      nlohmann::json shards = nlohmann::json::array();
+      for (int64_t i = 0; i < W; ++i) {
+        const int64_t n = K / W + (i < K % W ? 1 : 0);
+        shards.push_back({{"file", fmt::format("{}.shard-{}-of-{}", std::filesystem::path(checkpoint).filename().string(),
+                                               i, W)},
+                          {"first_member", i * (K / W) + std::min(i, K % W)},
+                          {"members", n}});
+      }
+      runtime::write_file_atomically(
+          checkpoint, nlohmann::json{{"format", "packtrain-member-parallel-1"}, {"members", K}, {"shards", shards}}.dump(1));
+    }
+  }
+  // Gather every member's test predictions: each rank fills its rows, a sum does the rest.
+  const runtime::Dataset test = data.test();
+  if (test.features.size(0) == 0) return 0;
+  const runtime::EnsemblePrediction mine = trainer.predict(test.features);
+  const int64_t N = test.features.size(0);
+  at::Tensor means = at::zeros({K, N}, at::kDouble), variances = at::zeros({K, N}, at::kDouble);
+  at::Tensor usable = at::zeros({K}, at::kDouble);
+  means.narrow(0, first, count).copy_(mine.member_mean);
+  if (mine.member_variance.defined()) variances.narrow(0, first, count).copy_(mine.member_variance);
+  for (int64_t k : mine.included) usable[first + k] = 1.0;
+  group->all_reduce_sum_(means, "prediction gather");
+  group->all_reduce_sum_(variances, "prediction gather");
+  group->all_reduce_sum_(usable, "prediction gather");
+  if (!primary) return 0;
+  runtime::EnsemblePrediction all;
+  all.member_mean = means;
+  if (mine.member_variance.defined()) all.member_variance = variances;
+  for (int64_t k = 0; k < K; ++k) {
+    if (usable[k].item<double>() > 0) all.included.push_back(k);
+  }
+  const runtime::EnsembleMetrics metrics =
+      runtime::regression_metrics(runtime::combine_regression_members(std::move(all)), test.targets);
+  nlohmann::json members = nlohmann::json::array();
+  for (size_t k = 0; k < metrics.members.size(); ++k) {
+    members.push_back({{"member", k}, {"rmse", metrics.members[k].rmse}, {"nll", metrics.members[k].nll}});
+  }
+  if (s.json) {
+    std::cout << nlohmann::json{{"command", "train"}, {"member_parallel", {{"ranks", W}, {"members", K}}},
+                                {"members", members},
+                                {"ensemble", {{"rmse", metrics.ensemble.rmse}, {"nll", metrics.ensemble.nll}}},
+                                {"checkpoint", checkpoint}, {"test_rows", N}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  fmt::print("Test metrics ({} rows, original units), {} members gathered from {} ranks:\n", N, K, W);
+  for (const auto& m : members) {
+    fmt::print("  member {:>3}  RMSE {:.4f}  NLL {:.4f}\n", m["member"].get<int64_t>(), m["rmse"].get<double>(),
+               m["nll"].get<double>());
+  }
+  fmt::print("  ensemble    RMSE {:.4f}  NLL {:.4f}\n", metrics.ensemble.rmse, metrics.ensemble.nll);
+  if (!checkpoint.empty()) fmt::print("Checkpoint manifest: {} ({} shards)\n", checkpoint, W);
+  return 0;
+}
 
 // Under torchrun, srun or packtrain launch: joins the run's process group and makes
 // the trainer data-parallel over it; one process: no group.
@@ -160,6 +268,7 @@ std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched(runtime::En
 }
 
 int run_train(const TrainCommand& c) {
+  if (c.member_parallel) return run_member_parallel(c);
   std::vector<std::string> log_lines;
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
   options.log(graph_log(c.session, log_lines));
@@ -214,6 +323,10 @@ void add_train_commands(CLI::App& app, int& status) {
   add_data_options(t, train->data);
   add_trainer_options(t, train->trainer);
   add_session_options(t, train->session);
+  t->add_flag("--member-parallel", train->member_parallel,
+              "Under packtrain launch / torchrun / srun: split the members across the ranks (no gradient traffic), "
+              "gather the test predictions; --checkpoint writes one file per shard and then a manifest")
+      ->group("Multi-process");
   t->callback([train, &status] { status = run_train(*train); });
 
   auto resume = std::make_shared<ResumeCommand>();

@@ -470,6 +470,34 @@ TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
   EXPECT_THAT(bad.out, HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='soon'"));
 }
 
+TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
+  const std::string args = "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --json --quiet";
+  const nlohmann::json single = run_json(args);
+  const Result launched = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- " + args +
+                                      " --member-parallel --checkpoint " + path("mp.ckpt") + " 2>/dev/null");
+  ASSERT_EQ(launched.status, 0) << launched.out;
+  const nlohmann::json parallel = rank0_json(launched.out);
+  ASSERT_TRUE(parallel.is_object()) << launched.out;
+  // Members 0-2 on rank 0, 3-4 on rank 1, each initialized and trained as in one process.
+  ASSERT_EQ(parallel["members"].size(), 5u);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_DOUBLE_EQ(parallel["members"][k]["rmse"].get<double>(), single["members"][k]["rmse"].get<double>())
+        << "member " << k;
+  }
+  EXPECT_DOUBLE_EQ(parallel["ensemble"]["rmse"].get<double>(), single["ensemble"]["rmse"].get<double>());
+  // One shard per rank, then the manifest; one process evaluates them all.
+  EXPECT_TRUE(fs::exists(path("mp.ckpt.shard-0-of-2")));
+  EXPECT_TRUE(fs::exists(path("mp.ckpt.shard-1-of-2")));
+  EXPECT_THAT(read_file(path("mp.ckpt")), HasSubstr("packtrain-member-parallel-1"));
+  const nlohmann::json evaluated = run_json("evaluate " + path("mp.ckpt") + " --json --device cpu");
+  ASSERT_TRUE(evaluated.is_object());
+  EXPECT_EQ(evaluated["shards"], 2);
+  EXPECT_DOUBLE_EQ(evaluated["ensemble"]["rmse"].get<double>(), single["ensemble"]["rmse"].get<double>());
+  const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu");
+  EXPECT_EQ(alone.status, 2);
+  EXPECT_THAT(alone.out, HasSubstr("multi-process run"));
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
