@@ -224,8 +224,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
             at::Tensor gradients = model_->parameters().flat_grad();
             // One all-reduce of the flat buffer per step; a dead or stuck peer ends it
             // with an error naming the step, after the group's timeout at most.
-            group_->all_reduce_mean_(gradients,
-                                     "gradient all-reduce at step " + std::to_string(steps_->steps_taken() + 1));
+            group_->all_reduce_mean_(gradients, "gradient all-reduce", steps_->steps_taken() + 1);
           })
                                    : ensemble::GradientHook()));
   if (options_.schedule() != ensemble::LrScheduleKind::kConstant) {

@@ -155,7 +155,7 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
             {options_.classification_weight(), options_.lm_weight()},
             group_ == nullptr ? ensemble::GradientHook() : ensemble::GradientHook([this] {
               at::Tensor gradients = model_->parameters().flat_grad();
-              group_->all_reduce_mean_(gradients, "gradient all-reduce at step " + std::to_string(steps_done_ + 1));
+              group_->all_reduce_mean_(gradients, "gradient all-reduce", steps_done_ + 1);
             }));
         classification_sum_.add_(losses.classification);
         lm_sum_.add_(losses.language_model);

@@ -47,4 +47,20 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
   return {{"members", members}, {"ensemble", one(m.ensemble)}};
 }
 
+nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics) {
+  nlohmann::json members = nlohmann::json::array();
+  for (size_t k = 0; k < metrics.members.size(); ++k) {
+    members.push_back({{"member", k}, {"rmse", metrics.members[k].rmse}, {"nll", metrics.members[k].nll}});
+  }
+  return {{"members", members}, {"ensemble", {{"rmse", metrics.ensemble.rmse}, {"nll", metrics.ensemble.nll}}}};
+}
+
+void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, const std::string& title) {
+  fmt::print("{}:\n", title);
+  for (size_t k = 0; k < metrics.members.size(); ++k) {
+    fmt::print("  member {:>3}  RMSE {:.4f}  NLL {:.4f}\n", k, metrics.members[k].rmse, metrics.members[k].nll);
+  }
+  fmt::print("  ensemble    RMSE {:.4f}  NLL {:.4f}\n", metrics.ensemble.rmse, metrics.ensemble.nll);
+}
+
 }  // namespace packtrain::cli

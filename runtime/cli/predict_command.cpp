@@ -128,6 +128,25 @@ struct EvaluateCommand {
   DataArgs format;
 };
 
+// The rows `evaluate` scores: the run's own test rows, or a table with features and
+// target (columns matched to the model `m`).
+struct EvaluationRows {
+  at::Tensor x, y;
+  std::string what;
+};
+
+EvaluationRows evaluation_rows(const EvaluateCommand& c, const LoadedModel& m) {
+  if (c.input.empty()) {  // the checkpoint's own test rows
+    const SplitData data = load_split_data(m.run.data);
+    const runtime::Dataset test = data.test();
+    if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
+    return {test.features, test.targets, data.description + ", test rows"};
+  }
+  const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+  const at::Tensor xy = table.numeric(model_columns(table, m, /*with_target=*/true));
+  return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input};
+}
+
 // A member-parallel run's manifest (train --member-parallel --checkpoint F): the
 // shards' files and member ranges, or nothing when `path` is an ordinary checkpoint.
 std::optional<nlohmann::json> member_parallel_manifest(const std::string& path) {
@@ -149,23 +168,7 @@ int run_evaluate_shards(const EvaluateCommand& c, const nlohmann::json& manifest
     shards.emplace_back(load_model((dir / shard.at("file").get<std::string>()).string(), c.device),
                         shard.at("first_member").get<int64_t>());
   }
-  const LoadedModel& first = shards.front().first;
-  at::Tensor x, y;
-  std::string what;
-  if (c.input.empty()) {
-    const SplitData data = load_split_data(first.run.data);
-    const runtime::Dataset test = data.test();
-    if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
-    x = test.features;
-    y = test.targets;
-    what = data.description + ", test rows";
-  } else {
-    const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
-    const at::Tensor xy = table.numeric(model_columns(table, first, /*with_target=*/true));
-    x = xy.narrow(1, 0, xy.size(1) - 1);
-    y = xy.narrow(1, xy.size(1) - 1, 1);
-    what = c.input;
-  }
+  const auto [x, y, what] = evaluation_rows(c, shards.front().first);
   const int64_t K = manifest.at("members").get<int64_t>(), N = x.size(0);
   runtime::EnsemblePrediction all;
   all.member_mean = at::zeros({K, N}, at::kDouble);
@@ -179,45 +182,23 @@ int run_evaluate_shards(const EvaluateCommand& c, const nlohmann::json& manifest
     for (int64_t k : p.included) all.included.push_back(offset + k);
   }
   const runtime::EnsembleMetrics metrics = runtime::regression_metrics(runtime::combine_regression_members(all), y);
-  nlohmann::json members = nlohmann::json::array();
-  for (size_t k = 0; k < metrics.members.size(); ++k) {
-    members.push_back({{"member", k}, {"rmse", metrics.members[k].rmse}, {"nll", metrics.members[k].nll}});
-  }
   if (c.json) {
-    std::cout << nlohmann::json{{"data", what}, {"rows", N}, {"shards", shards.size()}, {"members", members},
-                                {"ensemble", {{"rmse", metrics.ensemble.rmse}, {"nll", metrics.ensemble.nll}}}}
-                     .dump(2)
-              << "\n";
+    nlohmann::json out = gathered_metrics_json(metrics);
+    out["data"] = what;
+    out["rows"] = N;
+    out["shards"] = shards.size();
+    std::cout << out.dump(2) << "\n";
     return 0;
   }
-  fmt::print("Metrics on {} ({} rows, original units), {} members from {} shards:\n", what, N, K, shards.size());
-  for (const auto& m : members) {
-    fmt::print("  member {:>3}  RMSE {:.4f}  NLL {:.4f}\n", m["member"].get<int64_t>(), m["rmse"].get<double>(),
-               m["nll"].get<double>());
-  }
-  fmt::print("  ensemble    RMSE {:.4f}  NLL {:.4f}\n", metrics.ensemble.rmse, metrics.ensemble.nll);
+  print_gathered_metrics(metrics, fmt::format("Metrics on {} ({} rows, original units), {} members from {} shards",
+                                              what, N, K, shards.size()));
   return 0;
 }
 
 int run_evaluate(const EvaluateCommand& c) {
   if (const auto manifest = member_parallel_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
   const LoadedModel m = load_model(c.checkpoint, c.device);
-  at::Tensor x, y;
-  std::string what;
-  if (c.input.empty()) {  // the checkpoint's own test rows
-    const SplitData data = load_split_data(m.run.data);
-    const runtime::Dataset test = data.test();
-    if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
-    x = test.features;
-    y = test.targets;
-    what = data.description + ", test rows";
-  } else {
-    const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
-    const at::Tensor xy = table.numeric(model_columns(table, m, /*with_target=*/true));
-    x = xy.narrow(1, 0, xy.size(1) - 1);
-    y = xy.narrow(1, xy.size(1) - 1, 1);
-    what = c.input;
-  }
+  const auto [x, y, what] = evaluation_rows(c, m);
   const runtime::EnsembleMetrics metrics = m.trainer->evaluate(x, y);
   if (c.json) {
     nlohmann::json out = metrics_json(*m.trainer, metrics);

@@ -234,25 +234,17 @@ int run_member_parallel(const TrainCommand& c) {
   }
   const runtime::EnsembleMetrics metrics =
       runtime::regression_metrics(runtime::combine_regression_members(std::move(all)), test.targets);
-  nlohmann::json members = nlohmann::json::array();
-  for (size_t k = 0; k < metrics.members.size(); ++k) {
-    members.push_back({{"member", k}, {"rmse", metrics.members[k].rmse}, {"nll", metrics.members[k].nll}});
-  }
   if (s.json) {
-    std::cout << nlohmann::json{{"command", "train"}, {"member_parallel", {{"ranks", W}, {"members", K}}},
-                                {"members", members},
-                                {"ensemble", {{"rmse", metrics.ensemble.rmse}, {"nll", metrics.ensemble.nll}}},
-                                {"checkpoint", checkpoint}, {"test_rows", N}}
-                     .dump(2)
-              << "\n";
+    nlohmann::json out = gathered_metrics_json(metrics);
+    out["command"] = "train";
+    out["member_parallel"] = {{"ranks", W}, {"members", K}};
+    out["checkpoint"] = checkpoint;
+    out["test_rows"] = N;
+    std::cout << out.dump(2) << "\n";
     return 0;
   }
-  fmt::print("Test metrics ({} rows, original units), {} members gathered from {} ranks:\n", N, K, W);
-  for (const auto& m : members) {
-    fmt::print("  member {:>3}  RMSE {:.4f}  NLL {:.4f}\n", m["member"].get<int64_t>(), m["rmse"].get<double>(),
-               m["nll"].get<double>());
-  }
-  fmt::print("  ensemble    RMSE {:.4f}  NLL {:.4f}\n", metrics.ensemble.rmse, metrics.ensemble.nll);
+  print_gathered_metrics(metrics, fmt::format("Test metrics ({} rows, original units), {} members gathered from {} ranks",
+                                              N, K, W));
   if (!checkpoint.empty()) fmt::print("Checkpoint manifest: {} ({} shards)\n", checkpoint, W);
   return 0;
 }

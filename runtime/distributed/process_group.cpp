@@ -21,13 +21,14 @@ struct ProcessGroup::Impl {
 
   // Waits for `work` at most the group's timeout; a peer that died or hangs becomes
   // an error naming the collective and this rank.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int64_t step = -1) const {
     try {
       work->wait(timeout);
     } catch (const std::exception& e) {
       std::string reason = e.what();
       reason = reason.substr(0, reason.find('\n'));
-      throw CollectiveError(fmt::format("{} failed on rank {} of {} (timeout {} ms): {}", what, info.rank,
+      throw CollectiveError(fmt::format("{}{} failed on rank {} of {} (timeout {} ms): {}", what,
+                                        step >= 0 ? fmt::format(" at step {}", step) : "", info.rank,
                                         info.world_size, timeout.count(), reason));
     }
   }
@@ -82,22 +83,22 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
 
 const RankInfo& ProcessGroup::info() const { return impl_->info; }
 
-void ProcessGroup::all_reduce_sum_(at::Tensor& tensor, const std::string& what) {
+void ProcessGroup::all_reduce_sum_(at::Tensor& tensor, const char* what, int64_t step) {
   PACKTRAIN_NVTX_RANGE("allreduce");
   impl_->check_cpu(tensor, "all-reduce");
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   options.timeout = impl_->timeout;
-  impl_->wait(impl_->backend->allreduce(tensors, options), what);
+  impl_->wait(impl_->backend->allreduce(tensors, options), what, step);
 }
 
-void ProcessGroup::all_reduce_mean_(at::Tensor& tensor, const std::string& what) {
-  all_reduce_sum_(tensor, what);
+void ProcessGroup::all_reduce_mean_(at::Tensor& tensor, const char* what, int64_t step) {
+  all_reduce_sum_(tensor, what, step);
   tensor.div_(static_cast<double>(world_size()));
 }
 
-void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root, const std::string& what) {
+void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root, const char* what) {
   PACKTRAIN_NVTX_RANGE("broadcast");
   impl_->check_cpu(tensor, "broadcast");
   std::vector<at::Tensor> tensors{tensor};

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <memory>
 #include <stdexcept>
-#include <string>
 
 namespace packtrain::runtime::distributed {
 
@@ -38,12 +37,13 @@ class ProcessGroup {
   int64_t world_size() const { return info().world_size; }
 
   // In place, over all ranks (CPU tensors): the element-wise sum, or the mean.
-  // `what` names the operation in the error a failed or timed-out collective raises
-  // (e.g. "gradient all-reduce at step 120").
-  void all_reduce_sum_(at::Tensor& tensor, const std::string& what = "all-reduce");
-  void all_reduce_mean_(at::Tensor& tensor, const std::string& what = "all-reduce");
+  // `what` (and `step`, when >= 0) name the operation in the error a failed or
+  // timed-out collective raises: "gradient all-reduce at step 120 failed on …".
+  // Nothing is formatted unless it fails (the gradient all-reduce runs every step).
+  void all_reduce_sum_(at::Tensor& tensor, const char* what = "all-reduce", int64_t step = -1);
+  void all_reduce_mean_(at::Tensor& tensor, const char* what = "all-reduce", int64_t step = -1);
   // In place: every rank gets `root`'s values.
-  void broadcast_(at::Tensor& tensor, int64_t root = 0, const std::string& what = "broadcast");
+  void broadcast_(at::Tensor& tensor, int64_t root = 0, const char* what = "broadcast");
   void barrier();
 
   // Whether this build can make Gloo groups (it found Gloo's headers).
