@@ -100,6 +100,7 @@ void EnsembleSteps::run_steps(int64_t steps) {
 }
 
 void EnsembleSteps::after_steps(int64_t count) {
+  if (options_.after_launch()) options_.after_launch()(steps_taken_ + 1, steps_taken_ + count);
   steps_taken_ += count;
   steps_since_readback_ += count;
   const int64_t every = options_.readback_steps() > 0 ? options_.readback_steps() : steps_per_epoch();

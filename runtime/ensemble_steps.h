@@ -24,6 +24,7 @@
 #include <torch/arg.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -50,6 +51,10 @@ struct EnsembleStepsOptions {
   TORCH_ARG(int64_t, shard_index) = 0;
   TORCH_ARG(int64_t, shard_count) = 1;
   TORCH_ARG(ensemble::GradientHook, gradient_hook) = {};
+  // Called on the host after each replay (or eager step) is enqueued, with the
+  // 1-based numbers of its first and last step: a data-parallel CUDA run registers
+  // the replay's all-reduces with its collective deadline here.
+  TORCH_ARG(std::function<void(int64_t first_step, int64_t last_step)>, after_launch) = {};
 
  public:
   void validate() const;

@@ -170,10 +170,10 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
     y_scale_ = Standardizer::fit(fy);
   }
   const int64_t world = group_ != nullptr ? group_->world_size() : 1;
-  if (world > 1) {
-    if (!options_.device().is_cpu()) {
-      throw DataError("data-parallel training runs on CPU (Gloo) for now; on CUDA it needs NCCL inside the captured "
-                      "step, which packtrain does not have yet");
+  if (group_ != nullptr) {
+    if (options_.device().is_cuda() && group_->device() != options_.device()) {
+      throw DataError("data-parallel training on " + options_.device().str() + " needs the process group joined on " +
+                      "that device (its gradients go over NCCL there); it was joined on " + group_->device().str());
     }
     if (options_.batch_size() % world != 0) {
       throw DataError("the global batch " + std::to_string(options_.batch_size()) + " does not split into " +
@@ -182,9 +182,9 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   }
   steps_.reset();  // its graphs refer to the previous model and optimizer
   build_model(x.size(1));
-  if (world > 1) {
+  if (group_ != nullptr) {
     at::Tensor flat = model_->parameters().flat();
-    group_->broadcast_(flat, 0);  // every rank starts from rank 0's weights
+    group_->broadcast_(flat, 0, "initial-weights broadcast");  // every rank starts from rank 0's weights
   }
   data_fingerprint_ = fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options_.device());
@@ -220,13 +220,20 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
           .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
           .shard_index(group_ != nullptr ? group_->rank() : 0)
           .shard_count(world)
-          .gradient_hook(world > 1 ? ensemble::GradientHook([this] {
+          .gradient_hook(group_ != nullptr ? ensemble::GradientHook([this] {
             at::Tensor gradients = model_->parameters().flat_grad();
-            // One all-reduce of the flat buffer per step; a dead or stuck peer ends it
-            // with an error naming the step, after the group's timeout at most.
-            group_->all_reduce_mean_(gradients, "gradient all-reduce", steps_->steps_taken() + 1);
+            // One all-reduce of the flat buffer per step: Gloo on CPU (a dead or stuck
+            // peer ends it with an error naming the step, after the group's timeout at
+            // most), NCCL on the capture stream on CUDA (recorded into the graph).
+            group_->all_reduce_mean_(gradients, "gradient all-reduce", steps_->steps_taken() + step_offset_ + 1);
           })
-                                   : ensemble::GradientHook()));
+                                           : ensemble::GradientHook())
+          .after_launch(group_ != nullptr && options_.device().is_cuda()
+                            ? std::function<void(int64_t, int64_t)>([this](int64_t first, int64_t last) {
+                                // The replay's all-reduces get the group's deadline.
+                                group_->watch_device("gradient all-reduce", first + step_offset_, last + step_offset_);
+                              })
+                            : std::function<void(int64_t, int64_t)>()));
   if (options_.schedule() != ensemble::LrScheduleKind::kConstant) {
     optimizer_->set_schedule(ensemble::LrSchedule()
                                  .kind(options_.schedule())
@@ -309,7 +316,11 @@ bool EnsembleTrainer::train(const EpochCallback& on_epoch) {
 EpochReport EnsembleTrainer::run_epoch() {
   EpochReport report;
   report.steps = steps_->steps_per_epoch();
+  step_offset_ = steps_taken_ - steps_->steps_taken();  // steps of earlier sessions (resume)
   steps_->run_epoch();
+  // Data parallel on CUDA: the epoch's all-reduces completed, or an error naming the
+  // steps that missed the deadline (a blocking read below would wait forever).
+  if (group_ != nullptr) group_->wait_device("gradient all-reduce");
   // One loss report per epoch (readback every epoch); waiting here costs one
   // synchronization per epoch, which the per-member decisions below need anyway.
   const std::vector<LossReport> losses = steps_->wait_losses();

@@ -116,11 +116,13 @@ class EnsembleTrainer {
   // early stopping, epoch count. Captured graphs are kept (no re-capture).
   void reinitialize(uint64_t seed);
 
-  // Data parallel (call before prepare; CPU, Gloo): every rank trains the same
-  // members on its equal share of each global batch (batch_size() is the global
-  // batch), gradients are averaged across ranks before each update, rank 0's initial
-  // weights are broadcast, and training losses are averaged so every rank takes the
-  // same per-member decisions. The group must outlive the trainer.
+  // Data parallel (call before prepare): every rank trains the same members on its
+  // equal share of each global batch (batch_size() is the global batch), the flat
+  // gradient buffer is averaged across ranks before each update (Gloo on CPU; one
+  // NCCL call inside the captured step on CUDA, the group joined on the training
+  // device), rank 0's initial weights are broadcast, and training losses are
+  // averaged so every rank takes the same per-member decisions. World size 1 runs the
+  // same path. The group must outlive the trainer.
   void set_process_group(distributed::ProcessGroup* group) { group_ = group; }
   int64_t per_rank_batch() const;
 
@@ -181,6 +183,7 @@ class EnsembleTrainer {
   std::vector<MemberState> members_;
   int64_t epoch_ = 0;
   int64_t steps_taken_ = 0;
+  int64_t step_offset_ = 0;  // steps_taken_ minus the steps object's count (names steps in errors)
   std::vector<double> train_history_, val_history_;
   uint64_t data_fingerprint_ = 0;  // of the prepared training data; checked on restore
 };

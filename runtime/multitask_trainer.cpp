@@ -234,13 +234,14 @@ size_t MultiTaskTrainer::training_graphs() const { return train_cache_->size(); 
 size_t MultiTaskTrainer::evaluation_graphs() const { return eval_cache_->size(); }
 
 void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
-  if (group == nullptr || group->world_size() == 1) {
+  if (group == nullptr) {
     group_ = nullptr;
     return;
   }
-  if (!device_.is_cpu()) {
-    throw DataError("data-parallel multi-task training runs on CPU (Gloo) for now; on CUDA it needs NCCL inside the "
-                    "captured step, which packtrain does not have yet");
+  if (device_.is_cuda() && group->device() != device_) {
+    throw DataError(fmt::format("data-parallel training on {} needs the process group joined on that device (its "
+                                "gradients go over NCCL there); it was joined on {}",
+                                device_.str(), group->device().str()));
   }
   if (options_.batch_size() % group->world_size() != 0) {
     throw DataError(fmt::format("the global batch {} does not split into {} equal per-rank batches",
@@ -259,6 +260,8 @@ void MultiTaskTrainer::run_train_batch(const Bucket& bucket, const at::Tensor& r
     inputs.push_back(bucket.lengths.index_select(0, lm_rows));
   }
   train_cache_->run(inputs);
+  // Data parallel on CUDA: the step's all-reduce (in its graph) gets the group's deadline.
+  if (group_ != nullptr) group_->watch_device("gradient all-reduce", steps_done_ + 1, steps_done_ + 1);
 }
 
 MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
@@ -321,6 +324,7 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   if (group_ != nullptr) {
     group_->all_reduce_mean_(classification_sum_, "training-loss all-reduce");
     group_->all_reduce_mean_(lm_sum_, "training-loss all-reduce");
+    group_->wait_device("training-loss all-reduce");  // CUDA: before the reads below
   }
   ++epochs_done_;
   MultiTaskEpochReport report;

@@ -94,9 +94,10 @@ class MultiTaskTrainer {
   int64_t epochs_done() const { return epochs_done_; }
   int64_t steps_done() const { return steps_done_; }
 
-  // Data parallel (CPU, Gloo; call before training): batch_size() is the global
-  // batch, each rank trains on its equal share of every batch, gradients are
-  // averaged across ranks before each update, rank 0's weights are broadcast now.
+  // Data parallel (call before training): batch_size() is the global batch, each
+  // rank trains on its equal share of every batch, the flat gradients are averaged
+  // across ranks before each update (Gloo on CPU; NCCL inside the captured step on
+  // CUDA, the group joined on this device), rank 0's weights are broadcast now.
   // The group must outlive the trainer.
   void set_process_group(distributed::ProcessGroup* group);
 

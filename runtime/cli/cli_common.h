@@ -7,12 +7,16 @@
 
 #include <c10/core/Device.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace packtrain::runtime {
 class EnsembleTrainer;
+namespace distributed {
+class ProcessGroup;
+}
 }
 
 namespace packtrain::cli {
@@ -23,8 +27,14 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
+// "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N". In a
+// multi-process run (torchrun, srun, packtrain launch) "auto" and "cuda" mean this
+// rank's GPU, cuda:LOCAL_RANK: one GPU per process.
 c10::Device pick_device(const std::string& name);
+
+// Under torchrun, srun or packtrain launch: joins the run's process group (Gloo,
+// and NCCL on `device` when it is a GPU); a single process: nullptr.
+std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched(c10::Device device);
 
 // Where a training command's data come from and how they are split: stored in
 // checkpoints (JSON) so `resume` reloads the same rows.

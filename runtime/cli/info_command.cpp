@@ -10,6 +10,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -73,31 +74,42 @@ nlohmann::json info_json() {
 // Joins the run this process belongs to (rank_info_from_environment: torchrun,
 // Slurm or packtrain launch variables; none: one process) and checks an all-reduce
 // and a broadcast give what they must.
-nlohmann::json collectives_check() {
+nlohmann::json collectives_check(c10::Device device) {
   using namespace runtime::distributed;
   const RankInfo info = rank_info_from_environment();
-  auto group = ProcessGroup::join(info, std::chrono::seconds(60));
+  auto group = ProcessGroup::join(info, collective_timeout(), device);
   const auto W = static_cast<double>(info.world_size);
-  at::Tensor sum = at::tensor({static_cast<double>(info.rank + 1), 1.0}, at::kDouble);
-  group->all_reduce_sum_(sum);
-  at::Tensor from_root = at::full({3}, static_cast<double>(info.rank == 0 ? 42 : -1), at::kDouble);
-  group->broadcast_(from_root, 0);
+  // The same checks over Gloo (CPU tensors) and, on a GPU, over NCCL (its tensors).
+  std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
+  if (device.is_cuda()) devices.push_back(device);
+  bool all_reduce_ok = true, broadcast_ok = true;
+  for (const c10::Device d : devices) {
+    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(d);
+    at::Tensor sum = at::tensor({static_cast<double>(info.rank + 1), 1.0}, f64);
+    group->all_reduce_sum_(sum, "check all-reduce");
+    at::Tensor from_root = at::full({3}, static_cast<double>(info.rank == 0 ? 42 : -1), f64);
+    group->broadcast_(from_root, 0, "check broadcast");
+    group->wait_device("check collectives");
+    const at::Tensor s = sum.cpu();
+    all_reduce_ok = all_reduce_ok && s[0].item<double>() == W * (W + 1) / 2 && s[1].item<double>() == W;
+    broadcast_ok = broadcast_ok && (from_root.cpu() == 42).all().item<bool>();
+  }
   group->barrier();
-  const bool all_reduce_ok = sum[0].item<double>() == W * (W + 1) / 2 && sum[1].item<double>() == W;
-  const bool broadcast_ok = (from_root == 42).all().item<bool>();
   return {{"rank", info.rank}, {"world_size", info.world_size}, {"local_rank", info.local_rank},
-          {"source", info.source}, {"backend", "gloo"}, {"all_reduce_ok", all_reduce_ok},
-          {"broadcast_ok", broadcast_ok}, {"describe", info.describe()}};
+          {"source", info.source}, {"backend", group->backends()}, {"device", group->device().str()},
+          {"all_reduce_ok", all_reduce_ok}, {"broadcast_ok", broadcast_ok}, {"describe", info.describe()}};
 }
 
-int run_info(bool json, bool collectives) {
+int run_info(bool json, bool collectives, const std::string& device) {
   nlohmann::json j = info_json();
   j["gloo"] = runtime::distributed::ProcessGroup::gloo_available();
+  j["nccl_collectives"] = runtime::distributed::ProcessGroup::nccl_available();
   if (collectives) {
-    j["collectives"] = collectives_check();
+    j["collectives"] = collectives_check(pick_device(device));
     if (!json) {
       const auto& c = j["collectives"];
-      fmt::print("{}: all-reduce {}, broadcast {}\n", c["describe"].get<std::string>(),
+      fmt::print("{} ({} on {}): all-reduce {}, broadcast {}\n", c["describe"].get<std::string>(),
+                 c["backend"].get<std::string>(), c["device"].get<std::string>(),
                  c["all_reduce_ok"].get<bool>() ? "ok" : "WRONG", c["broadcast_ok"].get<bool>() ? "ok" : "WRONG");
       return c["all_reduce_ok"].get<bool>() && c["broadcast_ok"].get<bool>() ? 0 : 1;
     }
@@ -143,16 +155,28 @@ struct ProfileArgs {
 int run_collectives_profile(const ProfileArgs& args) {
   using namespace runtime::distributed;
   const RankInfo info = rank_info_from_environment();
-  auto group = ProcessGroup::join(info, collective_timeout());
+  const c10::Device device = pick_device(args.device);
+  auto group = ProcessGroup::join(info, collective_timeout(), device);
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t bytes = 4 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
-    at::Tensor t = at::ones({bytes / 4}, at::kFloat);
-    for (int i = 0; i < 3; ++i) group->all_reduce_mean_(t);  // warm-up: connections, buffers
+    at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(device));
+    for (int i = 0; i < 3; ++i) group->all_reduce_mean_(t, "warm-up all-reduce");  // connections, buffers
+    group->wait_device("warm-up all-reduce");
     std::vector<double> us;
     for (int64_t r = 0; r < args.collective_repeats; ++r) {
       group->barrier();
+      if (device.is_cuda()) {  // device time between two events around the enqueued call
+        at::cuda::CUDAEvent start(cudaEventDefault), end(cudaEventDefault);
+        const auto stream = c10::cuda::getCurrentCUDAStream(device.index());
+        start.record(stream);
+        group->all_reduce_mean_(t, "timed all-reduce");
+        end.record(stream);
+        group->wait_device("timed all-reduce");
+        us.push_back(static_cast<double>(start.elapsed_time(end)) * 1000.0);
+        continue;
+      }
       const auto start = std::chrono::steady_clock::now();
-      group->all_reduce_mean_(t);
+      group->all_reduce_mean_(t, "timed all-reduce");
       us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
     }
     std::sort(us.begin(), us.end());
@@ -163,14 +187,15 @@ int run_collectives_profile(const ProfileArgs& args) {
     rows.push_back({{"bytes", bytes}, {"median_us", median}, {"bus_bandwidth_gb_s", bus_gb_s}});
   }
   if (info.rank != 0) return 0;
-  const nlohmann::json out = {{"world_size", info.world_size}, {"backend", "gloo"}, {"device", "cpu"},
+  const std::string backend = device.is_cuda() ? "NCCL" : "Gloo";
+  const nlohmann::json out = {{"world_size", info.world_size}, {"backend", backend}, {"device", device.str()},
                               {"repeats", args.collective_repeats}, {"allreduce", rows}};
   if (args.json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  fmt::print("all-reduce (mean, float32) over {} ranks, Gloo on CPU, median of {}:\n", info.world_size,
-             args.collective_repeats);
+  fmt::print("all-reduce (mean, float32) over {} rank(s), {} on {}, median of {}{}:\n", info.world_size, backend,
+             device.str(), args.collective_repeats, device.is_cuda() ? " (device time between CUDA events)" : "");
   fmt::print("{:>12} {:>12} {:>16}\n", "bytes", "median us", "bus GB/s");
   for (const auto& r : rows) {
     fmt::print("{:>12} {:>12.1f} {:>16.3f}\n", r["bytes"].get<int64_t>(), r["median_us"].get<double>(),
@@ -214,8 +239,12 @@ void add_info_commands(CLI::App& app, int& status) {
   auto collectives = std::make_shared<bool>(false);
   info->add_flag("--collectives", *collectives,
                  "Join this process's multi-process run (torchrun, Slurm or packtrain launch variables) and check an "
-                 "all-reduce and a broadcast over Gloo");
-  info->callback([json, collectives, &status] { status = run_info(*json, *collectives); });
+                 "all-reduce and a broadcast over Gloo, and over NCCL when --device is a GPU");
+  auto device = std::make_shared<std::string>("cpu");
+  info->add_option("--device", *device, "With --collectives: cpu (Gloo only), cuda or cuda:N (NCCL too; under a "
+                                        "launcher \"cuda\" is this rank's GPU)")
+      ->capture_default_str();
+  info->callback([json, collectives, device, &status] { status = run_info(*json, *collectives, *device); });
 
   auto p = std::make_shared<ProfileArgs>();
   CLI::App* profile = app.add_subcommand(
@@ -235,7 +264,7 @@ void add_info_commands(CLI::App& app, int& status) {
   profile->add_option("--trace", p->trace, "Also write the profiled path's ranges as Chrome trace JSON to this file");
   profile->add_flag("--collectives", p->collectives,
                     "Instead: time all-reduces of 4 KiB to 64 MiB over this run's ranks (start it with packtrain "
-                    "launch or torchrun)");
+                    "launch or torchrun; alone: world size 1): Gloo on CPU, NCCL on a GPU (--device)");
   profile->add_option("--repeats", p->collective_repeats, "Timed all-reduces per size (with --collectives)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

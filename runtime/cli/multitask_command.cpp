@@ -86,8 +86,10 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
                   options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
                   device.str(), options.capture() && device.is_cuda() ? ", captured" : ""));
   if (group != nullptr) {
-    say(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank", group->world_size(),
-                    group->info().source, options.batch_size(), options.batch_size() / group->world_size()));
+    say(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
+                    "averaged over {} every step",
+                    group->world_size(), group->info().source, options.batch_size(),
+                    options.batch_size() / group->world_size(), group->backends()));
   }
   if (truncated > 0) {
     say(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)", truncated,
@@ -141,13 +143,6 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
   return status;
 }
 
-// Under torchrun, srun or packtrain launch: the run's process group (none alone).
-std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched() {
-  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
-  if (!rank.distributed()) return nullptr;
-  return runtime::distributed::ProcessGroup::join(rank, runtime::distributed::collective_timeout());
-}
-
 int run_train(const MultiTaskTrainArgs& a) {
   RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
                  a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
@@ -182,7 +177,7 @@ int run_train(const MultiTaskTrainArgs& a) {
     throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", a.batch, train.size()));
   }
   runtime::MultiTaskTrainer trainer(options);
-  const auto group = join_if_launched();
+  const auto group = join_if_launched(device);
   trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
   return train_loop(trainer, files, dev, truncated, a, group.get());
@@ -208,7 +203,7 @@ int run_resume(const std::string& checkpoint, int64_t epochs, MultiTaskTrainArgs
   if (a.out.empty()) a.out = checkpoint;
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
-  const auto group = join_if_launched();
+  const auto group = join_if_launched(trainer->options().model().device());
   trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
   return train_loop(*trainer, files, dev, truncated, a, group.get());

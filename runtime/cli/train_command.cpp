@@ -75,8 +75,9 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
   Progress progress(!s.quiet && !s.json, s.log);
   if (group != nullptr && group->world_size() > 1) {
     progress.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
-                              "over Gloo every step",
-                              group->world_size(), group->info().source, o.batch_size(), trainer.per_rank_batch()));
+                              "over {} every step",
+                              group->world_size(), group->info().source, o.batch_size(), trainer.per_rank_batch(),
+                              group->backends()));
   }
   progress.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
                             command, data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
@@ -178,7 +179,7 @@ int run_member_parallel(const TrainCommand& c) {
     s.quiet = true;
   }
   options.log(graph_log(s, log_lines));
-  auto group = ProcessGroup::join(rank, collective_timeout());
+  auto group = ProcessGroup::join(rank, collective_timeout());  // no gradients: Gloo for the gathers
   const SplitData data = load_split_data(c.data);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   runtime::EnsembleTrainer trainer(options);
@@ -249,16 +250,6 @@ int run_member_parallel(const TrainCommand& c) {
   return 0;
 }
 
-// Under torchrun, srun or packtrain launch: joins the run's process group and makes
-// the trainer data-parallel over it; one process: no group.
-std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched(runtime::EnsembleTrainer& trainer) {
-  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
-  if (!rank.distributed()) return nullptr;
-  auto group = runtime::distributed::ProcessGroup::join(rank, runtime::distributed::collective_timeout());
-  trainer.set_process_group(group.get());
-  return group;
-}
-
 int run_train(const TrainCommand& c) {
   if (c.member_parallel) return run_member_parallel(c);
   std::vector<std::string> log_lines;
@@ -270,7 +261,8 @@ int run_train(const TrainCommand& c) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::EnsembleTrainer trainer(options);
-  const auto group = join_if_launched(trainer);
+  const auto group = join_if_launched(options.device());
+  trainer.set_process_group(group.get());
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
@@ -294,7 +286,8 @@ int run_resume(ResumeCommand c) {
   const SplitData data = load_split_data(data_args);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   runtime::EnsembleTrainer trainer(options);
-  const auto group = join_if_launched(trainer);  // every rank reads the same checkpoint
+  const auto group = join_if_launched(options.device());  // every rank reads the same checkpoint
+  trainer.set_process_group(group.get());
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());

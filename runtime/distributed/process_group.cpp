@@ -2,14 +2,20 @@
 
 #include "profiling/nvtx.h"
 #include "runtime/data_error.h"
+#include "runtime/distributed/collective_watchdog.h"
+#include "runtime/distributed/nccl_communicator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(PACKTRAIN_HAVE_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
+
+#include <atomic>
 
 namespace packtrain::runtime::distributed {
 
@@ -18,6 +24,10 @@ struct ProcessGroup::Impl {
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  // CUDA groups: the communicator, and the deadline over what was enqueued on it.
+  std::unique_ptr<NcclCommunicator> nccl;
+  std::unique_ptr<CollectiveWatchdog> watchdog;
+  int64_t calls = 0;
 
   // Waits for `work` at most the group's timeout; a peer that died or hangs becomes
   // an error naming the collective and this rank.
@@ -36,7 +46,43 @@ struct ProcessGroup::Impl {
     TORCH_CHECK(t.is_cpu() && t.is_contiguous(), what, ": this process group reduces contiguous CPU tensors, got ",
                 t.device(), t.is_contiguous() ? "" : " (not contiguous)");
   }
+  NcclCommunicator& device_backend(const at::Tensor& t, const char* what) const {
+    if (nccl == nullptr) {
+      throw CollectiveError(fmt::format("{}: a {} tensor, but this process group was joined for the CPU (join it "
+                                        "with the training device to reduce CUDA tensors over NCCL)",
+                                        what, t.device().str()));
+    }
+    return *nccl;
+  }
+  std::string who() const { return fmt::format("rank {} of {}", info.rank, info.world_size); }
+  void join_nccl(c10::Device device);
 };
+
+// NCCL's rendezvous blocks until every rank arrives: the watchdog bounds it (a rank
+// that never comes ends this one after the timeout and its grace, with the reason).
+void ProcessGroup::Impl::join_nccl(c10::Device device) {
+  WatchdogOptions w;
+  w.timeout = timeout;
+  w.grace = timeout;
+  w.who = who();
+  w.on_timeout = [this] {
+    if (nccl != nullptr) nccl->abort();
+  };
+  watchdog = std::make_unique<CollectiveWatchdog>(std::move(w));
+  auto joined = std::make_shared<std::atomic<bool>>(false);
+  watchdog->watch({"NCCL communicator setup", -1, -1, [joined] { return joined->load(); }});
+  const std::string key = "packtrain/nccl-unique-id";
+  nccl = NcclCommunicator::create(info.rank, info.world_size, device, [&](const std::string& root_id) {
+    if (info.rank == 0) {
+      store->set(key, std::vector<uint8_t>(root_id.begin(), root_id.end()));
+      return root_id;
+    }
+    const std::vector<uint8_t> bytes = store->get(key);  // waits at most the store's timeout
+    return std::string(bytes.begin(), bytes.end());
+  });
+  joined->store(true);
+  watchdog->wait_all();
+}
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroup::~ProcessGroup() = default;
@@ -49,7 +95,10 @@ bool ProcessGroup::gloo_available() {
 #endif
 }
 
-std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chrono::milliseconds timeout) {
+bool ProcessGroup::nccl_available() { return NcclCommunicator::available(); }
+
+std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chrono::milliseconds timeout,
+                                                 c10::Device device) {
   auto impl = std::make_unique<Impl>();
   impl->info = info;
   impl->timeout = timeout;
@@ -78,13 +127,52 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
 #else
   throw DataError("this packtrain was built without Gloo's headers (Debian's libgloo-dev): no CPU collectives");
 #endif
+  if (device.is_cuda()) {
+    if (!NcclCommunicator::available()) {
+      throw DataError("training on " + device.str() + " across processes needs NCCL, and this packtrain was built "
+                      "without it");
+    }
+    impl->join_nccl(device);
+  }
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 
 const RankInfo& ProcessGroup::info() const { return impl_->info; }
 
+c10::Device ProcessGroup::device() const {
+  return impl_->nccl != nullptr ? impl_->nccl->device() : c10::Device(c10::kCPU);
+}
+
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+
+int64_t ProcessGroup::calls() const { return impl_->calls; }
+
+std::string ProcessGroup::backends() const { return impl_->nccl != nullptr ? "NCCL + Gloo" : "Gloo"; }
+
+void ProcessGroup::watch_device(const char* what, int64_t first_step, int64_t last_step) {
+  if (impl_->nccl == nullptr) return;
+  auto event = std::make_shared<at::cuda::CUDAEvent>();
+  event->record(c10::cuda::getCurrentCUDAStream(impl_->nccl->device().index()));
+  impl_->watchdog->watch({what, first_step, last_step, [event] { return event->query(); }});
+}
+
+void ProcessGroup::wait_device(const char* what) {
+  if (impl_->nccl == nullptr) return;
+  watch_device(what);
+  impl_->watchdog->wait_all();
+  const std::string error = impl_->nccl->async_error();
+  if (!error.empty()) {
+    throw CollectiveError(fmt::format("{} failed on {}: NCCL {}", what, impl_->who(), error));
+  }
+}
+
 void ProcessGroup::all_reduce_sum_(at::Tensor& tensor, const char* what, int64_t step) {
   PACKTRAIN_NVTX_RANGE("allreduce");
+  ++impl_->calls;
+  if (tensor.is_cuda()) {
+    impl_->device_backend(tensor, what).all_reduce_(tensor, DeviceReduceOp::kSum, what);
+    return;
+  }
   impl_->check_cpu(tensor, "all-reduce");
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
@@ -94,12 +182,24 @@ void ProcessGroup::all_reduce_sum_(at::Tensor& tensor, const char* what, int64_t
 }
 
 void ProcessGroup::all_reduce_mean_(at::Tensor& tensor, const char* what, int64_t step) {
+  if (tensor.is_cuda()) {  // one NCCL call: ncclAvg divides on the device
+    PACKTRAIN_NVTX_RANGE("allreduce");
+    ++impl_->calls;
+    impl_->device_backend(tensor, what).all_reduce_(tensor, DeviceReduceOp::kAverage, what);
+    return;
+  }
   all_reduce_sum_(tensor, what, step);
   tensor.div_(static_cast<double>(world_size()));
 }
 
 void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root, const char* what) {
   PACKTRAIN_NVTX_RANGE("broadcast");
+  ++impl_->calls;
+  if (tensor.is_cuda()) {
+    impl_->device_backend(tensor, what).broadcast_(tensor, root, what);
+    wait_device(what);
+    return;
+  }
   impl_->check_cpu(tensor, "broadcast");
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;

@@ -1,53 +1,76 @@
 // ProcessGroup: this process's membership in a multi-process run — the c10d TCP
-// store at MASTER_ADDR:MASTER_PORT (rank 0 serves it, the others connect) and a
-// collective backend: Gloo for CPU tensors. c10d's headers stay in the .cpp.
+// store at MASTER_ADDR:MASTER_PORT (rank 0 serves it, the others connect) and the
+// collective backends: Gloo for CPU tensors, and, when joined with a CUDA device,
+// an NCCL communicator for tensors on it (one GPU per process). c10d's and NCCL's
+// headers stay in the .cpp files.
 //
-// Every collective waits at most the group's timeout and then throws naming the
-// operation, this rank and the world size, instead of hanging on a dead peer.
+// CPU collectives wait at most the group's timeout and then throw naming the
+// operation, this rank and the world size, instead of hanging on a dead peer. CUDA
+// all-reduces are only enqueued (a captured step records them into its graph); the
+// caller registers what it enqueued with watch_device() and waits with
+// wait_device(): a watchdog thread gives every piece the same timeout, aborts the
+// communicator when one misses it, and the error names the work's steps.
 #pragma once
 
+#include "runtime/distributed/collective_error.h"
 #include "runtime/distributed/rank_info.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
-#include <stdexcept>
 
 namespace packtrain::runtime::distributed {
 
-// A collective that failed or timed out (a peer died or hangs): exit status 1, one
-// line naming the operation, the rank and the world size.
-class CollectiveError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 class ProcessGroup {
  public:
-  // Connects to (rank 0: serves) the store and joins the collective backend. Throws
-  // DataError when the store cannot be reached within `timeout`, or when this build
-  // has no Gloo (built without its headers).
+  // Connects to (rank 0: serves) the store and joins the collective backends: Gloo,
+  // and NCCL on `device` when it is a CUDA device. Throws DataError when the store
+  // cannot be reached within `timeout`, or when this build has no Gloo (built
+  // without its headers) or, for a CUDA device, no NCCL.
   static std::unique_ptr<ProcessGroup> join(const RankInfo& info,
-                                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                                            std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                                            c10::Device device = c10::Device(c10::kCPU));
   ~ProcessGroup();
 
   const RankInfo& info() const;
   int64_t rank() const { return info().rank; }
   int64_t world_size() const { return info().world_size; }
+  // CPU (Gloo only), or the CUDA device whose tensors the NCCL communicator reduces.
+  c10::Device device() const;
+  std::chrono::milliseconds timeout() const;
+  // "Gloo" or "NCCL + Gloo": what the progress line says gradients go over.
+  std::string backends() const;
+  // Collective calls made through this group on the host (a captured all-reduce
+  // counts once, when it is recorded, however often its graph replays).
+  int64_t calls() const;
 
-  // In place, over all ranks (CPU tensors): the element-wise sum, or the mean.
-  // `what` (and `step`, when >= 0) name the operation in the error a failed or
-  // timed-out collective raises: "gradient all-reduce at step 120 failed on …".
-  // Nothing is formatted unless it fails (the gradient all-reduce runs every step).
+  // In place, over all ranks: the element-wise sum, or the mean. CPU tensors go
+  // over Gloo and are complete on return; CUDA tensors go over NCCL on the current
+  // stream and are only enqueued (capturable; see watch_device). `what` (and `step`,
+  // when >= 0) name the operation in the error a failed or timed-out collective
+  // raises: "gradient all-reduce at step 120 failed on …". Nothing is formatted
+  // unless it fails (the gradient all-reduce runs every step).
   void all_reduce_sum_(at::Tensor& tensor, const char* what = "all-reduce", int64_t step = -1);
   void all_reduce_mean_(at::Tensor& tensor, const char* what = "all-reduce", int64_t step = -1);
-  // In place: every rank gets `root`'s values.
+  // In place: every rank gets `root`'s values (complete on return, CUDA too).
   void broadcast_(at::Tensor& tensor, int64_t root = 0, const char* what = "broadcast");
   void barrier();
 
-  // Whether this build can make Gloo groups (it found Gloo's headers).
+  // CUDA groups: registers the device work enqueued so far on the current stream
+  // (e.g. a replay of steps first_step..last_step with their gradient all-reduces)
+  // with the watchdog. No-op for a CPU group.
+  void watch_device(const char* what, int64_t first_step = -1, int64_t last_step = -1);
+  // CUDA groups: waits (polling, never blocking in the driver) until all device
+  // work enqueued so far has completed; throws CollectiveError when a piece missed
+  // its deadline or NCCL reported an error. No-op for a CPU group.
+  void wait_device(const char* what = "device collectives");
+
+  // Whether this build can make Gloo groups (it found Gloo's headers) and NCCL
+  // communicators (it links LibTorch's NCCL).
   static bool gloo_available();
+  static bool nccl_available();
 
  private:
   struct Impl;

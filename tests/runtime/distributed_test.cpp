@@ -1,15 +1,25 @@
 // Rendezvous variables (torchrun, Slurm, none) and their errors; a one-process
-// group's collectives. Multi-process runs are tested through `packtrain launch`
+// group's collectives; the collective deadline (watchdog); a trainer in a world of
+// one (Gloo on CPU, NCCL captured inside the step on a GPU) equals a trainer with no
+// group. Multi-process runs are tested through `packtrain launch`
 // (tests/runtime/cli_test.cpp).
 #include "runtime/data_error.h"
+#include "runtime/distributed/collective_watchdog.h"
 #include "runtime/distributed/process_group.h"
 #include "runtime/distributed/rank_info.h"
+#include "runtime/ensemble_steps.h"
+#include "runtime/ensemble_trainer.h"
+#include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <thread>
 
 namespace packtrain::runtime::distributed {
 namespace {
@@ -94,6 +104,175 @@ TEST(ProcessGroupTest, OneProcessCollectivesAreTheIdentity) {
   group->barrier();
   at::Tensor strided = at::zeros({4, 4}).t();
   EXPECT_THROW(group->all_reduce_sum_(strided), c10::Error);
+}
+
+// --- the collective deadline ----------------------------------------------------
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// A probe that reports completion once `after` has passed since it was made.
+std::function<bool()> completes_after(milliseconds after) {
+  const auto at = Clock::now() + after;
+  return [at] { return Clock::now() >= at; };
+}
+
+WatchdogOptions watchdog_options(milliseconds timeout, std::atomic<int>* timeouts = nullptr,
+                                 std::function<void(const std::string&)> give_up = {}) {
+  WatchdogOptions o;
+  o.timeout = timeout;
+  o.grace = milliseconds(2000);
+  o.who = "rank 1 of 2";
+  o.on_timeout = [timeouts] {
+    if (timeouts != nullptr) ++*timeouts;
+  };
+  o.give_up = give_up ? std::move(give_up) : [](const std::string& m) { ADD_FAILURE() << "gave up: " << m; };
+  return o;
+}
+
+TEST(CollectiveWatchdogTest, WorkThatCompletesInTimeIsWaitedFor) {
+  std::atomic<int> timeouts = 0;
+  CollectiveWatchdog watchdog(watchdog_options(milliseconds(2000), &timeouts));
+  for (int i = 0; i < 5; ++i) watchdog.watch({"gradient all-reduce", i + 1, i + 1, completes_after(milliseconds(20 * i))});
+  const auto start = Clock::now();
+  watchdog.wait_all();
+  EXPECT_GE(Clock::now() - start, milliseconds(60));  // it really waited for the slowest piece
+  EXPECT_EQ(watchdog.pending(), 0);
+  EXPECT_FALSE(watchdog.fired());
+  EXPECT_EQ(timeouts.load(), 0);
+  EXPECT_NO_THROW(watchdog.check());
+}
+
+TEST(CollectiveWatchdogTest, MissedDeadlineAbortsAndNamesStepsAndRank) {
+  std::atomic<int> timeouts = 0;
+  CollectiveWatchdog watchdog(watchdog_options(milliseconds(300), &timeouts));
+  watchdog.watch({"gradient all-reduce", 1, 8, completes_after(milliseconds(0))});
+  watchdog.watch({"gradient all-reduce", 17, 24, [] { return false; }});  // a dead peer: never completes
+  const auto start = Clock::now();
+  try {
+    watchdog.wait_all();
+    FAIL() << "wait_all returned although a piece never completed";
+  } catch (const CollectiveError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("gradient all-reduce at steps 17-24 did not complete within 300 ms on rank 1 of 2"));
+  }
+  const auto waited = Clock::now() - start;
+  EXPECT_GE(waited, milliseconds(300));
+  EXPECT_LT(waited, milliseconds(3000));
+  EXPECT_EQ(timeouts.load(), 1);  // the communicator is aborted once
+  EXPECT_TRUE(watchdog.fired());
+  EXPECT_THROW(watchdog.check(), CollectiveError);
+  EXPECT_THROW(watchdog.watch({"gradient all-reduce", 25, 25, [] { return true; }}), CollectiveError);
+}
+
+TEST(CollectiveWatchdogTest, EachPieceGetsTheTimeoutFromWhenItBecomesTheOldest) {
+  // B waits behind A: 450 ms after it was registered, but only 150 ms after A
+  // completed. A per-registration clock would fire at 400 ms; the watchdog must not.
+  std::atomic<int> timeouts = 0;
+  CollectiveWatchdog watchdog(watchdog_options(milliseconds(400), &timeouts));
+  watchdog.watch({"A", 1, 1, completes_after(milliseconds(300))});
+  watchdog.watch({"B", 2, 2, completes_after(milliseconds(450))});
+  EXPECT_NO_THROW(watchdog.wait_all());
+  EXPECT_EQ(timeouts.load(), 0);
+}
+
+TEST(CollectiveWatchdogTest, GivesUpOnTheProcessWhenTheOwnerNeverComesBack) {
+  // The owner is stuck (it never calls check or wait_all): after the timeout and the
+  // grace the watchdog ends the process itself (here: records the message).
+  std::atomic<bool> gave_up = false;
+  std::string message;
+  std::mutex m;
+  WatchdogOptions o = watchdog_options(milliseconds(100), nullptr, [&](const std::string& text) {
+    std::lock_guard lock(m);
+    message = text;
+    gave_up = true;
+  });
+  o.grace = milliseconds(100);
+  CollectiveWatchdog watchdog(std::move(o));
+  watchdog.watch({"NCCL communicator setup", -1, -1, [] { return false; }});
+  const auto deadline = Clock::now() + milliseconds(5000);
+  while (!gave_up && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(gave_up);
+  std::lock_guard lock(m);
+  EXPECT_THAT(message, HasSubstr("NCCL communicator setup did not complete within 100 ms on rank 1 of 2"));
+}
+
+TEST(CollectiveWatchdogTest, AnOwnerThatTakesTheErrorKeepsTheProcess) {
+  std::atomic<bool> gave_up = false;
+  WatchdogOptions o = watchdog_options(milliseconds(100), nullptr, [&](const std::string&) { gave_up = true; });
+  o.grace = milliseconds(300);
+  {
+    CollectiveWatchdog watchdog(std::move(o));
+    watchdog.watch({"gradient all-reduce", 3, 3, [] { return false; }});
+    EXPECT_THROW(watchdog.wait_all(), CollectiveError);
+    std::this_thread::sleep_for(milliseconds(500));  // past the grace
+  }
+  EXPECT_FALSE(gave_up);
+}
+
+// --- a trainer in a world of one -------------------------------------------------
+
+using packtrain::testing::all_close;
+using packtrain::testing::DeviceTest;
+
+void ignore_log(const std::string&) {}
+
+// The data-parallel path (gradient all-reduce between backward and the optimizer,
+// initial broadcast) in a world of one changes nothing: CPU goes over Gloo, a GPU
+// over NCCL recorded inside the captured step. The GPU check.
+class WorldOfOneTest : public DeviceTest {};
+
+TEST_P(WorldOfOneTest, DataParallelTrainerEqualsTrainerWithoutGroup) {
+  if (!ProcessGroup::gloo_available()) GTEST_SKIP() << "built without Gloo's headers (Debian libgloo-dev)";
+  if (device().is_cuda() && !ProcessGroup::nccl_available()) GTEST_SKIP() << "built without NCCL";
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor x = at::randn({96, 3}, gen, f64);
+  const at::Tensor y = (x.select(1, 0).sin() + 0.5 * x.select(1, 1)).unsqueeze(1) + 3;
+  const auto options = EnsembleTrainerOptions()
+                           .members(3)
+                           .hidden(16)
+                           .epochs(4)
+                           .batch_size(16)
+                           .lr(1e-2)
+                           .seed(5)
+                           .unroll(2)
+                           .device(device())
+                           .log(&ignore_log);
+  EnsembleTrainer alone(options);
+  alone.fit(x, y);
+  auto group = ProcessGroup::join(RankInfo{}, std::chrono::seconds(30), device());
+  EXPECT_EQ(group->device(), device());
+  EnsembleTrainer grouped(options);
+  grouped.set_process_group(group.get());
+  grouped.fit(x, y);
+  // The broadcast and gradient all-reduces went through the group (on a GPU only
+  // while warming up and capturing: replays run them from the graph).
+  EXPECT_GE(group->calls(), 3);
+  if (device().is_cpu()) EXPECT_EQ(group->calls(), 1 + grouped.steps_taken());
+  if (device().is_cuda()) {
+    EXPECT_EQ(grouped.steps().unrolled_step().mode(), graphs::StepMode::kGraph)
+        << "the NCCL all-reduce must be captured with the step: " << grouped.steps().unrolled_step().eager_reason();
+  }
+  const at::Tensor a = alone.model().parameters().flat().detach().cpu();
+  const at::Tensor b = grouped.model().parameters().flat().detach().cpu();
+  EXPECT_TRUE(all_close(b, a, device().is_cuda() ? 1e-6 : 0.0));
+  EXPECT_EQ(grouped.steps_taken(), alone.steps_taken());
+}
+
+PACKTRAIN_INSTANTIATE_DEVICE_TESTS(WorldOfOneTest);
+
+TEST(ProcessGroupTest, CudaTensorOnACpuGroupIsAnError) {
+  if (!ProcessGroup::gloo_available()) GTEST_SKIP() << "built without Gloo's headers (Debian libgloo-dev)";
+  const std::string why = packtrain::testing::device_unavailable_reason(c10::Device(c10::kCUDA, 0));
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto group = ProcessGroup::join(RankInfo{}, std::chrono::seconds(10));
+  at::Tensor t = at::ones({4}, at::TensorOptions().device(c10::Device(c10::kCUDA, 0)));
+  try {
+    group->all_reduce_mean_(t, "gradient all-reduce");
+    FAIL() << "no error";
+  } catch (const CollectiveError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("joined for the CPU"));
+  }
 }
 
 }  // namespace
