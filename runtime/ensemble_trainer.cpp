@@ -120,23 +120,27 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   members_.assign(options_.members(), MemberState{});
 }
 
-at::Tensor EnsembleTrainer::encode_targets(const at::Tensor& y, const char* what) const {
-  if (options_.head() != Head::kClassification) {
-    return y_scale_.transform(y).to(at::TensorOptions().dtype(at::kFloat).device(options_.device()));
-  }
-  const at::Tensor values = y.reshape({-1}).contiguous();
+at::Tensor class_indices(const at::Tensor& y, const std::vector<double>& classes, const char* what) {
+  const at::Tensor values = y.reshape({-1}).to(at::kDouble).contiguous();
   at::Tensor index = at::empty({values.size(0)}, at::kLong);
   const auto v = values.accessor<double, 1>();
   auto out = index.accessor<int64_t, 1>();
   for (int64_t r = 0; r < values.size(0); ++r) {
-    const auto it = std::lower_bound(classes_.begin(), classes_.end(), v[r]);
-    if (it == classes_.end() || *it != v[r]) {
+    const auto it = std::lower_bound(classes.begin(), classes.end(), v[r]);
+    if (it == classes.end() || *it != v[r]) {
       throw DataError(std::string(what) + " data: label " + std::to_string(v[r]) + " (row " + std::to_string(r + 1) +
-                      ") is not one of the " + std::to_string(classes_.size()) + " classes seen in training");
+                      ") is not one of the " + std::to_string(classes.size()) + " classes seen in training");
     }
-    out[r] = it - classes_.begin();
+    out[r] = it - classes.begin();
   }
-  return index.to(options_.device());
+  return index;
+}
+
+at::Tensor EnsembleTrainer::encode_targets(const at::Tensor& y, const char* what) const {
+  if (options_.head() != Head::kClassification) {
+    return y_scale_.transform(y).to(at::TensorOptions().dtype(at::kFloat).device(options_.device()));
+  }
+  return class_indices(y, classes_, what).to(options_.device());
 }
 
 void EnsembleTrainer::fit(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x, const at::Tensor& val_y,
@@ -293,7 +297,7 @@ void EnsembleTrainer::reinitialize(uint64_t seed) {
   val_history_.clear();
 }
 
-bool EnsembleTrainer::train(const EpochCallback& on_epoch) {
+bool EnsembleTrainer::train(const EpochCallback& on_epoch, bool stop_when_idle) {
   TORCH_CHECK(prepared(), "train: call prepare() first");
   bool go_on = true;
   if (resume_params_.defined()) {  // continue from the last trained weights, not the restored best
@@ -305,7 +309,7 @@ bool EnsembleTrainer::train(const EpochCallback& on_epoch) {
   while (go_on && epoch_ < options_.epochs()) {
     const EpochReport report = run_epoch();
     if (on_epoch) go_on = on_epoch(report);
-    if (report.active == 0) break;
+    if (report.active == 0 && stop_when_idle) break;
   }
   model_->train(false);
   const bool finished = go_on;
@@ -427,10 +431,7 @@ EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
   const at::Tensor inc = at::tensor(out.included, at::kLong);
   if (options_.head() == Head::kClassification) {
     out.member_probabilities = raw.softmax(-1);
-    out.probabilities = out.member_probabilities.index_select(0, inc).mean(0);
-    const at::Tensor cls = at::tensor(classes_, at::kDouble);
-    out.predicted = cls.index_select(0, out.probabilities.argmax(1));
-    return out;
+    return combine_members(std::move(out), options_.head(), classes_);
   }
   const double y_mean = y_scale_.mean.item<double>(), y_std = y_scale_.std.item<double>();
   if (options_.head() == Head::kGaussian) {
@@ -440,12 +441,19 @@ EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
   } else {
     out.member_mean = raw.squeeze(2) * y_std + y_mean;
   }
-  return combine_regression_members(std::move(out));
+  return combine_members(std::move(out), options_.head());
 }
 
-EnsemblePrediction combine_regression_members(EnsemblePrediction p) {
+EnsemblePrediction combine_members(EnsemblePrediction p, Head head, const std::vector<double>& classes) {
   TORCH_CHECK(!p.included.empty(), "every member diverged: no usable member to predict with");
   const at::Tensor inc = at::tensor(p.included, at::kLong);
+  if (head == Head::kClassification) {
+    TORCH_CHECK(p.member_probabilities.defined() && p.member_probabilities.size(-1) == static_cast<int64_t>(classes.size()),
+                "combine_members: expected member probabilities over ", classes.size(), " classes");
+    p.probabilities = p.member_probabilities.index_select(0, inc).mean(0);
+    p.predicted = at::tensor(classes, at::kDouble).index_select(0, p.probabilities.argmax(1));
+    return p;
+  }
   const at::Tensor means = p.member_mean.index_select(0, inc);
   p.mean = means.mean(0);
   p.spread = means.std(0, /*unbiased=*/false);
@@ -456,6 +464,7 @@ EnsemblePrediction combine_regression_members(EnsemblePrediction p) {
   return p;
 }
 
+namespace {
 EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y) {
   EnsembleMetrics m;
   const at::Tensor target = y.reshape({-1}).to(at::kDouble);
@@ -469,24 +478,44 @@ EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor
   m.ensemble.nll = gaussian_nll(p.mean, p.variance, target);
   return m;
 }
+}  // namespace
+
+EnsembleMetrics ensemble_metrics(const EnsemblePrediction& p, const at::Tensor& y, Head head,
+                                 const std::vector<double>& classes) {
+  if (head != Head::kClassification) return regression_metrics(p, y);
+  const at::Tensor target = class_indices(y, classes, "evaluation");
+  const auto metrics = [&](const at::Tensor& probs) {
+    Metrics r;
+    r.accuracy = probs.argmax(1).eq(target).to(at::kDouble).mean().item<double>();
+    r.nll = -probs.gather(1, target.unsqueeze(1)).clamp_min(1e-12).log().mean().item<double>();
+    return r;
+  };
+  EnsembleMetrics m;
+  for (int64_t k = 0; k < p.member_probabilities.size(0); ++k) m.members.push_back(metrics(p.member_probabilities[k]));
+  m.ensemble = metrics(p.probabilities);
+  return m;
+}
+
+void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members) {
+  const auto place = [&](at::Tensor& into, const at::Tensor& from) {
+    if (!from.defined()) return;
+    if (!into.defined()) {
+      std::vector<int64_t> shape = from.sizes().vec();
+      shape[0] = members;
+      into = at::zeros(shape, from.options());
+    }
+    into.narrow(0, first_member, from.size(0)).copy_(from);
+  };
+  place(all.member_mean, shard.member_mean);
+  place(all.member_variance, shard.member_variance);
+  place(all.member_probabilities, shard.member_probabilities);
+  for (int64_t k : shard.included) all.included.push_back(first_member + k);
+  std::sort(all.included.begin(), all.included.end());
+}
 
 EnsembleMetrics EnsembleTrainer::evaluate(const at::Tensor& x, const at::Tensor& y) const {
   check_xy(x, y, "evaluation data");
-  const EnsemblePrediction p = predict(x);
-  EnsembleMetrics m;
-  if (options_.head() == Head::kClassification) {
-    const at::Tensor target = encode_targets(y, "evaluation").cpu();
-    const auto metrics = [&](const at::Tensor& probs) {
-      Metrics r;
-      r.accuracy = probs.argmax(1).eq(target).to(at::kDouble).mean().item<double>();
-      r.nll = -probs.gather(1, target.unsqueeze(1)).clamp_min(1e-12).log().mean().item<double>();
-      return r;
-    };
-    for (int64_t k = 0; k < options_.members(); ++k) m.members.push_back(metrics(p.member_probabilities[k]));
-    m.ensemble = metrics(p.probabilities);
-    return m;
-  }
-  return regression_metrics(p, y);
+  return ensemble_metrics(predict(x), y, options_.head(), classes_);
 }
 
 // --- checkpoints ---------------------------------------------------------------

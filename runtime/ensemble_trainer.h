@@ -85,12 +85,22 @@ struct EnsemblePrediction {
   at::Tensor predicted;             // (N) original label values (float64)
 };
 
-// The mixture statistics (mean, spread, variance) of regression members' predictions
-// (member_mean, member_variance when Gaussian, included): how predict() combines its
-// members, and how member-parallel ranks combine members gathered from all shards.
-EnsemblePrediction combine_regression_members(EnsemblePrediction members);
-// Per-member and ensemble RMSE / Gaussian NLL of a combined prediction against y (N).
-EnsembleMetrics regression_metrics(const EnsemblePrediction& prediction, const at::Tensor& y);
+// The mixture statistics of members' predictions (`included` members only):
+// regression (member_mean, member_variance when Gaussian) -> mean, spread, variance;
+// classification (member_probabilities over `classes`) -> probabilities, predicted.
+// How predict() combines its members, and how a member-parallel run combines the
+// members gathered from all its shards.
+EnsemblePrediction combine_members(EnsemblePrediction members, Head head, const std::vector<double>& classes = {});
+// Per-member and ensemble metrics of a combined prediction against y (N), original
+// units: RMSE and Gaussian NLL, or accuracy and NLL (labels must be in `classes`).
+EnsembleMetrics ensemble_metrics(const EnsemblePrediction& prediction, const at::Tensor& y, Head head,
+                                 const std::vector<double>& classes = {});
+// Copies a shard's per-member predictions into rows first_member.. of `all` (made,
+// zero-filled, for `members` members at the first call) and its included members.
+void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members);
+// Class indices (N) of labels y in the sorted `classes`; DataError naming the row
+// of a label not among them ("<what> data: label 7 (row 3) is not one of ...").
+at::Tensor class_indices(const at::Tensor& y, const std::vector<double>& classes, const char* what);
 
 class EnsembleTrainer {
  public:
@@ -105,9 +115,11 @@ class EnsembleTrainer {
            const EpochCallback& on_epoch = {});
   void prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x = {}, const at::Tensor& val_y = {},
                const at::Tensor& fit_rows = {});
-  // Runs epochs until options().epochs() are done or no member trains; continues a
-  // restored checkpoint where it stopped. False when the callback asked to stop.
-  bool train(const EpochCallback& on_epoch = {});
+  // Runs epochs until options().epochs() are done or (stop_when_idle) no member
+  // trains; continues a restored checkpoint where it stopped. False when the callback
+  // asked to stop. Member-parallel ranks pass stop_when_idle = false so that every
+  // rank runs the same epochs (their per-epoch collectives stay matched).
+  bool train(const EpochCallback& on_epoch = {}, bool stop_when_idle = true);
 
   // Active learning: train on rows (n) of the prepared training data, or (K, n)
   // per member (per-member or bootstrap order).

@@ -4,6 +4,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/cpu_memory.h"
 #include "runtime/dataset.h"
+#include "runtime/distributed/nccl_communicator.h"
 #include "runtime/distributed/process_group.h"
 #include "runtime/launch_profile.h"
 
@@ -14,7 +15,6 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <torch/csrc/cuda/nccl.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -56,13 +56,12 @@ nlohmann::json info_json() {
     }
   }
   j["devices"] = devices;
-  try {  // the NCCL LibTorch's CUDA build links (collectives need a CUDA device too)
-    const uint64_t v = torch::cuda::nccl::version();  // major << 32 | minor << 16 | patch
-    j["nccl"] = fmt::format("{}.{}.{}{}", v >> 32, (v >> 16) & 0xffff, v & 0xffff,
-                            at::hasCUDA() ? "" : " (no CUDA device: collectives unusable here)");
-  } catch (const std::exception&) {
-    j["nccl"] = "not available in this LibTorch build";
-  }
+  // The NCCL library loaded in this process (LibTorch's, which packtrain links).
+  j["nccl"] = runtime::distributed::NcclCommunicator::available()
+                  ? runtime::distributed::NcclCommunicator::version() +
+                        (at::hasCUDA() ? "" : " (no CUDA device: collectives unusable here)")
+                  : "not available in this build";
+
 #ifdef PACKTRAIN_HAVE_NVTX
   j["nvtx"] = true;
 #else

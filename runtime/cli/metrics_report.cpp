@@ -47,20 +47,30 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
   return {{"members", members}, {"ensemble", one(m.ensemble)}};
 }
 
-nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics) {
+nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics, runtime::Head head) {
+  const bool cls = head == runtime::Head::kClassification;
+  const auto one = [&](const runtime::Metrics& x) {
+    return cls ? nlohmann::json{{"accuracy", number(x.accuracy)}, {"nll", number(x.nll)}}
+               : nlohmann::json{{"rmse", number(x.rmse)}, {"nll", number(x.nll)}};
+  };
   nlohmann::json members = nlohmann::json::array();
   for (size_t k = 0; k < metrics.members.size(); ++k) {
-    members.push_back({{"member", k}, {"rmse", metrics.members[k].rmse}, {"nll", metrics.members[k].nll}});
+    nlohmann::json j = one(metrics.members[k]);
+    j["member"] = k;
+    members.push_back(j);
   }
-  return {{"members", members}, {"ensemble", {{"rmse", metrics.ensemble.rmse}, {"nll", metrics.ensemble.nll}}}};
+  return {{"members", members}, {"ensemble", one(metrics.ensemble)}};
 }
 
-void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, const std::string& title) {
+void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title) {
+  const bool cls = head == runtime::Head::kClassification;
+  const char* first = cls ? "accuracy" : "RMSE";
+  const auto value = [&](const runtime::Metrics& x) { return cell(cls ? x.accuracy : x.rmse); };
   fmt::print("{}:\n", title);
   for (size_t k = 0; k < metrics.members.size(); ++k) {
-    fmt::print("  member {:>3}  RMSE {:.4f}  NLL {:.4f}\n", k, metrics.members[k].rmse, metrics.members[k].nll);
+    fmt::print("  member {:>3}  {} {}  NLL {}\n", k, first, value(metrics.members[k]), cell(metrics.members[k].nll));
   }
-  fmt::print("  ensemble    RMSE {:.4f}  NLL {:.4f}\n", metrics.ensemble.rmse, metrics.ensemble.nll);
+  fmt::print("  ensemble    {} {}  NLL {}\n", first, value(metrics.ensemble), cell(metrics.ensemble.nll));
 }
 
 }  // namespace packtrain::cli

@@ -15,9 +15,9 @@ void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::Ensem
 nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& metrics);
 
 // Metrics of members gathered from several checkpoints or ranks (member parallel),
-// where no single trainer holds them all: {"members": [{member, rmse, nll}], "ensemble"}
-// and the same as a table under `title`.
-nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics);
-void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, const std::string& title);
+// where no single trainer holds them all: {"members": [{member, rmse|accuracy, nll}],
+// "ensemble"} and the same as a table under `title`.
+nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics, runtime::Head head);
+void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title);
 
 }  // namespace packtrain::cli

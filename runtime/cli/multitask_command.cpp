@@ -176,8 +176,10 @@ int run_train(const MultiTaskTrainArgs& a) {
   if (a.batch > static_cast<int64_t>(train.size())) {
     throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", a.batch, train.size()));
   }
-  runtime::MultiTaskTrainer trainer(options);
+  // The group before the trainer: the trainer's captured steps (which hold NCCL
+  // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(device);
+  runtime::MultiTaskTrainer trainer(options);
   trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
   return train_loop(trainer, files, dev, truncated, a, group.get());
@@ -187,7 +189,9 @@ int run_train(const MultiTaskTrainArgs& a) {
 // run's own) are done; an epoch boundary resumes exactly.
 int run_resume(const std::string& checkpoint, int64_t epochs, MultiTaskTrainArgs a) {
   std::string extra;
-  auto trainer = runtime::MultiTaskTrainer::load(checkpoint, pick_device(a.device), &extra);
+  const c10::Device device = pick_device(a.device);
+  const auto group = join_if_launched(device);  // before the trainer: destroyed after it
+  auto trainer = runtime::MultiTaskTrainer::load(checkpoint, device, &extra);
   RunFiles files;
   try {
     const nlohmann::json j = nlohmann::json::parse(extra);
@@ -203,7 +207,6 @@ int run_resume(const std::string& checkpoint, int64_t epochs, MultiTaskTrainArgs
   if (a.out.empty()) a.out = checkpoint;
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
-  const auto group = join_if_launched(trainer->options().model().device());
   trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
   return train_loop(*trainer, files, dev, truncated, a, group.get());

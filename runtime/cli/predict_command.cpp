@@ -1,6 +1,7 @@
 // `packtrain predict`, `evaluate` and `export`: use a checkpoint without training.
 #include "runtime/checkpoint_file.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/member_parallel.h"
 #include "runtime/cli/metrics_report.h"
 #include "runtime/cli/trainer_args.h"
 #include "runtime/data_error.h"
@@ -73,9 +74,11 @@ struct PredictCommand {
 std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
                            bool per_member) {
   std::string out;
-  const int64_t K = trainer.options().members();
+  const bool cls = trainer.options().head() == runtime::Head::kClassification;
+  // The prediction's members: all of a manifest's shards when it was gathered from them.
+  const int64_t K = cls ? p.member_probabilities.size(0) : p.member_mean.size(0);
   const std::vector<double>& classes = trainer.classes();
-  if (trainer.options().head() == runtime::Head::kClassification) {
+  if (cls) {
     out += "predicted";
     for (double c : classes) out += fmt::format(",p_{}", c);
     if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
@@ -107,7 +110,41 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   return out;
 }
 
+// Every shard of a member-parallel run, loaded in this process (whatever number of
+// ranks trained it), with each shard's first member.
+using LoadedShards = std::vector<std::pair<LoadedModel, int64_t>>;
+LoadedShards load_shards(const ShardManifest& manifest, const std::string& device) {
+  LoadedShards shards;
+  for (const ShardManifest::Shard& shard : manifest.shards) {
+    shards.emplace_back(load_model(shard.file.string(), device), shard.first_member);
+  }
+  return shards;
+}
+
+// All shards' members predict x; the ensemble combines them all.
+runtime::EnsemblePrediction predict_shards(const LoadedShards& shards, const at::Tensor& x, int64_t members) {
+  const runtime::EnsembleTrainer& first = *shards.front().first.trainer;
+  runtime::EnsemblePrediction all;
+  for (const auto& [model, offset] : shards) runtime::place_members(all, model.trainer->predict(x), offset, members);
+  return runtime::combine_members(std::move(all), first.options().head(), first.classes());
+}
+
 int run_predict(const PredictCommand& c) {
+  if (const auto manifest = read_shard_manifest(c.checkpoint)) {
+    const LoadedShards shards = load_shards(*manifest, c.device);
+    const LoadedModel& m = shards.front().first;
+    const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+    const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
+    const std::string csv = prediction_csv(*m.trainer, predict_shards(shards, x, manifest->members), c.members);
+    if (c.output.empty() || c.output == "-") {
+      std::cout << csv;
+    } else {
+      runtime::write_file_atomically(c.output, csv);
+      fmt::print(stderr, "packtrain predict: {} rows, {} members from {} shards -> {}\n", x.size(0),
+                 manifest->members, shards.size(), c.output);
+    }
+    return 0;
+  }
   const LoadedModel m = load_model(c.checkpoint, c.device);
   const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
   const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
@@ -147,56 +184,31 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const LoadedModel& m) {
   return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input};
 }
 
-// A member-parallel run's manifest (train --member-parallel --checkpoint F): the
-// shards' files and member ranges, or nothing when `path` is an ordinary checkpoint.
-std::optional<nlohmann::json> member_parallel_manifest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in || in.peek() != '{') return std::nullopt;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("format", "") != "packtrain-member-parallel-1") {
-    throw runtime::DataError(path + ": not a packtrain checkpoint or member-parallel manifest");
-  }
-  return j;
-}
-
 // Evaluates all shards of a member-parallel run in this process (any number of
 // ranks trained it): every shard's members predict, the ensemble combines them all.
-int run_evaluate_shards(const EvaluateCommand& c, const nlohmann::json& manifest) {
-  const std::filesystem::path dir = std::filesystem::path(c.checkpoint).parent_path();
-  std::vector<std::pair<LoadedModel, int64_t>> shards;  // model, first member
-  for (const auto& shard : manifest.at("shards")) {
-    shards.emplace_back(load_model((dir / shard.at("file").get<std::string>()).string(), c.device),
-                        shard.at("first_member").get<int64_t>());
-  }
+int run_evaluate_shards(const EvaluateCommand& c, const ShardManifest& manifest) {
+  const LoadedShards shards = load_shards(manifest, c.device);
   const auto [x, y, what] = evaluation_rows(c, shards.front().first);
-  const int64_t K = manifest.at("members").get<int64_t>(), N = x.size(0);
-  runtime::EnsemblePrediction all;
-  all.member_mean = at::zeros({K, N}, at::kDouble);
-  for (auto& [model, offset] : shards) {
-    const runtime::EnsemblePrediction p = model.trainer->predict(x);
-    all.member_mean.narrow(0, offset, p.member_mean.size(0)).copy_(p.member_mean);
-    if (p.member_variance.defined()) {
-      if (!all.member_variance.defined()) all.member_variance = at::zeros({K, N}, at::kDouble);
-      all.member_variance.narrow(0, offset, p.member_variance.size(0)).copy_(p.member_variance);
-    }
-    for (int64_t k : p.included) all.included.push_back(offset + k);
-  }
-  const runtime::EnsembleMetrics metrics = runtime::regression_metrics(runtime::combine_regression_members(all), y);
+  const runtime::EnsembleTrainer& first = *shards.front().first.trainer;
+  const runtime::Head head = first.options().head();
+  const runtime::EnsembleMetrics metrics =
+      runtime::ensemble_metrics(predict_shards(shards, x, manifest.members), y, head, first.classes());
   if (c.json) {
-    nlohmann::json out = gathered_metrics_json(metrics);
+    nlohmann::json out = gathered_metrics_json(metrics, head);
     out["data"] = what;
-    out["rows"] = N;
+    out["rows"] = x.size(0);
     out["shards"] = shards.size();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  print_gathered_metrics(metrics, fmt::format("Metrics on {} ({} rows, original units), {} members from {} shards",
-                                              what, N, K, shards.size()));
+  print_gathered_metrics(metrics, head,
+                         fmt::format("Metrics on {} ({} rows, original units), {} members from {} shards", what,
+                                     x.size(0), manifest.members, shards.size()));
   return 0;
 }
 
 int run_evaluate(const EvaluateCommand& c) {
-  if (const auto manifest = member_parallel_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
+  if (const auto manifest = read_shard_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
   const LoadedModel m = load_model(c.checkpoint, c.device);
   const auto [x, y, what] = evaluation_rows(c, m);
   const runtime::EnsembleMetrics metrics = m.trainer->evaluate(x, y);
@@ -237,7 +249,9 @@ void add_predict_commands(CLI::App& app, int& status) {
       "predict", "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out with the ensemble mean and std per\n"
                  "row (classification: the predicted label and class probabilities). Columns are matched by the\n"
                  "training feature names when the file has a header, else taken in order.");
-  p->add_option("checkpoint", predict->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
+  p->add_option("checkpoint", predict->checkpoint,
+                "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
+      ->required();
   p->add_option("input", predict->input, "CSV/TSV/whitespace table of feature rows")->required();
   p->add_option("-o,--output", predict->output, "Output CSV (written atomically; default: stdout)");
   p->add_flag("--members", predict->members, "Also one column per member");
@@ -249,7 +263,9 @@ void add_predict_commands(CLI::App& app, int& status) {
   CLI::App* e = app.add_subcommand(
       "evaluate", "Metrics of a checkpoint per member and for the ensemble: on the test rows of the run's own data\n"
                   "(default), or on a table with the feature columns and the target column.");
-  e->add_option("checkpoint", evaluate->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
+  e->add_option("checkpoint", evaluate->checkpoint,
+                "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
+      ->required();
   e->add_option("input", evaluate->input, "Table with features and target (default: the run's test rows)");
   e->add_option("--device", evaluate->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   e->add_flag("--json", evaluate->json, "Print the metrics as JSON");

@@ -3,6 +3,7 @@
 // metrics per member and for the ensemble.
 #include "profiling/trace.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/member_parallel.h"
 #include "runtime/cli/metrics_report.h"
 #include "runtime/cli/progress.h"
 #include "runtime/cli/trainer_args.h"
@@ -62,18 +63,51 @@ graphs::GraphLog graph_log(const SessionArgs& s, std::vector<std::string>& lines
   };
 }
 
+// How a session is spread over processes: one process (no group), data parallel
+// (every rank trains all members on its share of each batch), or member parallel
+// (each rank trains its shard of the members; `sharded` writes the checkpoints).
+struct Distribution {
+  runtime::distributed::ProcessGroup* group = nullptr;
+  ShardedCheckpoint* sharded = nullptr;  // member parallel
+  MemberShard shard;
+  int64_t members = 0;  // the whole ensemble's, member parallel
+  bool member_parallel() const { return sharded != nullptr; }
+};
+
+// Whether any rank was interrupted (Ctrl-C reaches every process under a launcher,
+// but not after the same epoch): all stop after the same epoch, so their
+// collectives and checkpoints stay matched.
+bool any_rank_interrupted(runtime::distributed::ProcessGroup* group, int64_t step) {
+  if (group == nullptr) return g_interrupted != 0;
+  at::Tensor flag = at::full({1}, g_interrupted != 0 ? 1.0 : 0.0, at::kDouble);
+  group->all_reduce_sum_(flag, "interrupt-agreement all-reduce", step);
+  return flag.item<double>() > 0;
+}
+
 int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const DataArgs& data_args,
                 SessionArgs s, const std::vector<std::string>& log_lines, const char* command,
-                const runtime::distributed::ProcessGroup* group = nullptr) {
+                const Distribution& dist = {}) {
   const runtime::EnsembleTrainerOptions& o = trainer.options();
-  // In a data-parallel run every rank trains; rank 0 alone reports and writes files.
+  runtime::distributed::ProcessGroup* group = dist.group;
+  // In a multi-process run every rank trains; rank 0 alone reports and writes files
+  // (member parallel: every rank writes its shard).
   const bool primary = group == nullptr || group->rank() == 0;
   if (!primary) {
+    const SessionArgs all = s;
     s = SessionArgs();
     s.quiet = true;
+    if (dist.member_parallel()) {
+      s.checkpoint = all.checkpoint;
+      s.checkpoint_every = all.checkpoint_every;
+    }
   }
   Progress progress(!s.quiet && !s.json, s.log);
-  if (group != nullptr && group->world_size() > 1) {
+  if (dist.member_parallel()) {
+    progress.note(fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
+                              "gradient traffic",
+                              dist.members, group->world_size(), group->info().source, dist.shard.first,
+                              dist.shard.first + dist.shard.count - 1));
+  } else if (group != nullptr) {
     progress.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
                               "over {} every step",
                               group->world_size(), group->info().source, o.batch_size(), trainer.per_rank_batch(),
@@ -86,16 +120,23 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
                             o.patience() > 0 ? fmt::format(", patience {}", o.patience()) : ""));
   const std::string extra = to_json(RunDescription{data_args, data.all.feature_names, data.all.target_name});
   const auto save = [&] {
-    if (!s.checkpoint.empty()) trainer.save(s.checkpoint, extra);
+    if (s.checkpoint.empty()) return;
+    if (dist.member_parallel()) {
+      dist.sharded->save(trainer, extra);
+    } else {
+      trainer.save(s.checkpoint, extra);
+    }
   };
   g_interrupted = 0;
   const auto previous = std::signal(SIGINT, on_sigint);
   if (!s.trace.empty()) profiling::trace_start();
-  const bool finished = trainer.train([&](const runtime::EpochReport& r) {
-    progress.epoch(r, o.members());
-    if (s.checkpoint_every > 0 && r.epoch % s.checkpoint_every == 0) save();
-    return g_interrupted == 0;
-  });
+  const bool finished = trainer.train(
+      [&](const runtime::EpochReport& r) {
+        progress.epoch(r, o.members());
+        if (s.checkpoint_every > 0 && r.epoch % s.checkpoint_every == 0) save();
+        return !any_rank_interrupted(group, trainer.steps_taken());
+      },
+      /*stop_when_idle=*/!dist.member_parallel());
   progress.finish();
   std::signal(SIGINT, previous);
   if (!s.trace.empty()) {
@@ -103,19 +144,53 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
     profiling::write_chrome_trace(s.trace);
     progress.note("Chrome trace written to " + s.trace);
   }
+  const std::string resume_with =
+      dist.member_parallel() ? fmt::format("packtrain launch --nproc {} -- resume {}", group->world_size(), s.checkpoint)
+                             : "packtrain resume " + s.checkpoint;
   if (!finished) {
     save();
-    fmt::print(stderr, "packtrain: interrupted after epoch {}{}\n", trainer.epoch(),
-               s.checkpoint.empty() ? " (no --checkpoint given: nothing saved)"
-                                    : "; checkpoint saved: continue with `packtrain resume " + s.checkpoint + "`");
+    if (primary) {
+      fmt::print(stderr, "packtrain: interrupted after epoch {}{}\n", trainer.epoch(),
+                 s.checkpoint.empty() ? " (no --checkpoint given: nothing saved)"
+                                      : "; checkpoint saved: continue with `" + resume_with + "`");
+    }
     return 130;
   }
   save();
+  const runtime::Dataset test = data.test();
+  const bool has_test = test.features.size(0) > 0;
+  if (dist.member_parallel()) {
+    // Every rank takes part in the gather; rank 0 reports the whole ensemble.
+    const runtime::EnsemblePrediction all =
+        has_test ? gather_predictions(trainer, test.features, dist.shard, dist.members, *group)
+                 : runtime::EnsemblePrediction{};
+    if (!primary) return 0;
+    const runtime::EnsembleMetrics metrics =
+        has_test ? runtime::ensemble_metrics(all, test.targets, o.head(), trainer.classes()) : runtime::EnsembleMetrics{};
+    if (s.json) {
+      nlohmann::json out = has_test ? gathered_metrics_json(metrics, o.head()) : nlohmann::json::object();
+      out["command"] = command;
+      out["member_parallel"] = {{"ranks", group->world_size()}, {"members", dist.members}};
+      out["epochs_run"] = trainer.epoch();
+      out["train_seconds"] = progress.seconds();
+      out["checkpoint"] = s.checkpoint;
+      out["test_rows"] = test.features.size(0);
+      std::cout << out.dump(2) << "\n";
+      return 0;
+    }
+    if (has_test) {
+      print_gathered_metrics(metrics, o.head(),
+                             fmt::format("Test metrics ({} rows, original units), {} members gathered from {} ranks",
+                                         test.features.size(0), dist.members, group->world_size()));
+    }
+    fmt::print("\nTrained {} members on {} ranks for {} epochs in {:.2f} s.\n", dist.members, group->world_size(),
+               trainer.epoch(), progress.seconds());
+    if (!s.checkpoint.empty()) fmt::print("Checkpoint manifest: {} ({} shards)\n", s.checkpoint, group->world_size());
+    return 0;
+  }
   if (!primary) return 0;
   if (!s.export_path.empty()) export_members(s.export_path, trainer, data.all.feature_names, {});
   const double seconds = progress.seconds();
-  const runtime::Dataset test = data.test();
-  const bool has_test = test.features.size(0) > 0;
   const runtime::EnsembleMetrics metrics =
       has_test ? trainer.evaluate(test.features, test.targets) : runtime::EnsembleMetrics{};
   if (s.json) {
@@ -152,102 +227,46 @@ struct TrainCommand {
   bool member_parallel = false;
 };
 
+// The rank's place in a member-parallel run; UsageError when not launched.
+runtime::distributed::RankInfo member_parallel_rank(const char* what) {
+  const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
+  if (!rank.distributed()) {
+    throw UsageError(fmt::format("{} splits the members across the ranks of a multi-process run: start it with "
+                                 "packtrain launch, torchrun or srun",
+                                 what));
+  }
+  return rank;
+}
+
 // Member parallel: the ensemble's members split across the ranks (contiguous
-// shards, sizes differing by at most one), each rank training its own with no
-// gradient traffic; test predictions gathered for the ensemble statistics; a
-// checkpoint per shard, then a manifest naming them, written last by rank 0.
+// shards), each rank training its own with no gradient traffic (the group is for
+// checkpoints and the prediction gather: Gloo, CPU tensors).
 int run_member_parallel(const TrainCommand& c) {
   using namespace runtime::distributed;
-  const RankInfo rank = rank_info_from_environment();
-  if (!rank.distributed()) {
-    throw UsageError("--member-parallel splits the members across the ranks of a multi-process run: start it with "
-                     "packtrain launch, torchrun or srun");
+  const RankInfo rank = member_parallel_rank("--member-parallel");
+  if (!c.session.export_path.empty()) {
+    throw UsageError("--export is not available with --member-parallel: evaluate or predict read the manifest");
   }
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
-  if (options.head() == runtime::Head::kClassification) {
-    throw UsageError("--member-parallel supports the regression heads (mean, gaussian) for now");
-  }
-  const int64_t K = options.members(), W = rank.world_size, r = rank.rank;
+  const int64_t K = options.members(), W = rank.world_size;
   if (K < W) throw UsageError(fmt::format("--member-parallel: {} members cannot be split over {} ranks", K, W));
-  const int64_t count = K / W + (r < K % W ? 1 : 0), first = r * (K / W) + std::min(r, K % W);
-  options.members(count).first_member(first);
+  const MemberShard shard = member_shard(K, W, rank.rank);
+  options.members(shard.count).first_member(shard.first);
   std::vector<std::string> log_lines;
-  SessionArgs s = c.session;
-  const bool primary = r == 0;
-  if (!primary) {
-    s = SessionArgs();
-    s.quiet = true;
-  }
-  options.log(graph_log(s, log_lines));
-  auto group = ProcessGroup::join(rank, collective_timeout());  // no gradients: Gloo for the gathers
+  const SessionArgs log_args = rank.rank == 0 ? c.session : SessionArgs{.quiet = true};  // outlives the trainer's log
+  options.log(graph_log(log_args, log_lines));
+  auto group = ProcessGroup::join(rank, collective_timeout());
   const SplitData data = load_split_data(c.data);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  if (options.patience() > 0 && data.split.validation.empty()) {
+    throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
+  }
   runtime::EnsembleTrainer trainer(options);
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
-  Progress progress(!s.quiet && !s.json, s.log);
-  progress.note(fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
-                            "gradient traffic",
-                            K, W, rank.source, first, first + count - 1));
-  trainer.train([&](const runtime::EpochReport& report) {
-    progress.epoch(report, count);
-    return true;
-  });
-  progress.finish();
-  const std::string checkpoint = c.session.checkpoint;
-  if (!checkpoint.empty()) {
-    const std::string shard = fmt::format("{}.shard-{}-of-{}", checkpoint, r, W);
-    trainer.save(shard, to_json(RunDescription{c.data, data.all.feature_names, data.all.target_name}));
-    group->barrier();  // every shard is on disk before the manifest that commits them
-    if (primary) {
-      nlohmann::json shards = nlohmann::json::array();
-      for (int64_t i = 0; i < W; ++i) {
-        const int64_t n = K / W + (i < K % W ? 1 : 0);
-        shards.push_back({{"file", fmt::format("{}.shard-{}-of-{}", std::filesystem::path(checkpoint).filename().string(),
-                                               i, W)},
-                          {"first_member", i * (K / W) + std::min(i, K % W)},
-                          {"members", n}});
-      }
-      runtime::write_file_atomically(
-          checkpoint, nlohmann::json{{"format", "packtrain-member-parallel-1"}, {"members", K}, {"shards", shards}}.dump(1));
-    }
-  }
-  // Gather every member's test predictions: each rank fills its rows, a sum does the rest.
-  const runtime::Dataset test = data.test();
-  if (test.features.size(0) == 0) return 0;
-  const runtime::EnsemblePrediction mine = trainer.predict(test.features);
-  const int64_t N = test.features.size(0);
-  at::Tensor means = at::zeros({K, N}, at::kDouble), variances = at::zeros({K, N}, at::kDouble);
-  at::Tensor usable = at::zeros({K}, at::kDouble);
-  means.narrow(0, first, count).copy_(mine.member_mean);
-  if (mine.member_variance.defined()) variances.narrow(0, first, count).copy_(mine.member_variance);
-  for (int64_t k : mine.included) usable[first + k] = 1.0;
-  group->all_reduce_sum_(means, "prediction gather");
-  group->all_reduce_sum_(variances, "prediction gather");
-  group->all_reduce_sum_(usable, "prediction gather");
-  if (!primary) return 0;
-  runtime::EnsemblePrediction all;
-  all.member_mean = means;
-  if (mine.member_variance.defined()) all.member_variance = variances;
-  for (int64_t k = 0; k < K; ++k) {
-    if (usable[k].item<double>() > 0) all.included.push_back(k);
-  }
-  const runtime::EnsembleMetrics metrics =
-      runtime::regression_metrics(runtime::combine_regression_members(std::move(all)), test.targets);
-  if (s.json) {
-    nlohmann::json out = gathered_metrics_json(metrics);
-    out["command"] = "train";
-    out["member_parallel"] = {{"ranks", W}, {"members", K}};
-    out["checkpoint"] = checkpoint;
-    out["test_rows"] = N;
-    std::cout << out.dump(2) << "\n";
-    return 0;
-  }
-  print_gathered_metrics(metrics, fmt::format("Test metrics ({} rows, original units), {} members gathered from {} ranks",
-                                              N, K, W));
-  if (!checkpoint.empty()) fmt::print("Checkpoint manifest: {} ({} shards)\n", checkpoint, W);
-  return 0;
+  ShardedCheckpoint sharded(c.session.checkpoint, *group, K);
+  return run_session(trainer, data, c.data, c.session, log_lines, "train", {group.get(), &sharded, shard, K});
 }
 
 int run_train(const TrainCommand& c) {
@@ -260,13 +279,15 @@ int run_train(const TrainCommand& c) {
   if (options.patience() > 0 && data.split.validation.empty()) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
-  runtime::EnsembleTrainer trainer(options);
+  // The group before the trainer: the trainer's captured steps (which hold NCCL
+  // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(options.device());
+  runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get());
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
-  return run_session(trainer, data, c.data, c.session, log_lines, "train", group.get());
+  return run_session(trainer, data, c.data, c.session, log_lines, "train", {group.get()});
 }
 
 struct ResumeCommand {
@@ -276,7 +297,46 @@ struct ResumeCommand {
   SessionArgs session;
 };
 
+// Resumes a member-parallel run from its manifest on the same number of ranks: each
+// rank continues its own shard (evaluate and predict read a manifest anywhere).
+int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
+  using namespace runtime::distributed;
+  const RankInfo rank = member_parallel_rank(("resuming the member-parallel run " + c.from).c_str());
+  if (rank.world_size != manifest.ranks) {
+    throw UsageError(fmt::format("{} is a member-parallel run over {} ranks; resume it with packtrain launch --nproc {} "
+                                 "(this run has {}; evaluate and predict read it with any number)",
+                                 c.from, manifest.ranks, manifest.ranks, rank.world_size));
+  }
+  const ShardManifest::Shard& mine = manifest.shards[static_cast<size_t>(rank.rank)];
+  const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(mine.file);
+  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
+  if (options.members() != mine.members || options.first_member() != mine.first_member) {
+    throw runtime::DataError(fmt::format("{}: holds members {}..{}, but the manifest names {}..{} for it",
+                                         mine.file.string(), options.first_member(),
+                                         options.first_member() + options.members() - 1, mine.first_member,
+                                         mine.first_member + mine.members - 1));
+  }
+  const DataArgs data_args = run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
+  std::vector<std::string> log_lines;
+  const SessionArgs log_args = rank.rank == 0 ? c.session : SessionArgs{.quiet = true};  // outlives the trainer's log
+  options.device(pick_device(c.device)).log(graph_log(log_args, log_lines));
+  if (c.epochs > 0) options.epochs(c.epochs);
+  auto group = ProcessGroup::join(rank, collective_timeout());
+  const SplitData data = load_split_data(data_args);
+  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  runtime::EnsembleTrainer trainer(options);
+  const runtime::Dataset train = data.train(), val = data.validation();
+  trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
+                  val.features.size(0) > 0 ? val.targets : at::Tensor());
+  trainer.restore(*checkpoint);
+  if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;  // in place: the next commit replaces it
+  ShardedCheckpoint sharded(c.session.checkpoint, *group, manifest.members);
+  return run_session(trainer, data, data_args, c.session, log_lines, "resume",
+                     {group.get(), &sharded, MemberShard{mine.first_member, mine.members}, manifest.members});
+}
+
 int run_resume(ResumeCommand c) {
+  if (const auto manifest = read_shard_manifest(c.from)) return run_resume_member_parallel(std::move(c), *manifest);
   std::vector<std::string> log_lines;
   const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(c.from);
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
@@ -285,15 +345,15 @@ int run_resume(ResumeCommand c) {
   if (c.epochs > 0) options.epochs(c.epochs);
   const SplitData data = load_split_data(data_args);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
   runtime::EnsembleTrainer trainer(options);
-  const auto group = join_if_launched(options.device());  // every rank reads the same checkpoint
-  trainer.set_process_group(group.get());
+  trainer.set_process_group(group.get());  // every rank read the same checkpoint
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
   trainer.restore(*checkpoint);
   if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume", group.get());
+  return run_session(trainer, data, data_args, c.session, log_lines, "resume", {group.get()});
 }
 
 }  // namespace
@@ -310,7 +370,8 @@ void add_train_commands(CLI::App& app, int& status) {
   add_session_options(t, train->session);
   t->add_flag("--member-parallel", train->member_parallel,
               "Under packtrain launch / torchrun / srun: split the members across the ranks (no gradient traffic), "
-              "gather the test predictions; --checkpoint writes one file per shard and then a manifest")
+              "gather the test predictions; --checkpoint writes one file per shard and then a manifest (the commit "
+              "point); `resume MANIFEST` continues on the same number of ranks, evaluate/predict read it anywhere")
       ->group("Multi-process");
   t->callback([train, &status] { status = run_train(*train); });
 
@@ -319,7 +380,10 @@ void add_train_commands(CLI::App& app, int& status) {
       "resume", "Continue a run from its checkpoint exactly as if it had not stopped (same data, reloaded from the\n"
                 "description in the checkpoint), then report test metrics. Writes the checkpoint back in place unless\n"
                 "--checkpoint names another file.");
-  r->add_option("checkpoint", resume->from, "Checkpoint written by `packtrain train --checkpoint`")->required();
+  r->add_option("checkpoint", resume->from,
+                "Checkpoint written by `packtrain train --checkpoint`, or the manifest of a --member-parallel run "
+                "(resume it under packtrain launch with the same number of ranks)")
+      ->required();
   r->add_option("--epochs", resume->epochs, "Train until this many epochs in total (default: the run's own)")
       ->check(CLI::PositiveNumber);
   r->add_option("--device", resume->device, "auto, cpu, cuda or cuda:N")->capture_default_str();

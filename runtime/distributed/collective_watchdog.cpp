@@ -39,6 +39,12 @@ struct CollectiveWatchdog::State {
   std::string message;
 
   void run() {
+    std::string setup_error;
+    try {
+      if (options.thread_setup) options.thread_setup();
+    } catch (const std::exception& e) {
+      setup_error = e.what();
+    }
     std::unique_lock lock(mutex);
     while (!stop) {
       if (queue.empty()) {
@@ -47,7 +53,15 @@ struct CollectiveWatchdog::State {
       }
       Entry& front = queue.front();
       lock.unlock();
-      const bool done = front.work.completed();  // outside the lock: a driver call
+      bool done = false;
+      std::string probe_error = setup_error;
+      if (probe_error.empty()) {
+        try {
+          done = front.work.completed();  // outside the lock: a driver call
+        } catch (const std::exception& e) {
+          probe_error = e.what();
+        }
+      }
       const Clock::time_point now = Clock::now();
       lock.lock();
       if (done) {
@@ -56,16 +70,19 @@ struct CollectiveWatchdog::State {
         changed.notify_all();
         continue;
       }
-      if (now - front.start <= options.timeout) {
+      if (probe_error.empty() && now - front.start <= options.timeout) {
         changed.wait_for(lock, options.poll, [this] { return stop; });
         continue;
       }
       fired = true;
-      message = describe_missed_deadline(front.work, options.timeout, options.who);
+      message = probe_error.empty()
+                    ? describe_missed_deadline(front.work, options.timeout, options.who)
+                    : fmt::format("{} failed on {}: {}", front.work.what, options.who,
+                                  probe_error.substr(0, probe_error.find('\n')));
       changed.notify_all();
-      lock.unlock();
-      if (options.on_timeout) options.on_timeout();
-      lock.lock();
+      // The abort may block (NCCL waits for graphs that hold its kernels): it runs on
+      // a thread of its own and the grace clock starts now.
+      if (options.on_timeout) std::thread(options.on_timeout).detach();
       if (!changed.wait_for(lock, options.grace, [this] { return taken || stop; })) {
         const std::string m = message;
         lock.unlock();

@@ -10,7 +10,7 @@
 // piece misses its deadline the watchdog fires once: it runs `on_timeout` (aborting
 // the communicator releases kernels stuck on a dead peer) and keeps an error naming
 // the work, its steps and this rank, which check() and wait_all() throw on the
-// owner's thread. If the owner has not come back for it within `grace` (it is stuck
+// owner's thread. A probe that throws counts as a missed deadline, with its reason. If the owner has not come back for it within `grace` (it is stuck
 // in a driver call), the watchdog reports the error itself and ends the process
 // with status 1: a hang never outlives its deadline by more than the grace.
 #pragma once
@@ -29,7 +29,13 @@ struct WatchdogOptions {
   std::chrono::milliseconds grace{10'000};
   std::chrono::milliseconds poll{2};
   std::string who = "rank 0 of 1";            // named in the error
-  std::function<void()> on_timeout;           // e.g. abort the NCCL communicator
+  // Runs once on the watchdog's thread before its first probe (e.g. bind the CUDA
+  // device and relax the thread's capture mode: probing an event must not disturb
+  // a graph the owner is capturing meanwhile).
+  std::function<void()> thread_setup;
+  // Runs on a thread of its own when a deadline is missed (e.g. abort the NCCL
+  // communicator, which may itself block), so the grace clock runs regardless.
+  std::function<void()> on_timeout;
   // Ends the process when the owner does not take the error in time; the default
   // prints "packtrain: error: <message>" to stderr and calls std::_Exit(1).
   std::function<void(const std::string& message)> give_up;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 
 namespace packtrain::runtime::distributed {
 
@@ -38,7 +39,9 @@ struct NcclCommunicator::Impl {
   c10::Device device{c10::kCUDA, 0};
   ncclComm_t comm = nullptr;
   std::atomic<bool> aborted{false};
-  std::mutex abort_mutex;
+  // NCCL calls hold it shared; abort() exclusively: ncclCommAbort frees the
+  // communicator, which no call may still be using.
+  mutable std::shared_mutex use;
 
   [[noreturn]] void fail(const char* what, ncclResult_t result) const {
     const char* detail = comm != nullptr ? ncclGetLastError(comm) : nullptr;
@@ -70,6 +73,8 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move
 NcclCommunicator::~NcclCommunicator() {
   if (impl_->comm == nullptr) return;
   // A communicator whose peer died cannot be destroyed cleanly (destroy waits for it).
+  // NCCL >= 2.26 also waits for every CUDA graph holding its kernels: owners destroy
+  // their captured steps before the communicator (trainers before the group).
   if (impl_->aborted.load()) return;
   c10::cuda::CUDAGuard guard(impl_->device);
   ncclCommDestroy(impl_->comm);
@@ -103,6 +108,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(int64_t rank, int64_t
 }
 
 void NcclCommunicator::all_reduce_(at::Tensor& tensor, DeviceReduceOp op, const char* what) {
+  std::shared_lock lock(impl_->use);
   const cudaStream_t stream = impl_->stream_for(tensor, what);
   impl_->check(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                              nccl_type(tensor.scalar_type(), what), op == DeviceReduceOp::kAverage ? ncclAvg : ncclSum,
@@ -111,6 +117,7 @@ void NcclCommunicator::all_reduce_(at::Tensor& tensor, DeviceReduceOp op, const 
 }
 
 void NcclCommunicator::broadcast_(at::Tensor& tensor, int64_t root, const char* what) {
+  std::shared_lock lock(impl_->use);
   const cudaStream_t stream = impl_->stream_for(tensor, what);
   impl_->check(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                              nccl_type(tensor.scalar_type(), what), static_cast<int>(root), impl_->comm, stream),
@@ -118,7 +125,7 @@ void NcclCommunicator::broadcast_(at::Tensor& tensor, int64_t root, const char* 
 }
 
 void NcclCommunicator::abort() {
-  std::lock_guard lock(impl_->abort_mutex);
+  std::unique_lock lock(impl_->use);
   if (impl_->aborted.exchange(true) || impl_->comm == nullptr) return;
   ncclCommAbort(impl_->comm);
 }
@@ -126,6 +133,7 @@ void NcclCommunicator::abort() {
 bool NcclCommunicator::aborted() const { return impl_->aborted.load(); }
 
 std::string NcclCommunicator::async_error() const {
+  std::shared_lock lock(impl_->use);
   if (impl_->aborted.load() || impl_->comm == nullptr) return "";
   ncclResult_t state = ncclSuccess;
   if (ncclCommGetAsyncError(impl_->comm, &state) != ncclSuccess) return "cannot query NCCL's asynchronous error";

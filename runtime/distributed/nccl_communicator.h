@@ -30,6 +30,8 @@ class NcclCommunicator {
   // DataError when this build has no NCCL or `device` is not a CUDA device.
   static std::unique_ptr<NcclCommunicator> create(int64_t rank, int64_t world_size, c10::Device device,
                                                   const ShareId& share_id);
+  // Destroys the communicator; NCCL waits for every CUDA graph holding its kernels,
+  // so destroy the captured steps that use it first.
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -41,7 +43,8 @@ class NcclCommunicator {
   void broadcast_(at::Tensor& tensor, int64_t root, const char* what = "broadcast");
 
   // Aborts the communicator (from any thread, once): kernels stuck on a dead peer
-  // return; every later collective throws.
+  // return; every later collective throws. May block (NCCL waits for graphs that
+  // hold its kernels), so deadline code calls it from a thread of its own.
   void abort();
   bool aborted() const;
   // NCCL's asynchronous error for this communicator, "" when none.

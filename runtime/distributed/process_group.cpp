@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -16,6 +18,7 @@
 #endif
 
 #include <atomic>
+#include <mutex>
 
 namespace packtrain::runtime::distributed {
 
@@ -25,7 +28,14 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   // CUDA groups: the communicator, and the deadline over what was enqueued on it.
-  std::unique_ptr<NcclCommunicator> nccl;
+  // The watchdog's abort runs on a thread of its own and may outlive this group:
+  // it holds the communicator through the shared slot.
+  struct CommunicatorSlot {
+    std::mutex mutex;
+    std::shared_ptr<NcclCommunicator> comm;
+  };
+  std::shared_ptr<CommunicatorSlot> slot = std::make_shared<CommunicatorSlot>();
+  std::shared_ptr<NcclCommunicator> nccl;
   std::unique_ptr<CollectiveWatchdog> watchdog;
   int64_t calls = 0;
 
@@ -65,8 +75,21 @@ void ProcessGroup::Impl::join_nccl(c10::Device device) {
   w.timeout = timeout;
   w.grace = timeout;
   w.who = who();
-  w.on_timeout = [this] {
-    if (nccl != nullptr) nccl->abort();
+  // The watchdog's thread probes events while the owner may be capturing a graph
+  // (global capture mode forbids other threads' event queries): relaxed mode on
+  // that thread, and this rank's device (not a context on GPU 0).
+  w.thread_setup = [index = device.index()] {
+    c10::cuda::set_device(index);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  };
+  w.on_timeout = [slot = slot] {
+    std::shared_ptr<NcclCommunicator> comm;
+    {
+      std::lock_guard lock(slot->mutex);
+      comm = slot->comm;
+    }
+    if (comm != nullptr) comm->abort();
   };
   watchdog = std::make_unique<CollectiveWatchdog>(std::move(w));
   auto joined = std::make_shared<std::atomic<bool>>(false);
@@ -80,6 +103,10 @@ void ProcessGroup::Impl::join_nccl(c10::Device device) {
     const std::vector<uint8_t> bytes = store->get(key);  // waits at most the store's timeout
     return std::string(bytes.begin(), bytes.end());
   });
+  {
+    std::lock_guard lock(slot->mutex);
+    slot->comm = nccl;
+  }
   joined->store(true);
   watchdog->wait_all();
 }

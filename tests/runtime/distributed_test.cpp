@@ -158,10 +158,45 @@ TEST(CollectiveWatchdogTest, MissedDeadlineAbortsAndNamesStepsAndRank) {
   const auto waited = Clock::now() - start;
   EXPECT_GE(waited, milliseconds(300));
   EXPECT_LT(waited, milliseconds(3000));
-  EXPECT_EQ(timeouts.load(), 1);  // the communicator is aborted once
+  // The communicator is aborted once, on a thread of its own.
+  for (int i = 0; i < 200 && timeouts.load() == 0; ++i) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(timeouts.load(), 1);
   EXPECT_TRUE(watchdog.fired());
   EXPECT_THROW(watchdog.check(), CollectiveError);
   EXPECT_THROW(watchdog.watch({"gradient all-reduce", 25, 25, [] { return true; }}), CollectiveError);
+}
+
+TEST(CollectiveWatchdogTest, AProbeThatFailsEndsTheWaitWithItsReason) {
+  std::atomic<int> timeouts = 0;
+  CollectiveWatchdog watchdog(watchdog_options(milliseconds(60'000), &timeouts));
+  watchdog.watch({"gradient all-reduce", 5, 5, []() -> bool { throw std::runtime_error("CUDA error: an illegal memory access"); }});
+  try {
+    watchdog.wait_all();
+    FAIL() << "no error";
+  } catch (const CollectiveError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("gradient all-reduce failed on rank 1 of 2: CUDA error: an illegal memory access"));
+  }
+  for (int i = 0; i < 200 && timeouts.load() == 0; ++i) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(timeouts.load(), 1);
+}
+
+TEST(CollectiveWatchdogTest, TheGraceRunsEvenWhileTheAbortBlocks) {
+  // ncclCommAbort can block (it waits for graphs holding its kernels): the process
+  // must still end after the timeout and the grace.
+  std::atomic<bool> gave_up = false;
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  WatchdogOptions o = watchdog_options(milliseconds(100), nullptr, [&](const std::string&) { gave_up = true; });
+  o.grace = milliseconds(100);
+  o.on_timeout = [release] {
+    while (!release->load()) std::this_thread::sleep_for(milliseconds(5));
+  };
+  {
+    CollectiveWatchdog watchdog(std::move(o));
+    watchdog.watch({"gradient all-reduce", 1, 1, [] { return false; }});
+    for (int i = 0; i < 400 && !gave_up; ++i) std::this_thread::sleep_for(milliseconds(5));
+  }
+  release->store(true);
+  EXPECT_TRUE(gave_up);
 }
 
 TEST(CollectiveWatchdogTest, EachPieceGetsTheTimeoutFromWhenItBecomesTheOldest) {
@@ -226,12 +261,14 @@ TEST_P(WorldOfOneTest, DataParallelTrainerEqualsTrainerWithoutGroup) {
   if (device().is_cuda() && !ProcessGroup::nccl_available()) GTEST_SKIP() << "built without NCCL";
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor x = at::randn({96, 3}, gen, f64);
+  // 9 steps per epoch at unroll 2: the unrolled step is captured mid-epoch 1 and the
+  // remainder step in epoch 4, both while earlier replays are still being watched.
+  const at::Tensor x = at::randn({150, 3}, gen, f64);
   const at::Tensor y = (x.select(1, 0).sin() + 0.5 * x.select(1, 1)).unsqueeze(1) + 3;
   const auto options = EnsembleTrainerOptions()
                            .members(3)
                            .hidden(16)
-                           .epochs(4)
+                           .epochs(5)
                            .batch_size(16)
                            .lr(1e-2)
                            .seed(5)
@@ -250,8 +287,10 @@ TEST_P(WorldOfOneTest, DataParallelTrainerEqualsTrainerWithoutGroup) {
   EXPECT_GE(group->calls(), 3);
   if (device().is_cpu()) EXPECT_EQ(group->calls(), 1 + grouped.steps_taken());
   if (device().is_cuda()) {
-    EXPECT_EQ(grouped.steps().unrolled_step().mode(), graphs::StepMode::kGraph)
-        << "the NCCL all-reduce must be captured with the step: " << grouped.steps().unrolled_step().eager_reason();
+    for (graphs::CapturedStep* step : {&grouped.steps().unrolled_step(), &grouped.steps().single_step()}) {
+      EXPECT_EQ(step->mode(), graphs::StepMode::kGraph)
+          << step->name() << ": the NCCL all-reduce must be captured with the step: " << step->eager_reason();
+    }
   }
   const at::Tensor a = alone.model().parameters().flat().detach().cpu();
   const at::Tensor b = grouped.model().parameters().flat().detach().cpu();
