@@ -30,20 +30,20 @@ c10::Device pick_device(const std::string& name) {
   if (device.is_cuda() && device.index() < 0) {
     const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
     const int64_t gpus = static_cast<int64_t>(at::getNumGPUs());
-    if (rank.distributed() && rank.local_rank >= gpus) {
+    if (rank.launched() && rank.local_rank >= gpus) {
       throw UsageError(fmt::format("rank {} (local rank {}) has no GPU of its own: this machine has {}; packtrain "
                                    "runs one GPU per process (start at most {} processes per machine, or use --device "
                                    "cpu)",
                                    rank.rank, rank.local_rank, gpus, gpus));
     }
-    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank.distributed() ? rank.local_rank : 0));
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank.launched() ? rank.local_rank : 0));
   }
   return device;
 }
 
 std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched(c10::Device device) {
   const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
-  if (!rank.distributed()) return nullptr;
+  if (!rank.launched()) return nullptr;
   return runtime::distributed::ProcessGroup::join(rank, runtime::distributed::collective_timeout(), device);
 }
 

@@ -32,8 +32,9 @@ class UsageError : public std::runtime_error {
 // rank's GPU, cuda:LOCAL_RANK: one GPU per process.
 c10::Device pick_device(const std::string& name);
 
-// Under torchrun, srun or packtrain launch: joins the run's process group (Gloo,
-// and NCCL on `device` when it is a GPU); a single process: nullptr.
+// Under torchrun, srun or packtrain launch (any number of processes, one too):
+// joins the run's process group (Gloo, and NCCL on `device` when it is a GPU);
+// started alone: nullptr.
 std::unique_ptr<runtime::distributed::ProcessGroup> join_if_launched(c10::Device device);
 
 // Where a training command's data come from and how they are split: stored in

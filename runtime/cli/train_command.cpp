@@ -204,6 +204,10 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
     out["member_steps_per_second"] = progress.member_steps_per_second();
     out["test_rows"] = test.features.size(0);
     out["checkpoint"] = s.checkpoint;
+    if (group != nullptr) {
+      out["data_parallel"] = {{"ranks", group->world_size()}, {"global_batch", o.batch_size()},
+                              {"per_rank_batch", trainer.per_rank_batch()}, {"backends", group->backends()}};
+    }
     out["log"] = log_lines;
     std::cout << out.dump(2) << "\n";
     return 0;

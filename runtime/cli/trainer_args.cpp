@@ -23,7 +23,8 @@ void add_trainer_options(CLI::App* app, TrainerArgs& a) {
   app->add_option("--warmup-steps", a.warmup_steps, "Linear warm-up steps (warmup, cosine)")->capture_default_str()->group("Optimizer");
   app->add_option("--min-lr-factor", a.min_lr_factor, "Cosine: final learning rate as a fraction of --lr")->capture_default_str()->group("Optimizer");
   app->add_option("--epochs", a.epochs, "Passes over the training rows")->capture_default_str()->check(CLI::PositiveNumber)->group("Training");
-  app->add_option("--batch", a.batch, "Mini-batch size (rows per member per step)")->capture_default_str()->check(CLI::PositiveNumber)->group("Training");
+  app->add_option("--batch", a.batch, "Mini-batch size (rows per member per step). Data parallel: the global batch, split equally over the "
+                   "ranks (each prints its share at start)")->capture_default_str()->check(CLI::PositiveNumber)->group("Training");
   app->add_option("--order", a.order, "Member data order: shared, per-member (shuffled per member) or bootstrap")
       ->capture_default_str()->group("Training");
   app->add_option("--patience", a.patience, "Early stopping: epochs without a better validation loss before a member stops (0: off)")

@@ -21,6 +21,9 @@ struct RankInfo {
   std::string source = "single process";  // "torchrun variables", "Slurm variables"
 
   bool distributed() const { return world_size > 1; }
+  // Started by a launcher (torchrun, srun, packtrain launch), even with one process:
+  // such a run joins a group, so `launch --nproc 1` runs the data-parallel path.
+  bool launched() const { return source != "single process"; }
   std::string describe() const;  // "rank 1 of 2 (local 1 of 2), store 127.0.0.1:29500, from torchrun variables"
 };
 

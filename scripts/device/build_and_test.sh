@@ -28,6 +28,12 @@ for k in 64 4096; do
   build-device/bin/packtrain profile --members "$k" --unroll 8 > "$out/profile_k${k}_u8.txt" 2>&1 || true
 done
 build-device/bin/packtrain train --json > "$out/train.json" 2> "$out/train.err" || true
+# NCCL on this GPU (world size 1): the collectives check, all-reduce time against
+# bytes (RESULTS.md's scaling model), and a data-parallel run under the launcher
+# with its all-reduce captured inside the step.
+build-device/bin/packtrain info --collectives --device cuda > "$out/nccl_check.txt" 2>&1 || true
+build-device/bin/packtrain profile --collectives --device cuda --repeats 50 --json > "$out/nccl_allreduce.json" 2>&1 || true
+build-device/bin/packtrain launch --nproc 1 -- train --device cuda --json > "$out/train_launch1.json" 2>&1 || true
 # The peers benchmark (benchmarks/peers/run.sh) on this machine's PyTorch and JAX;
 # optax from the carried wheels when the machine lacks it.
 if ! python3 -c "import optax" 2>/dev/null; then

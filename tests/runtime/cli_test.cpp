@@ -406,6 +406,8 @@ TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
   EXPECT_THAT(launched.out, ::testing::Not(HasSubstr("[rank 1] {"))) << "only rank 0 reports";
   const nlohmann::json parallel = rank0_json(launched.out);
   ASSERT_TRUE(parallel.is_object()) << launched.out;
+  EXPECT_EQ(parallel["data_parallel"]["global_batch"], 64);
+  EXPECT_EQ(parallel["data_parallel"]["per_rank_batch"], 32);
   // Per-rank batch 32 on each of 2 ranks, gradients averaged: the batch-64 run.
   const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-6 * std::abs(b); };
   EXPECT_TRUE(close(parallel["ensemble"]["rmse"].get<double>(), single["ensemble"]["rmse"].get<double>()))
@@ -415,6 +417,16 @@ TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
     EXPECT_TRUE(close(parallel["members"][k]["rmse"].get<double>(), single["members"][k]["rmse"].get<double>()))
         << "member " << k;
   }
+  // One launched process runs the data-parallel path (a group of one) and changes nothing.
+  const Result one = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 1 -- train --members 4 --epochs 12 "
+                                 "--hidden 32 --batch 64 --device cpu --json 2>&1");
+  ASSERT_EQ(one.status, 0) << one.out;
+  const nlohmann::json grouped = rank0_json(one.out);
+  ASSERT_TRUE(grouped.is_object()) << one.out;
+  EXPECT_EQ(grouped["data_parallel"]["ranks"], 1);
+  EXPECT_EQ(grouped["data_parallel"]["per_rank_batch"], 64);
+  const nlohmann::json batch64 = run_json("train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --json --quiet");
+  EXPECT_EQ(grouped["ensemble"]["rmse"], batch64["ensemble"]["rmse"]);
   // A global batch that does not split evenly is refused, by name.
   const Result odd = run("launch --nproc 2 -- train --members 2 --epochs 1 --batch 63 --device cpu");
   EXPECT_EQ(odd.status, 2) << odd.out;
