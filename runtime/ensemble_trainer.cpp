@@ -13,10 +13,13 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <numbers>
 #include <string>
 
@@ -599,6 +602,110 @@ EnsembleTrainerOptions EnsembleTrainer::checkpoint_options(const Checkpoint& che
 
 std::string EnsembleTrainer::checkpoint_extra(const Checkpoint& checkpoint) {
   return checkpoint.payload.at("extra").toStringRef();
+}
+
+std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_members(
+    const std::vector<MemberSource>& shards, int64_t first, int64_t count) {
+  TORCH_CHECK(!shards.empty() && count > 0, "select_members: no shards or no members");
+  const Checkpoint& base = *shards.front().first;
+  const std::string where = base.path.string() + ": ";
+  EnsembleTrainerOptions options = checkpoint_options(base);
+  if (options.order() != graphs::BatchOrder::kShared) {
+    throw DataError(where + "its members were trained with " + std::string(graphs::to_string(options.order())) +
+                    " batch orders, which depend on how the members were sharded: resume it on its own number of "
+                    "ranks");
+  }
+  // Every shard's members as rows: (K_s, P) per flat buffer, (K_s) per per-member tensor.
+  const int64_t in = base.payload.at("in_features").toInt();
+  EnsembleTrainerOptions layout_options = options;
+  layout_options.device(c10::Device(c10::kCPU));
+  // Flat (N = K * P) buffers <-> member rows (K, P), through a layout of K members.
+  const auto to_rows = [&](const at::Tensor& flat, const ensemble::PackedParameters& p) {
+    return at::cat(p.blocks(flat), 1);
+  };
+  const auto from_rows = [&](const at::Tensor& rows, const ensemble::PackedParameters& p) {
+    at::Tensor flat = at::zeros({rows.size(0) * p.per_member()}, rows.options());
+    const std::vector<at::Tensor> blocks = p.blocks(flat);
+    int64_t column = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      blocks[i].copy_(rows.narrow(1, column, p.numel(i)));
+      column += p.numel(i);
+    }
+    return flat;
+  };
+  const auto parameters_for = [&](int64_t members) {
+    EnsembleTrainerOptions o = layout_options;
+    EnsembleTrainer t(o.members(members));
+    t.classes_ = to_vector(base.payload.at("classes").toTensor());
+    t.build_model(in);
+    return std::make_shared<ensemble::PackedParameters>(t.model_->parameters());
+  };
+  const auto target = parameters_for(count);
+  // Which shard holds member m, and its index there.
+  const auto locate = [&](int64_t m) -> std::pair<const Checkpoint*, int64_t> {
+    for (const auto& [checkpoint, shard_first] : shards) {
+      const int64_t n = checkpoint_options(*checkpoint).members();
+      if (m >= shard_first && m < shard_first + n) return {checkpoint.get(), m - shard_first};
+    }
+    throw DataError(fmt::format("{}member {} is in none of the shards given", where, m));
+  };
+  std::map<const Checkpoint*, std::shared_ptr<ensemble::PackedParameters>> layouts;
+  const auto layout_of = [&](const Checkpoint* c) {
+    auto& p = layouts[c];
+    if (!p) p = parameters_for(checkpoint_options(*c).members());
+    return p;
+  };
+  // Gathers members first.. of a tensor that every shard holds: flat or per member.
+  const auto gather = [&](const std::function<c10::optional<at::Tensor>(const Checkpoint&)>& get, bool flat) {
+    std::vector<at::Tensor> rows;
+    for (int64_t m = first; m < first + count; ++m) {
+      const auto [c, k] = locate(m);
+      const c10::optional<at::Tensor> t = get(*c);
+      if (!t) return at::Tensor();
+      rows.push_back(flat ? to_rows(*t, *layout_of(c))[k] : (*t)[k]);
+    }
+    const at::Tensor stacked = at::stack(rows);
+    return flat ? from_rows(stacked, *target) : stacked;
+  };
+  auto out = std::make_shared<Checkpoint>();
+  out->path = base.path;
+  out->payload = base.payload.copy();
+  if (base.payload.contains("training_rows")) {
+    throw DataError(where + "trained on per-member training-row sets (active learning): resume it as it was sharded");
+  }
+  const int64_t K0 = options.members();
+  for (const auto& entry : base.payload) {
+    const std::string key = entry.key().toStringRef();
+    if (key == "params" || key == "best_params" || key == "resume_params") {
+      out->payload.insert_or_assign(key, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+        return c.payload.contains(key) ? c10::optional<at::Tensor>(c.payload.at(key).toTensor()) : c10::nullopt;
+      }, /*flat=*/true));
+    } else if (key.rfind("member_", 0) == 0) {
+      out->payload.insert_or_assign(key, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+        return c.payload.at(key).toTensor();
+      }, /*flat=*/false));
+    }
+  }
+  if (base.payload.contains("optimizer")) {
+    c10::impl::GenericDict opt(c10::StringType::get(), c10::AnyType::get());
+    const auto base_opt = base.payload.at("optimizer").toGenericDict();
+    const int64_t P = target->per_member();
+    for (const auto& entry : base_opt) {
+      const std::string name = entry.key().toStringRef();
+      const at::Tensor t = entry.value().toTensor();
+      const bool flat = t.numel() == K0 * P, per_member = t.numel() == K0;
+      if (!flat && !per_member) {
+        opt.insert(name, t);  // shared by all members
+        continue;
+      }
+      opt.insert(name, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+        return c.payload.at("optimizer").toGenericDict().at(name).toTensor();
+      }, flat));
+    }
+    out->payload.insert_or_assign("optimizer", opt);
+  }
+  out->payload.insert_or_assign("options", to_json(options.members(count).first_member(first)));
+  return out;
 }
 
 void EnsembleTrainer::restore(const Checkpoint& checkpoint) {

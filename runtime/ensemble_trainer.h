@@ -151,6 +151,16 @@ class EnsembleTrainer {
   static std::shared_ptr<const Checkpoint> read_checkpoint(const std::filesystem::path& path);
   static EnsembleTrainerOptions checkpoint_options(const Checkpoint& checkpoint);
   static std::string checkpoint_extra(const Checkpoint& checkpoint);
+  // A checkpoint of members [first, first + count) taken from the shards of a
+  // member-parallel run (each shard's checkpoint with its first member): weights,
+  // optimizer state and member states per member; epoch, batch order, data and
+  // standardization from the first shard (all shards share them). What resuming on a
+  // different number of ranks restores. DataError when the shards do not hold those
+  // members, or were trained with per-member batch orders or training-row sets
+  // (their orders depend on the shard's layout).
+  using MemberSource = std::pair<std::shared_ptr<const Checkpoint>, int64_t>;  // checkpoint, its first member
+  static std::shared_ptr<const Checkpoint> select_members(const std::vector<MemberSource>& shards, int64_t first,
+                                                          int64_t count);
   // Restores a checkpoint into this trainer (built from checkpoint_options, the
   // device may differ). Before prepare(): the model only (predict, evaluate).
   // After prepare() with the same training data: everything, to continue with train().

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <system_error>
 
 namespace packtrain::cli {
@@ -88,17 +89,19 @@ void ShardedCheckpoint::save(const runtime::EnsembleTrainer& trainer, const std:
                                                              {"shards", shards}}
                                                   .dump(1));
   }
-  group_->barrier();  // committed: this rank's other shards of this manifest are garbage now
-  const std::string prefix = manifest_.filename().string() + ".e";
-  const std::string suffix = fmt::format(".shard-{}-of-{}", r, W);
-  std::error_code error;
-  const fs::path dir = manifest_.parent_path().empty() ? fs::path(".") : manifest_.parent_path();
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 && entry.path().filename() != mine.filename()) {
-      std::error_code ignored;
-      fs::remove(entry.path(), ignored);
+  group_->barrier();  // committed: every other shard file of this manifest is garbage now
+  if (r == 0) {  // earlier commits, another number of ranks, a run that died while saving
+    std::set<std::string> committed;
+    for (int64_t i = 0; i < W; ++i) committed.insert(shard_name(i));
+    const std::string prefix = manifest_.filename().string() + ".e";
+    std::error_code error;
+    const fs::path dir = manifest_.parent_path().empty() ? fs::path(".") : manifest_.parent_path();
+    for (const auto& entry : fs::directory_iterator(dir, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with(prefix) && name.find(".shard-") != std::string::npos && !committed.contains(name)) {
+        std::error_code ignored;
+        fs::remove(entry.path(), ignored);
+      }
     }
   }
   saved_epoch_ = epoch;

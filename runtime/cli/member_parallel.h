@@ -44,9 +44,10 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path);
 // A member-parallel run's checkpoint. save() is collective (every rank calls it after
 // the same epoch): each rank writes its shard to "<manifest>.e<epoch>.shard-<r>-of-<W>",
 // a barrier, rank 0 writes the manifest (atomically: the commit point), a barrier,
-// then each rank removes its other shard files of this manifest (earlier commits,
-// and the uncommitted shard of a run that died while saving). A rank that dies at
-// any point leaves the last committed manifest and all its shards loadable.
+// then rank 0 removes every other shard file of this manifest (earlier commits, other
+// numbers of ranks, the uncommitted shards of a run that died while saving). A rank
+// that dies at any point leaves the last committed manifest and all its shards
+// loadable.
 class ShardedCheckpoint {
  public:
   ShardedCheckpoint(std::filesystem::path manifest, runtime::distributed::ProcessGroup& group, int64_t members);

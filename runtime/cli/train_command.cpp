@@ -234,9 +234,9 @@ struct TrainCommand {
 // The rank's place in a member-parallel run; UsageError when not launched.
 runtime::distributed::RankInfo member_parallel_rank(const char* what) {
   const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
-  if (!rank.distributed()) {
+  if (!rank.launched()) {
     throw UsageError(fmt::format("{} splits the members across the ranks of a multi-process run: start it with "
-                                 "packtrain launch, torchrun or srun",
+                                 "packtrain launch, torchrun or srun (`launch --nproc 1` for one process)",
                                  what));
   }
   return rank;
@@ -301,25 +301,34 @@ struct ResumeCommand {
   SessionArgs session;
 };
 
-// Resumes a member-parallel run from its manifest on the same number of ranks: each
-// rank continues its own shard (evaluate and predict read a manifest anywhere).
+// Resumes a member-parallel run from its manifest: on the same number of ranks each
+// rank continues its own shard; on another number the members are re-sharded, each
+// rank gathering its new share from the shards that hold it.
 int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
   using namespace runtime::distributed;
   const RankInfo rank = member_parallel_rank(("resuming the member-parallel run " + c.from).c_str());
-  if (rank.world_size != manifest.ranks) {
-    throw UsageError(fmt::format("{} is a member-parallel run over {} ranks; resume it with packtrain launch --nproc {} "
-                                 "(this run has {}; evaluate and predict read it with any number)",
-                                 c.from, manifest.ranks, manifest.ranks, rank.world_size));
+  const int64_t K = manifest.members, W = rank.world_size;
+  if (K < W) throw UsageError(fmt::format("{}: {} members cannot be split over {} ranks", c.from, K, W));
+  // This rank's members: its own shard on the same number of ranks; on another
+  // number, gathered from the shards that hold them (re-sharded).
+  const MemberShard mine = member_shard(K, W, rank.rank);
+  std::vector<runtime::EnsembleTrainer::MemberSource> sources;
+  for (const ShardManifest::Shard& shard : manifest.shards) {
+    if (shard.first_member >= mine.first + mine.count || shard.first_member + shard.members <= mine.first) continue;
+    auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(shard.file);
+    const runtime::EnsembleTrainerOptions held = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
+    if (held.members() != shard.members || held.first_member() != shard.first_member) {
+      throw runtime::DataError(fmt::format("{}: holds members {}..{}, but the manifest names {}..{} for it",
+                                           shard.file.string(), held.first_member(),
+                                           held.first_member() + held.members() - 1, shard.first_member,
+                                           shard.first_member + shard.members - 1));
+    }
+    sources.emplace_back(std::move(checkpoint), shard.first_member);
   }
-  const ShardManifest::Shard& mine = manifest.shards[static_cast<size_t>(rank.rank)];
-  const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(mine.file);
+  const bool same_shards = W == manifest.ranks;
+  const auto checkpoint = same_shards ? sources.front().first
+                                      : runtime::EnsembleTrainer::select_members(sources, mine.first, mine.count);
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
-  if (options.members() != mine.members || options.first_member() != mine.first_member) {
-    throw runtime::DataError(fmt::format("{}: holds members {}..{}, but the manifest names {}..{} for it",
-                                         mine.file.string(), options.first_member(),
-                                         options.first_member() + options.members() - 1, mine.first_member,
-                                         mine.first_member + mine.members - 1));
-  }
   const DataArgs data_args = run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
   std::vector<std::string> log_lines;
   const SessionArgs log_args = rank.rank == 0 ? c.session : SessionArgs{.quiet = true};  // outlives the trainer's log
@@ -335,8 +344,10 @@ int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
   trainer.restore(*checkpoint);
   if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;  // in place: the next commit replaces it
   ShardedCheckpoint sharded(c.session.checkpoint, *group, manifest.members);
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume",
-                     {group.get(), &sharded, MemberShard{mine.first_member, mine.members}, manifest.members});
+  if (!same_shards && rank.rank == 0 && !c.session.quiet && !c.session.json) {
+    fmt::print(stderr, "resume: re-sharding {} members from {} ranks to {}\n", K, manifest.ranks, W);
+  }
+  return run_session(trainer, data, data_args, c.session, log_lines, "resume", {group.get(), &sharded, mine, K});
 }
 
 int run_resume(ResumeCommand c) {
@@ -375,7 +386,7 @@ void add_train_commands(CLI::App& app, int& status) {
   t->add_flag("--member-parallel", train->member_parallel,
               "Under packtrain launch / torchrun / srun: split the members across the ranks (no gradient traffic), "
               "gather the test predictions; --checkpoint writes one file per shard and then a manifest (the commit "
-              "point); `resume MANIFEST` continues on the same number of ranks, evaluate/predict read it anywhere")
+              "point); `resume MANIFEST` continues it on any number of ranks, evaluate/predict read it in one process")
       ->group("Multi-process");
   t->callback([train, &status] { status = run_train(*train); });
 
@@ -386,7 +397,7 @@ void add_train_commands(CLI::App& app, int& status) {
                 "--checkpoint names another file.");
   r->add_option("checkpoint", resume->from,
                 "Checkpoint written by `packtrain train --checkpoint`, or the manifest of a --member-parallel run "
-                "(resume it under packtrain launch with the same number of ranks)")
+                "(resume it under packtrain launch, on any number of ranks)")
       ->required();
   r->add_option("--epochs", resume->epochs, "Train until this many epochs in total (default: the run's own)")
       ->check(CLI::PositiveNumber);

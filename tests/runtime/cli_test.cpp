@@ -507,6 +507,16 @@ TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
   EXPECT_THAT(bad.out, HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='soon'"));
 }
 
+// The shard files a member-parallel checkpoint directory holds.
+std::vector<std::string> shard_files(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().find(".shard-") != std::string::npos) names.push_back(e.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const std::string args = "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --json --quiet";
   const nlohmann::json single = run_json(args);
@@ -541,12 +551,26 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu");
   EXPECT_EQ(alone.status, 2);
   EXPECT_THAT(alone.out, HasSubstr("multi-process run"));
-  // A manifest resumes on its own number of ranks only (shards are per rank).
-  const Result three = run("launch --nproc 3 -- resume " + path("mp.ckpt") + " --epochs 12");
-  EXPECT_EQ(three.status, 2) << three.out;
-  EXPECT_THAT(three.out, HasSubstr("member-parallel run over 2 ranks; resume it with packtrain launch --nproc 2"));
-  const Result unlaunched = run("resume " + path("mp.ckpt") + " --epochs 12");
+  // The manifest resumes on another number of ranks: 3 ranks re-shard the 5 members
+  // (2/2/1) from the 2 shards and continue exactly as one process would have.
+  const Result three = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 3 -- resume " + path("mp.ckpt") +
+                                   " --epochs 13 --json --quiet 2>/dev/null");
+  ASSERT_EQ(three.status, 0) << three.out;
+  const nlohmann::json resharded = rank0_json(three.out);
+  ASSERT_TRUE(resharded.is_object()) << three.out;
+  const nlohmann::json longer = run_json(
+      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --json --quiet");
+  EXPECT_EQ(resharded["epochs_run"], 13);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_DOUBLE_EQ(resharded["members"][k]["rmse"].get<double>(), longer["members"][k]["rmse"].get<double>())
+        << "member " << k;
+  }
+  EXPECT_EQ(nlohmann::json::parse(read_file(path("mp.ckpt")), nullptr, false)["ranks"], 3);
+  EXPECT_EQ(shard_files(dir_), (std::vector<std::string>{"mp.ckpt.e13.shard-0-of-3", "mp.ckpt.e13.shard-1-of-3",
+                                                          "mp.ckpt.e13.shard-2-of-3"}));
+  const Result unlaunched = run("resume " + path("mp.ckpt") + " --epochs 14");
   EXPECT_EQ(unlaunched.status, 2) << unlaunched.out;
+  EXPECT_THAT(unlaunched.out, HasSubstr("launch --nproc 1"));
 }
 
 TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
@@ -565,16 +589,12 @@ TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
   }
   EXPECT_DOUBLE_EQ(parallel["ensemble"]["accuracy"].get<double>(), single["ensemble"]["accuracy"].get<double>());
   EXPECT_DOUBLE_EQ(parallel["ensemble"]["nll"].get<double>(), single["ensemble"]["nll"].get<double>());
-}
-
-// The shard files a member-parallel checkpoint directory holds.
-std::vector<std::string> shard_files(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().filename().string().find(".shard-") != std::string::npos) names.push_back(e.path().filename());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
+  // Per-member batch orders depend on the sharding: such a run re-shards by no means.
+  ASSERT_EQ(run("launch --nproc 2 -- train --members 3 --epochs 1 --hidden 8 --device cpu --quiet --order bootstrap "
+                "--member-parallel --checkpoint " + path("boot.ckpt")).status, 0);
+  const Result reshard = run("launch --nproc 3 -- resume " + path("boot.ckpt") + " --epochs 2");
+  EXPECT_EQ(reshard.status, 2) << reshard.out;
+  EXPECT_THAT(reshard.out, HasSubstr("bootstrap batch orders, which depend on how the members were sharded"));
 }
 
 TEST_F(Cli, MemberParallelRunKilledMidwayResumesFromItsLastCommitLikeAnUninterruptedRun) {
