@@ -79,9 +79,11 @@ void EnsembleSteps::train_steps(int64_t count) {
 
 void EnsembleSteps::run_epoch() {
   PACKTRAIN_NVTX_RANGE("epoch");
-  batcher_.start_epoch();
+  start_epoch();
   run_steps(steps_per_epoch());
 }
+
+void EnsembleSteps::start_epoch() { batcher_.start_epoch(); }
 
 void EnsembleSteps::run_steps(int64_t steps) {
   TORCH_CHECK(steps >= 0, "run_steps: steps must be >= 0, got ", steps);

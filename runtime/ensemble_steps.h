@@ -83,6 +83,8 @@ class EnsembleSteps {
   void run_epoch();
   // `steps` more steps of the current epoch's order (they wrap around within it).
   void run_steps(int64_t steps);
+  // Draws the next epoch's order (run_epoch() = start_epoch() + run_steps(all)).
+  void start_epoch();
 
   // Loss reports whose copies have landed (no wait), or all of them (waits).
   std::vector<LossReport> poll_losses();

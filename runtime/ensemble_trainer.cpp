@@ -256,9 +256,9 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   val_history_.clear();
 }
 
-void EnsembleTrainer::check_ranks_agree() const {
-  // Once per epoch: every rank compares its parameters' checksum with rank 0's, and
-  // all learn whether any rank differs, so they fail together instead of hanging.
+void EnsembleTrainer::check_ranks_agree(int64_t step) const {
+  // Every rank compares its parameters' checksum with rank 0's, and all learn
+  // whether any rank differs, so they fail together instead of hanging.
   const at::Tensor flat = model_->parameters().flat().detach().to(at::kCPU, at::kDouble);
   const at::Tensor mine = at::stack({flat.sum(), flat.abs().sum(), (flat * flat).sum()});
   at::Tensor root = mine.clone();
@@ -266,7 +266,8 @@ void EnsembleTrainer::check_ranks_agree() const {
   at::Tensor differing = at::full({1}, at::equal(mine, root) ? 0.0 : 1.0, at::kDouble);
   group_->all_reduce_sum_(differing, "parameter-checksum all-reduce");
   if (differing.item<double>() > 0) {
-    throw distributed::CollectiveError("parameters differ across ranks after epoch " + std::to_string(epoch_ + 1) + ": " +
+    throw distributed::CollectiveError("parameters differ across ranks after step " + std::to_string(step) + " (epoch " +
+                                       std::to_string(epoch_ + 1) + "): " +
                              std::to_string(static_cast<int64_t>(differing.item<double>())) +
                              " rank(s) disagree with rank 0 (this rank " + (at::equal(mine, root) ? "agrees" : "differs") +
                              ")");
@@ -324,7 +325,23 @@ EpochReport EnsembleTrainer::run_epoch() {
   EpochReport report;
   report.steps = steps_->steps_per_epoch();
   step_offset_ = steps_taken_ - steps_->steps_taken();  // steps of earlier sessions (resume)
-  steps_->run_epoch();
+  const bool data_parallel = group_ != nullptr && group_->world_size() > 1;
+  if (data_parallel && check_every_steps_ > 0) {
+    // The epoch in pieces that end where a checksum comparison is due.
+    steps_->start_epoch();
+    for (int64_t done = 0; done < report.steps;) {
+      const int64_t step = steps_taken_ + done;
+      const int64_t n = std::min(check_every_steps_ - step % check_every_steps_, report.steps - done);
+      steps_->run_steps(n);
+      done += n;
+      if ((steps_taken_ + done) % check_every_steps_ == 0) {
+        group_->wait_device("gradient all-reduce");
+        check_ranks_agree(steps_taken_ + done);
+      }
+    }
+  } else {
+    steps_->run_epoch();
+  }
   // Data parallel on CUDA: the epoch's all-reduces completed, or an error naming the
   // steps that missed the deadline (a blocking read below would wait forever).
   if (group_ != nullptr) group_->wait_device("gradient all-reduce");
@@ -332,10 +349,10 @@ EpochReport EnsembleTrainer::run_epoch() {
   // synchronization per epoch, which the per-member decisions below need anyway.
   const std::vector<LossReport> losses = steps_->wait_losses();
   TORCH_CHECK(!losses.empty(), "internal: no loss report after an epoch");
-  if (group_ != nullptr && group_->world_size() > 1) {
+  if (data_parallel) {
     at::Tensor mean = losses.back().mean.contiguous();
     group_->all_reduce_mean_(mean, "training-loss all-reduce");  // each rank saw its shard
-    check_ranks_agree();
+    check_ranks_agree(steps_taken_ + report.steps);
   }
   const at::Tensor val = val_x_.defined() ? steps_->evaluate(val_x_, val_y_).cpu() : at::Tensor();
   ++epoch_;

@@ -135,7 +135,12 @@ class EnsembleTrainer {
   // device), rank 0's initial weights are broadcast, and training losses are
   // averaged so every rank takes the same per-member decisions. World size 1 runs the
   // same path. The group must outlive the trainer.
-  void set_process_group(distributed::ProcessGroup* group) { group_ = group; }
+  // Ranks compare a parameter checksum with rank 0's after every epoch, and with
+  // `check_every_steps` > 0 also every that many steps (a host synchronization each).
+  void set_process_group(distributed::ProcessGroup* group, int64_t check_every_steps = 0) {
+    group_ = group;
+    check_every_steps_ = check_every_steps;
+  }
   int64_t per_rank_batch() const;
 
   EnsemblePrediction predict(const at::Tensor& x) const;
@@ -198,7 +203,8 @@ class EnsembleTrainer {
   std::unique_ptr<ensemble::PackedOptimizer> optimizer_;
   std::unique_ptr<EnsembleSteps> steps_;
   distributed::ProcessGroup* group_ = nullptr;
-  void check_ranks_agree() const;
+  void check_ranks_agree(int64_t step) const;
+  int64_t check_every_steps_ = 0;
   at::Tensor val_x_, val_y_;   // standardized, on the device
   at::Tensor best_params_;     // (N) on the device: each member's best weights
   at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them

@@ -36,6 +36,7 @@ struct SessionArgs {
   std::string trace;
   bool json = false;
   bool quiet = false;
+  int64_t rank_check_every = 0;  // data parallel: steps between parameter-checksum comparisons (0: every epoch)
 };
 
 void add_session_options(CLI::App* app, SessionArgs& s) {
@@ -50,6 +51,10 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
   app->add_option("--trace", s.trace, "Write the run's NVTX ranges as Chrome trace JSON (open in ui.perfetto.dev)")->group("Output");
   app->add_flag("--json", s.json, "Print the result as JSON on stdout (no progress)")->group("Output");
   app->add_flag("--quiet", s.quiet, "No progress on stderr")->group("Output");
+  app->add_option("--rank-check-every", s.rank_check_every,
+                  "Data parallel: also compare the ranks' parameter checksums every this many steps (each a host "
+                  "synchronization; 0: after every epoch only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Multi-process");
 }
 
 // Graph-layer log lines: stderr, or collected into the JSON result.
@@ -287,7 +292,7 @@ int run_train(const TrainCommand& c) {
   // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(options.device());
   runtime::EnsembleTrainer trainer(options);
-  trainer.set_process_group(group.get());
+  trainer.set_process_group(group.get(), c.session.rank_check_every);
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());
@@ -362,7 +367,7 @@ int run_resume(ResumeCommand c) {
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
   runtime::EnsembleTrainer trainer(options);
-  trainer.set_process_group(group.get());  // every rank read the same checkpoint
+  trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
   const runtime::Dataset train = data.train(), val = data.validation();
   trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
                   val.features.size(0) > 0 ? val.targets : at::Tensor());

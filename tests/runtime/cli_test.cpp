@@ -401,7 +401,9 @@ nlohmann::json rank0_json(const std::string& out) {
 TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
   const std::string args = "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --json --quiet";
   const nlohmann::json single = run_json(args);
-  const Result launched = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- " + args + " 2>/dev/null");
+  // (Checksums compared every 4 steps too: the epoch runs in pieces, the same steps.)
+  const Result launched = run_command(std::string(PACKTRAIN_BINARY) + " launch --nproc 2 -- " + args +
+                                      " --rank-check-every 4 2>/dev/null");
   ASSERT_EQ(launched.status, 0) << launched.out;
   EXPECT_THAT(launched.out, ::testing::Not(HasSubstr("[rank 1] {"))) << "only rank 0 reports";
   const nlohmann::json parallel = rank0_json(launched.out);
@@ -472,6 +474,22 @@ TEST_F(Cli, DataParallelRunKilledMidwayResumesLikeAnUninterruptedRun) {
   EXPECT_EQ(a["epochs_run"], 500);
   EXPECT_EQ(a["ensemble"]["rmse"], b["ensemble"]["rmse"]);
   EXPECT_EQ(a["ensemble"]["nll"], b["ensemble"]["nll"]);
+}
+
+TEST_F(Cli, RanksThatDivergeStopAtTheNextChecksumComparison) {
+  // Two ranks with different learning rates: same gradients, different weights after
+  // the first update. With --rank-check-every 5 both stop at step 5, not at the
+  // epoch's end (13 steps of 64 rows).
+  const std::string port = std::to_string(20000 + (getpid() + 3307) % 20000);
+  const std::string env = "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port;
+  const std::string train = std::string(PACKTRAIN_BINARY) +
+                            " train --members 2 --hidden 8 --epochs 3 --batch 64 --device cpu --quiet "
+                            "--rank-check-every 5 --lr ";
+  const Result r = run_command("(" + env + " RANK=1 " + train + "0.02 >/dev/null 2>&1 & " + env + " RANK=0 " + train +
+                               "0.01; echo \"rank0 exit $?\"; wait)");
+  EXPECT_THAT(r.out, HasSubstr("rank0 exit 1")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("parameters differ across ranks after step 5 (epoch 1): 1 rank(s) disagree with rank 0"))
+      << r.out;
 }
 
 TEST_F(Cli, AKilledRankEndsTheOthersWithAnErrorNamingTheStep) {
