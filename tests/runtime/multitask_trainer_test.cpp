@@ -3,12 +3,14 @@
 // checkpoints round-trip and resume exactly; bad TSV rows are reported by line.
 #include "runtime/byte_tokenizer.h"
 #include "runtime/data_error.h"
+#include "runtime/distributed/process_group.h"
 #include "runtime/labelled_texts.h"
 #include "runtime/multitask_trainer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <fstream>
 #include <random>
 
@@ -80,6 +82,26 @@ TEST_P(MultiTaskTrainerTest, CapturedStepEqualsEagerStep) {
         << "shared " << shared;
     EXPECT_EQ(captured.training_graphs(), 2u) << "one graph per length bucket";
   }
+}
+
+TEST_P(MultiTaskTrainerTest, GroupOfOneEqualsNoGroupWithTheAllReduceInsideTheGraph) {
+  // The data-parallel path (gradient all-reduce between backward and the optimizer:
+  // Gloo on CPU, NCCL captured in each bucket's graph on a GPU) in a world of one.
+  if (!distributed::ProcessGroup::gloo_available()) GTEST_SKIP() << "built without Gloo's headers";
+  if (device().is_cuda() && !distributed::ProcessGroup::nccl_available()) GTEST_SKIP() << "built without NCCL";
+  auto group = distributed::ProcessGroup::join(distributed::RankInfo{}, std::chrono::seconds(30), device());
+  MultiTaskTrainer alone(tiny(device())), grouped(tiny(device()));
+  grouped.set_process_group(group.get());
+  const LabelledTexts train = synthetic(40, 3);
+  alone.set_training_data(train);
+  grouped.set_training_data(train);
+  for (int e = 0; e < 2; ++e) {
+    const MultiTaskEpochReport a = alone.train_epoch(), b = grouped.train_epoch();
+    EXPECT_NEAR(b.lm_loss, a.lm_loss, 1e-6);
+  }
+  EXPECT_TRUE(all_close(grouped.model().parameters().flat(), alone.model().parameters().flat(), 1e-6));
+  EXPECT_GE(group->calls(), 2);  // the broadcast and the recorded all-reduces went through the group
+  EXPECT_EQ(grouped.training_graphs(), 2u) << "one graph per length bucket, the all-reduce inside";
 }
 
 TEST_P(MultiTaskTrainerTest, EvaluationPadsPartialBatchesWithoutChangingTheMetrics) {
