@@ -257,21 +257,9 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
 }
 
 void EnsembleTrainer::check_ranks_agree(int64_t step) const {
-  // Every rank compares its parameters' checksum with rank 0's, and all learn
-  // whether any rank differs, so they fail together instead of hanging.
-  const at::Tensor flat = model_->parameters().flat().detach().to(at::kCPU, at::kDouble);
-  const at::Tensor mine = at::stack({flat.sum(), flat.abs().sum(), (flat * flat).sum()});
-  at::Tensor root = mine.clone();
-  group_->broadcast_(root, 0, "parameter-checksum broadcast");
-  at::Tensor differing = at::full({1}, at::equal(mine, root) ? 0.0 : 1.0, at::kDouble);
-  group_->all_reduce_sum_(differing, "parameter-checksum all-reduce");
-  if (differing.item<double>() > 0) {
-    throw distributed::CollectiveError("parameters differ across ranks after step " + std::to_string(step) + " (epoch " +
-                                       std::to_string(epoch_ + 1) + "): " +
-                             std::to_string(static_cast<int64_t>(differing.item<double>())) +
-                             " rank(s) disagree with rank 0 (this rank " + (at::equal(mine, root) ? "agrees" : "differs") +
-                             ")");
-  }
+  // All ranks learn whether any differs, so they fail together instead of hanging.
+  group_->check_same(model_->parameters().flat(), "parameters",
+                     "after step " + std::to_string(step) + " (epoch " + std::to_string(epoch_ + 1) + ")");
 }
 
 int64_t EnsembleTrainer::per_rank_batch() const {

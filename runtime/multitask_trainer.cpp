@@ -325,6 +325,10 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
     group_->all_reduce_mean_(classification_sum_, "training-loss all-reduce");
     group_->all_reduce_mean_(lm_sum_, "training-loss all-reduce");
     group_->wait_device("training-loss all-reduce");  // CUDA: before the reads below
+    if (group_->world_size() > 1) {
+      group_->check_same(model_->parameters().flat(), "parameters",
+                         fmt::format("after step {} (epoch {})", steps_done_, epochs_done_ + 1));
+    }
   }
   ++epochs_done_;
   MultiTaskEpochReport report;

@@ -61,7 +61,7 @@ struct RunFiles {
 // Trains epochs until `files.epochs` are done (a checkpoint after each, Ctrl-C ends
 // after the current one), then reports dev metrics. Returns 0, or 130 if interrupted.
 int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const runtime::LabelledTexts& dev,
-               int64_t truncated, MultiTaskTrainArgs a, const runtime::distributed::ProcessGroup* group) {
+               int64_t truncated, MultiTaskTrainArgs a, runtime::distributed::ProcessGroup* group) {
   // In a data-parallel run every rank trains; rank 0 alone reports and writes files.
   const bool primary = group == nullptr || group->rank() == 0;
   if (!primary) {
@@ -115,7 +115,10 @@ int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const 
                     eta, a.out));
     epochs.push_back({{"epoch", r.epoch}, {"classification_loss", r.classification_loss}, {"lm_loss", r.lm_loss},
                       {"seconds", r.seconds}, {"steps", r.steps}});
-    if (g_stop != 0) {
+    // Ctrl-C reaches the ranks at different moments: all stop after the same epoch.
+    const bool stop = group == nullptr ? g_stop != 0
+                                       : group->any(g_stop != 0, "interrupt-agreement all-reduce", trainer.steps_done());
+    if (stop) {
       say(fmt::format("multitask: interrupted after epoch {}; checkpoint {} holds it", r.epoch, a.out));
       status = 130;
       break;

@@ -79,16 +79,6 @@ struct Distribution {
   bool member_parallel() const { return sharded != nullptr; }
 };
 
-// Whether any rank was interrupted (Ctrl-C reaches every process under a launcher,
-// but not after the same epoch): all stop after the same epoch, so their
-// collectives and checkpoints stay matched.
-bool any_rank_interrupted(runtime::distributed::ProcessGroup* group, int64_t step) {
-  if (group == nullptr) return g_interrupted != 0;
-  at::Tensor flag = at::full({1}, g_interrupted != 0 ? 1.0 : 0.0, at::kDouble);
-  group->all_reduce_sum_(flag, "interrupt-agreement all-reduce", step);
-  return flag.item<double>() > 0;
-}
-
 int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const DataArgs& data_args,
                 SessionArgs s, const std::vector<std::string>& log_lines, const char* command,
                 const Distribution& dist = {}) {
@@ -139,7 +129,10 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
       [&](const runtime::EpochReport& r) {
         progress.epoch(r, o.members());
         if (s.checkpoint_every > 0 && r.epoch % s.checkpoint_every == 0) save();
-        return !any_rank_interrupted(group, trainer.steps_taken());
+        // Ctrl-C reaches the ranks at different moments: all stop after the same epoch.
+        const bool interrupted = g_interrupted != 0;
+        return group == nullptr ? !interrupted
+                                : !group->any(interrupted, "interrupt-agreement all-reduce", trainer.steps_taken());
       },
       /*stop_when_idle=*/!dist.member_parallel());
   progress.finish();

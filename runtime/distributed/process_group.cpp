@@ -241,4 +241,25 @@ void ProcessGroup::barrier() {
   impl_->wait(impl_->backend->barrier(options), "barrier");
 }
 
+void ProcessGroup::check_same(const at::Tensor& values, const char* what, const std::string& where) {
+  const at::Tensor flat = values.detach().reshape({-1}).to(at::kCPU, at::kDouble);
+  const at::Tensor mine = at::stack({flat.sum(), flat.abs().sum(), (flat * flat).sum()});
+  at::Tensor root = mine.clone();
+  broadcast_(root, 0, "checksum broadcast");
+  const bool agrees = at::equal(mine, root);
+  at::Tensor differing = at::full({1}, agrees ? 0.0 : 1.0, at::kDouble);
+  all_reduce_sum_(differing, "checksum all-reduce");
+  const auto n = static_cast<int64_t>(differing.item<double>());
+  if (n > 0) {
+    throw CollectiveError(fmt::format("{} differ across ranks {}: {} rank(s) disagree with rank 0 (this rank {})", what,
+                                      where, n, agrees ? "agrees" : "differs"));
+  }
+}
+
+bool ProcessGroup::any(bool flag, const char* what, int64_t step) {
+  at::Tensor t = at::full({1}, flag ? 1.0 : 0.0, at::kDouble);
+  all_reduce_sum_(t, what, step);
+  return t.item<double>() > 0;
+}
+
 }  // namespace packtrain::runtime::distributed

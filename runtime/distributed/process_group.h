@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace packtrain::runtime::distributed {
 
@@ -57,6 +58,14 @@ class ProcessGroup {
   // In place: every rank gets `root`'s values (complete on return, CUDA too).
   void broadcast_(at::Tensor& tensor, int64_t root = 0, const char* what = "broadcast");
   void barrier();
+
+  // Collective: compares a checksum of `values` (e.g. the flat parameters) with rank
+  // 0's; when any rank differs, every rank throws CollectiveError "<what> differ
+  // across ranks <where>: N rank(s) disagree with rank 0 (this rank agrees|differs)".
+  void check_same(const at::Tensor& values, const char* what, const std::string& where);
+  // Collective: whether `flag` is set on any rank (e.g. Ctrl-C, which reaches the
+  // ranks at different moments), so that all act on it at the same point.
+  bool any(bool flag, const char* what, int64_t step = -1);
 
   // CUDA groups: registers the device work enqueued so far on the current stream
   // (e.g. a replay of steps first_step..last_step with their gradient all-reduces)

@@ -102,6 +102,9 @@ TEST(ProcessGroupTest, OneProcessCollectivesAreTheIdentity) {
   group->broadcast_(t, 0);
   EXPECT_TRUE(at::equal(t, at::arange(5, at::kFloat)));
   group->barrier();
+  EXPECT_TRUE(group->any(true, "flag"));
+  EXPECT_FALSE(group->any(false, "flag"));
+  EXPECT_NO_THROW(group->check_same(at::arange(7, at::kFloat), "parameters", "after step 1"));
   at::Tensor strided = at::zeros({4, 4}).t();
   EXPECT_THROW(group->all_reduce_sum_(strided), c10::Error);
 }
