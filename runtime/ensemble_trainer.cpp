@@ -682,9 +682,16 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_membe
   for (const auto& entry : base.payload) {
     const std::string key = entry.key().toStringRef();
     if (key == "params" || key == "best_params" || key == "resume_params") {
-      out->payload.insert_or_assign(key, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+      const at::Tensor gathered = gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
         return c.payload.contains(key) ? c10::optional<at::Tensor>(c.payload.at(key).toTensor()) : c10::nullopt;
-      }, /*flat=*/true));
+      }, /*flat=*/true);
+      // Optional buffers some shard lacks: none for the selection (restore asks for
+      // best weights only where the run has validation data, which all shards share).
+      if (gathered.defined()) {
+        out->payload.insert_or_assign(key, gathered);
+      } else {
+        out->payload.erase(key);
+      }
     } else if (key.rfind("member_", 0) == 0) {
       out->payload.insert_or_assign(key, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
         return c.payload.at(key).toTensor();

@@ -159,7 +159,8 @@ class EnsembleTrainer {
   // A checkpoint of members [first, first + count) taken from the shards of a
   // member-parallel run (each shard's checkpoint with its first member): weights,
   // optimizer state and member states per member; epoch, batch order, data and
-  // standardization from the first shard (all shards share them). What resuming on a
+  // standardization from the first shard (all shards share them; its loss history,
+  // a mean over its own members, stands for the selection's). What resuming on a
   // different number of ranks restores. DataError when the shards do not hold those
   // members, or were trained with per-member batch orders or training-row sets
   // (their orders depend on the shard's layout).

@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -116,7 +118,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const packtrain::runtime::distributed::CollectiveError& e) {
     fmt::print(stderr, "packtrain: error: {}\n", e.what());  // a peer died or hangs: not bad input, not a bug
-    return 1;
+    // An NCCL abort may still be running on a thread of its own: end without the
+    // static destructors it could race (checkpoints are committed files already).
+    std::fflush(nullptr);
+    std::_Exit(1);
   } catch (const c10::Error& e) {
     fmt::print(stderr, "packtrain: internal error: {}\n", e.what_without_backtrace());
     return 1;

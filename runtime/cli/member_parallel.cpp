@@ -68,7 +68,7 @@ ShardedCheckpoint::ShardedCheckpoint(fs::path manifest, runtime::distributed::Pr
 
 void ShardedCheckpoint::save(const runtime::EnsembleTrainer& trainer, const std::string& extra) {
   const int64_t epoch = trainer.epoch();
-  if (epoch == saved_epoch_) return;  // this epoch is committed already (periodic and final save)
+  if (epoch == saved_epoch_) return;  // committed already (an interrupt right after a periodic save)
   const int64_t W = group_->world_size(), r = group_->rank();
   const auto shard_name = [&](int64_t rank) {
     return fmt::format("{}.e{}.shard-{}-of-{}", manifest_.filename().string(), epoch, rank, W);

@@ -128,7 +128,8 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
   const bool finished = trainer.train(
       [&](const runtime::EpochReport& r) {
         progress.epoch(r, o.members());
-        if (s.checkpoint_every > 0 && r.epoch % s.checkpoint_every == 0) save();
+        // The last epoch is saved after train() returns (with each member's best weights).
+        if (s.checkpoint_every > 0 && r.epoch % s.checkpoint_every == 0 && r.epoch < r.epochs) save();
         // Ctrl-C reaches the ranks at different moments: all stop after the same epoch.
         const bool interrupted = g_interrupted != 0;
         return group == nullptr ? !interrupted
@@ -323,7 +324,8 @@ int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
     }
     sources.emplace_back(std::move(checkpoint), shard.first_member);
   }
-  const bool same_shards = W == manifest.ranks;
+  const bool same_shards = sources.size() == 1 && sources.front().second == mine.first &&
+                           runtime::EnsembleTrainer::checkpoint_options(*sources.front().first).members() == mine.count;
   const auto checkpoint = same_shards ? sources.front().first
                                       : runtime::EnsembleTrainer::select_members(sources, mine.first, mine.count);
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
@@ -342,7 +344,7 @@ int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
   trainer.restore(*checkpoint);
   if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;  // in place: the next commit replaces it
   ShardedCheckpoint sharded(c.session.checkpoint, *group, manifest.members);
-  if (!same_shards && rank.rank == 0 && !c.session.quiet && !c.session.json) {
+  if (W != manifest.ranks && rank.rank == 0 && !c.session.quiet && !c.session.json) {
     fmt::print(stderr, "resume: re-sharding {} members from {} ranks to {}\n", K, manifest.ranks, W);
   }
   return run_session(trainer, data, data_args, c.session, log_lines, "resume", {group.get(), &sharded, mine, K});

@@ -82,7 +82,15 @@ struct CollectiveWatchdog::State {
       changed.notify_all();
       // The abort may block (NCCL waits for graphs that hold its kernels): it runs on
       // a thread of its own and the grace clock starts now.
-      if (options.on_timeout) std::thread(options.on_timeout).detach();
+      if (options.on_timeout) {
+        std::thread([setup = options.thread_setup, abort = options.on_timeout] {
+          try {
+            if (setup) setup();  // the same device and capture mode as the probes
+          } catch (const std::exception&) {
+          }
+          abort();
+        }).detach();
+      }
       if (!changed.wait_for(lock, options.grace, [this] { return taken || stop; })) {
         const std::string m = message;
         lock.unlock();

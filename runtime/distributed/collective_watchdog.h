@@ -33,8 +33,9 @@ struct WatchdogOptions {
   // device and relax the thread's capture mode: probing an event must not disturb
   // a graph the owner is capturing meanwhile).
   std::function<void()> thread_setup;
-  // Runs on a thread of its own when a deadline is missed (e.g. abort the NCCL
-  // communicator, which may itself block), so the grace clock runs regardless.
+  // Runs on a thread of its own (after thread_setup) when a deadline is missed
+  // (e.g. abort the NCCL communicator, which may itself block), so the grace clock
+  // runs regardless.
   std::function<void()> on_timeout;
   // Ends the process when the owner does not take the error in time; the default
   // prints "packtrain: error: <message>" to stderr and calls std::_Exit(1).

@@ -12,6 +12,7 @@
 #endif
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -39,6 +40,9 @@ struct NcclCommunicator::Impl {
   c10::Device device{c10::kCUDA, 0};
   ncclComm_t comm = nullptr;
   std::atomic<bool> aborted{false};
+  // Set before abort() waits for the exclusive lock: a call arriving meanwhile throws
+  // instead of queueing behind an abort that may wait for this very thread.
+  std::atomic<bool> aborting{false};
   // NCCL calls hold it shared; abort() exclusively: ncclCommAbort frees the
   // communicator, which no call may still be using.
   mutable std::shared_mutex use;
@@ -54,6 +58,12 @@ struct NcclCommunicator::Impl {
   }
   // The stream a collective on `tensor` is enqueued on: the current one (the capture
   // stream inside a captured step).
+  void refuse_if_aborting(const char* what) const {
+    if (aborting.load()) {
+      throw CollectiveError(fmt::format("{} on rank {} of {}: the NCCL communicator was aborted after a missed "
+                                        "deadline", what, rank, world_size));
+    }
+  }
   cudaStream_t stream_for(const at::Tensor& tensor, const char* what) const {
     if (aborted.load()) {
       throw CollectiveError(fmt::format("{} on rank {} of {}: the NCCL communicator was aborted after a missed "
@@ -101,6 +111,10 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(int64_t rank, int64_t
                                       world_size, root.size(), sizeof(id.internal)));
   }
   std::memcpy(id.internal, root.data(), sizeof(id.internal));
+  // Connect to the peers inside ncclCommInitRank (which the caller bounds with a
+  // deadline), not lazily inside the first collective (NCCL >= 2.22's default),
+  // where a missing peer would block the host with nothing watching.
+  ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   c10::cuda::CUDAGuard guard(device);
   impl->check(ncclCommInitRank(&impl->comm, static_cast<int>(world_size), id, static_cast<int>(rank)),
               "NCCL communicator setup");
@@ -108,6 +122,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(int64_t rank, int64_t
 }
 
 void NcclCommunicator::all_reduce_(at::Tensor& tensor, DeviceReduceOp op, const char* what) {
+  impl_->refuse_if_aborting(what);
   std::shared_lock lock(impl_->use);
   const cudaStream_t stream = impl_->stream_for(tensor, what);
   impl_->check(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -117,6 +132,7 @@ void NcclCommunicator::all_reduce_(at::Tensor& tensor, DeviceReduceOp op, const 
 }
 
 void NcclCommunicator::broadcast_(at::Tensor& tensor, int64_t root, const char* what) {
+  impl_->refuse_if_aborting(what);
   std::shared_lock lock(impl_->use);
   const cudaStream_t stream = impl_->stream_for(tensor, what);
   impl_->check(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -125,6 +141,7 @@ void NcclCommunicator::broadcast_(at::Tensor& tensor, int64_t root, const char* 
 }
 
 void NcclCommunicator::abort() {
+  impl_->aborting.store(true);
   std::unique_lock lock(impl_->use);
   if (impl_->aborted.exchange(true) || impl_->comm == nullptr) return;
   ncclCommAbort(impl_->comm);
@@ -133,6 +150,7 @@ void NcclCommunicator::abort() {
 bool NcclCommunicator::aborted() const { return impl_->aborted.load(); }
 
 std::string NcclCommunicator::async_error() const {
+  if (impl_->aborting.load()) return "";
   std::shared_lock lock(impl_->use);
   if (impl_->aborted.load() || impl_->comm == nullptr) return "";
   ncclResult_t state = ncclSuccess;

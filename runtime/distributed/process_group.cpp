@@ -62,6 +62,7 @@ struct ProcessGroup::Impl {
                                         "with the training device to reduce CUDA tensors over NCCL)",
                                         what, t.device().str()));
     }
+    watchdog->check();  // a missed deadline ends the run here, before another NCCL call
     return *nccl;
   }
   std::string who() const { return fmt::format("rank {} of {}", info.rank, info.world_size); }

@@ -591,6 +591,22 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   EXPECT_THAT(unlaunched.out, HasSubstr("launch --nproc 1"));
 }
 
+TEST_F(Cli, MemberParallelCheckpointHoldsTheBestWeightsTheRunReported) {
+  // Early stopping restores each member's best weights after the last epoch; the
+  // committed manifest must hold those (the last periodic save does not).
+  const Result launched = run_command(std::string(PACKTRAIN_BINARY) +
+                                      " launch --nproc 2 -- train --members 3 --hidden 16 --epochs 12 --lr 0.08 --patience 50 "
+                                      "--checkpoint-every 4 --device cpu --json --quiet --member-parallel --checkpoint " +
+                                      path("mp.ckpt") + " 2>/dev/null");
+  ASSERT_EQ(launched.status, 0) << launched.out;
+  const nlohmann::json trained = rank0_json(launched.out);
+  ASSERT_TRUE(trained.is_object()) << launched.out;
+  const nlohmann::json evaluated = run_json("evaluate " + path("mp.ckpt") + " --json --device cpu");
+  ASSERT_TRUE(evaluated.is_object());
+  EXPECT_EQ(evaluated["ensemble"]["rmse"], trained["ensemble"]["rmse"]);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(evaluated["members"][k]["rmse"], trained["members"][k]["rmse"]) << k;
+}
+
 TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
   const std::string args = "train --data wine-quality-red --head classification --members 3 --epochs 4 --hidden 16 "
                            "--device cpu --json --quiet";
