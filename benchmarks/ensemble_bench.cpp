@@ -14,6 +14,7 @@
 // PACKTRAIN_BENCH_UNROLL sets U for PackedGraphUnrolled (default: the trainer's).
 #include "benchmarks/bench_workload.h"
 #include "benchmarks/captured_step_bench.h"
+#include "benchmarks/data_parallel_bench.h"
 #include "benchmarks/multitask_bench.h"
 #include "ensemble/optimizers/adam.h"
 #include "ensemble/pack.h"
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
                  device.str().c_str());
   }
   packtrain::benchmarks::register_multitask_benchmarks(device);
+  packtrain::benchmarks::register_data_parallel_benchmarks(device);
   if (!device.is_cuda()) {
     std::fprintf(stderr, "MultiTaskGraph, DecodeGraph: not run (CUDA graphs need a CUDA device)\n");
   }

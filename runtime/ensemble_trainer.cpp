@@ -339,7 +339,7 @@ EpochReport EnsembleTrainer::run_epoch() {
   TORCH_CHECK(!losses.empty(), "internal: no loss report after an epoch");
   if (data_parallel) {
     at::Tensor mean = losses.back().mean.contiguous();
-    group_->all_reduce_mean_(mean, "training-loss all-reduce");  // each rank saw its shard
+    group_->all_reduce_mean_(mean, "training-loss all-reduce", steps_taken_ + report.steps);  // each rank saw its shard
     check_ranks_agree(steps_taken_ + report.steps);
   }
   const at::Tensor val = val_x_.defined() ? steps_->evaluate(val_x_, val_y_).cpu() : at::Tensor();
@@ -690,7 +690,7 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_membe
       if (gathered.defined()) {
         out->payload.insert_or_assign(key, gathered);
       } else {
-        out->payload.erase(key);
+        (void)out->payload.erase(key);
       }
     } else if (key.rfind("member_", 0) == 0) {
       out->payload.insert_or_assign(key, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {

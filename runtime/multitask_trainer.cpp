@@ -322,8 +322,8 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
     ++steps_done_;
   }
   if (group_ != nullptr) {
-    group_->all_reduce_mean_(classification_sum_, "training-loss all-reduce");
-    group_->all_reduce_mean_(lm_sum_, "training-loss all-reduce");
+    group_->all_reduce_mean_(classification_sum_, "training-loss all-reduce", steps_done_);
+    group_->all_reduce_mean_(lm_sum_, "training-loss all-reduce", steps_done_);
     group_->wait_device("training-loss all-reduce");  // CUDA: before the reads below
     if (group_->world_size() > 1) {
       group_->check_same(model_->parameters().flat(), "parameters",

@@ -15,6 +15,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -59,6 +62,24 @@ std::string read_file(const fs::path& path) {
 }
 
 void write_file(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// A TCP port nothing listens on now (the kernel picks it), for ranks started by hand.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  EXPECT_GT(port, 0) << "no free port";
+  return port;
+}
 
 class Cli : public ::testing::Test {
  protected:
@@ -452,7 +473,7 @@ TEST_F(Cli, DataParallelResumeEqualsTheUninterruptedRun) {
 }
 
 TEST_F(Cli, DataParallelRunKilledMidwayResumesLikeAnUninterruptedRun) {
-  const std::string port = std::to_string(20000 + (getpid() + 1613) % 20000);
+  const std::string port = std::to_string(free_port());
   const std::string env = "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 PACKTRAIN_COLLECTIVE_TIMEOUT=10 MASTER_PORT=" + port;
   const std::string common = " --members 3 --hidden 8 --batch 64 --device cpu --quiet --epochs 500";
   const std::string train = std::string(PACKTRAIN_BINARY) + " --threads 1 train" + common + " --checkpoint-every 1 --checkpoint " +
@@ -480,7 +501,7 @@ TEST_F(Cli, RanksThatDivergeStopAtTheNextChecksumComparison) {
   // Two ranks with different learning rates: same gradients, different weights after
   // the first update. With --rank-check-every 5 both stop at step 5, not at the
   // epoch's end (13 steps of 64 rows).
-  const std::string port = std::to_string(20000 + (getpid() + 3307) % 20000);
+  const std::string port = std::to_string(free_port());
   const std::string env = "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port;
   const std::string train = std::string(PACKTRAIN_BINARY) +
                             " train --members 2 --hidden 8 --epochs 3 --batch 64 --device cpu --quiet "
@@ -493,7 +514,7 @@ TEST_F(Cli, RanksThatDivergeStopAtTheNextChecksumComparison) {
 }
 
 TEST_F(Cli, AKilledRankEndsTheOthersWithAnErrorNamingTheStep) {
-  const std::string port = std::to_string(20000 + getpid() % 20000);
+  const std::string port = std::to_string(free_port());
   const std::string env = "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port;
   const std::string train = std::string(PACKTRAIN_BINARY) + " train --members 2 --hidden 8 --epochs 100000 --quiet";
   const auto start = std::chrono::steady_clock::now();
@@ -507,7 +528,7 @@ TEST_F(Cli, AKilledRankEndsTheOthersWithAnErrorNamingTheStep) {
 }
 
 TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
-  const std::string port = std::to_string(20000 + (getpid() + 7919) % 20000);
+  const std::string port = std::to_string(free_port());
   const std::string env =
       "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 PACKTRAIN_COLLECTIVE_TIMEOUT=4 MASTER_PORT=" + port;
   const std::string train = std::string(PACKTRAIN_BINARY) + " train --members 2 --hidden 8 --epochs 100000 --quiet";
@@ -632,7 +653,7 @@ TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
 }
 
 TEST_F(Cli, MemberParallelRunKilledMidwayResumesFromItsLastCommitLikeAnUninterruptedRun) {
-  const std::string port = std::to_string(20000 + (getpid() + 4241) % 20000);
+  const std::string port = std::to_string(free_port());
   const std::string env = "env WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 PACKTRAIN_COLLECTIVE_TIMEOUT=10 MASTER_PORT=" + port;
   const std::string common = " --members 3 --hidden 8 --batch 64 --device cpu --quiet";
   const std::string train = std::string(PACKTRAIN_BINARY) + " train" + common +

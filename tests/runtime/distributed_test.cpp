@@ -288,7 +288,9 @@ TEST_P(WorldOfOneTest, DataParallelTrainerEqualsTrainerWithoutGroup) {
   // The broadcast and gradient all-reduces went through the group (on a GPU only
   // while warming up and capturing: replays run them from the graph).
   EXPECT_GE(group->calls(), 3);
-  if (device().is_cpu()) EXPECT_EQ(group->calls(), 1 + grouped.steps_taken());
+  if (device().is_cpu()) {
+    EXPECT_EQ(group->calls(), 1 + grouped.steps_taken());
+  }
   if (device().is_cuda()) {
     for (graphs::CapturedStep* step : {&grouped.steps().unrolled_step(), &grouped.steps().single_step()}) {
       EXPECT_EQ(step->mode(), graphs::StepMode::kGraph)
