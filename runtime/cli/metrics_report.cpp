@@ -29,24 +29,6 @@ void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::Ensem
              cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll));
 }
 
-nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m) {
-  const bool cls = classification(trainer);
-  const auto one = [&](const runtime::Metrics& x) {
-    return cls ? nlohmann::json{{"accuracy", number(x.accuracy)}, {"nll", number(x.nll)}}
-               : nlohmann::json{{"rmse", number(x.rmse)}, {"nll", number(x.nll)}};
-  };
-  nlohmann::json members = nlohmann::json::array();
-  for (size_t k = 0; k < m.members.size(); ++k) {
-    nlohmann::json j = one(m.members[k]);
-    const runtime::MemberState& s = trainer.member_states()[k];
-    j["member"] = k;
-    j["status"] = std::string(runtime::to_string(s.status));
-    j["best_epoch"] = s.best_epoch;
-    members.push_back(j);
-  }
-  return {{"members", members}, {"ensemble", one(m.ensemble)}};
-}
-
 nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics, runtime::Head head) {
   const bool cls = head == runtime::Head::kClassification;
   const auto one = [&](const runtime::Metrics& x) {
@@ -71,6 +53,17 @@ void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::He
     fmt::print("  member {:>3}  {} {}  NLL {}\n", k, first, value(metrics.members[k]), cell(metrics.members[k].nll));
   }
   fmt::print("  ensemble    {} {}  NLL {}\n", first, value(metrics.ensemble), cell(metrics.ensemble.nll));
+}
+
+nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m) {
+  // The gathered form plus what this trainer knows of each member.
+  nlohmann::json out = gathered_metrics_json(m, trainer.options().head());
+  for (size_t k = 0; k < m.members.size(); ++k) {
+    const runtime::MemberState& s = trainer.member_states()[k];
+    out["members"][k]["status"] = std::string(runtime::to_string(s.status));
+    out["members"][k]["best_epoch"] = s.best_epoch;
+  }
+  return out;
 }
 
 }  // namespace packtrain::cli

@@ -63,6 +63,13 @@ std::string read_file(const fs::path& path) {
 
 void write_file(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
+// A shell fragment that kills $pid (SIGKILL) once `checkpoint` exists and half a
+// second more has passed: midway through a run that has committed a checkpoint,
+// however slowly the machine starts the processes.
+std::string wait_then_kill(const std::string& checkpoint) {
+  return "(while [ ! -e '" + checkpoint + "' ]; do sleep 0.1; done; sleep 0.5; kill -9 $pid)";
+}
+
 // A TCP port nothing listens on now (the kernel picks it), for ranks started by hand.
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -479,8 +486,9 @@ TEST_F(Cli, DataParallelRunKilledMidwayResumesLikeAnUninterruptedRun) {
   const std::string train = std::string(PACKTRAIN_BINARY) + " --threads 1 train" + common + " --checkpoint-every 1 --checkpoint " +
                             path("dp.ckpt");
   // Rank 1 dies (SIGKILL) mid-run; rank 0 has committed a checkpoint after every epoch.
-  const Result r = run_command("(" + env + " RANK=1 " + train + " >/dev/null 2>&1 & pid=$!; (sleep 1; kill -9 $pid) & " +
-                               env + " RANK=0 " + train + "; echo \"rank0 exit $?\")");
+  const Result r = run_command("(" + env + " RANK=1 " + train + " >/dev/null 2>&1 & pid=$!; " +
+                               wait_then_kill(path("dp.ckpt")) + " & " + env + " RANK=0 " + train +
+                               "; echo \"rank0 exit $?\")");
   ASSERT_THAT(r.out, HasSubstr("rank0 exit 1")) << "the run ended before the kill: " << r.out;
   // The last checkpoint loads, and restarting from it finishes the run as if never killed.
   EXPECT_EQ(run("evaluate " + path("dp.ckpt") + " --device cpu").status, 0);
@@ -659,8 +667,9 @@ TEST_F(Cli, MemberParallelRunKilledMidwayResumesFromItsLastCommitLikeAnUninterru
   const std::string train = std::string(PACKTRAIN_BINARY) + " train" + common +
                             " --epochs 100000 --member-parallel --checkpoint-every 1 --checkpoint " + path("mp.ckpt");
   // Rank 1 dies (SIGKILL) while both commit a checkpoint after every epoch.
-  const Result r = run_command("(" + env + " RANK=1 " + train + " >/dev/null 2>&1 & pid=$!; (sleep 3; kill -9 $pid) & " +
-                               env + " RANK=0 " + train + "; echo \"rank0 exit $?\")");
+  const Result r = run_command("(" + env + " RANK=1 " + train + " >/dev/null 2>&1 & pid=$!; " +
+                               wait_then_kill(path("mp.ckpt")) + " & " + env + " RANK=0 " + train +
+                               "; echo \"rank0 exit $?\")");
   EXPECT_THAT(r.out, HasSubstr("rank0 exit 1")) << r.out;
   // The last committed manifest and its shards load.
   const nlohmann::json manifest = nlohmann::json::parse(read_file(path("mp.ckpt")), nullptr, false);
