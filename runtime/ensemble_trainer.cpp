@@ -663,11 +663,16 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_membe
   // Gathers members first.. of a tensor that every shard holds: flat or per member.
   const auto gather = [&](const std::function<c10::optional<at::Tensor>(const Checkpoint&)>& get, bool flat) {
     std::vector<at::Tensor> rows;
+    std::map<const Checkpoint*, at::Tensor> by_shard;  // each shard's rows, converted once
     for (int64_t m = first; m < first + count; ++m) {
       const auto [c, k] = locate(m);
-      const c10::optional<at::Tensor> t = get(*c);
-      if (!t) return at::Tensor();
-      rows.push_back(flat ? to_rows(*t, *layout_of(c))[k] : (*t)[k]);
+      at::Tensor& shard_rows = by_shard[c];
+      if (!shard_rows.defined()) {
+        const c10::optional<at::Tensor> t = get(*c);
+        if (!t) return at::Tensor();
+        shard_rows = flat ? to_rows(*t, *layout_of(c)) : *t;
+      }
+      rows.push_back(shard_rows[k]);
     }
     const at::Tensor stacked = at::stack(rows);
     return flat ? from_rows(stacked, *target) : stacked;

@@ -77,11 +77,32 @@ struct Distribution {
   MemberShard shard;
   int64_t members = 0;  // the whole ensemble's, member parallel
   bool member_parallel() const { return sharded != nullptr; }
+
+  static Distribution over(runtime::distributed::ProcessGroup* group) {  // none: one process
+    Distribution d;
+    d.group = group;
+    return d;
+  }
+  static Distribution members_over(runtime::distributed::ProcessGroup& group, ShardedCheckpoint& sharded,
+                                   MemberShard shard, int64_t members) {
+    Distribution d = over(&group);
+    d.sharded = &sharded;
+    d.shard = shard;
+    d.members = members;
+    return d;
+  }
 };
+
+// The session arguments of a rank that neither prints nor writes files.
+SessionArgs silent_session() {
+  SessionArgs s;
+  s.quiet = true;
+  return s;
+}
 
 int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const DataArgs& data_args,
                 SessionArgs s, const std::vector<std::string>& log_lines, const char* command,
-                const Distribution& dist = {}) {
+                const Distribution& dist = Distribution::over(nullptr)) {
   const runtime::EnsembleTrainerOptions& o = trainer.options();
   runtime::distributed::ProcessGroup* group = dist.group;
   // In a multi-process run every rank trains; rank 0 alone reports and writes files
@@ -89,8 +110,7 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
   const bool primary = group == nullptr || group->rank() == 0;
   if (!primary) {
     const SessionArgs all = s;
-    s = SessionArgs();
-    s.quiet = true;
+    s = silent_session();
     if (dist.member_parallel()) {
       s.checkpoint = all.checkpoint;
       s.checkpoint_every = all.checkpoint_every;
@@ -223,6 +243,15 @@ int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const 
   return 0;
 }
 
+// Fits the trainer's standardization and builds its steps on the split's training
+// rows, with its validation rows when there are any.
+void prepare_on(runtime::EnsembleTrainer& trainer, const SplitData& data) {
+  const runtime::Dataset train = data.train(), val = data.validation();
+  const bool validated = val.features.size(0) > 0;
+  trainer.prepare(train.features, train.targets, validated ? val.features : at::Tensor(),
+                  validated ? val.targets : at::Tensor());
+}
+
 struct TrainCommand {
   DataArgs data;
   TrainerArgs trainer;
@@ -256,7 +285,7 @@ int run_member_parallel(const TrainCommand& c) {
   const MemberShard shard = member_shard(K, W, rank.rank);
   options.members(shard.count).first_member(shard.first);
   std::vector<std::string> log_lines;
-  const SessionArgs log_args = rank.rank == 0 ? c.session : SessionArgs{.quiet = true};  // outlives the trainer's log
+  const SessionArgs log_args = rank.rank == 0 ? c.session : silent_session();  // outlives the trainer's log
   options.log(graph_log(log_args, log_lines));
   auto group = ProcessGroup::join(rank, collective_timeout());
   const SplitData data = load_split_data(c.data);
@@ -265,11 +294,9 @@ int run_member_parallel(const TrainCommand& c) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::EnsembleTrainer trainer(options);
-  const runtime::Dataset train = data.train(), val = data.validation();
-  trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
-                  val.features.size(0) > 0 ? val.targets : at::Tensor());
+  prepare_on(trainer, data);
   ShardedCheckpoint sharded(c.session.checkpoint, *group, K);
-  return run_session(trainer, data, c.data, c.session, log_lines, "train", {group.get(), &sharded, shard, K});
+  return run_session(trainer, data, c.data, c.session, log_lines, "train", Distribution::members_over(*group, sharded, shard, K));
 }
 
 int run_train(const TrainCommand& c) {
@@ -287,10 +314,8 @@ int run_train(const TrainCommand& c) {
   const auto group = join_if_launched(options.device());
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);
-  const runtime::Dataset train = data.train(), val = data.validation();
-  trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
-                  val.features.size(0) > 0 ? val.targets : at::Tensor());
-  return run_session(trainer, data, c.data, c.session, log_lines, "train", {group.get()});
+  prepare_on(trainer, data);
+  return run_session(trainer, data, c.data, c.session, log_lines, "train", Distribution::over(group.get()));
 }
 
 struct ResumeCommand {
@@ -331,23 +356,21 @@ int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
   const DataArgs data_args = run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
   std::vector<std::string> log_lines;
-  const SessionArgs log_args = rank.rank == 0 ? c.session : SessionArgs{.quiet = true};  // outlives the trainer's log
+  const SessionArgs log_args = rank.rank == 0 ? c.session : silent_session();  // outlives the trainer's log
   options.device(pick_device(c.device)).log(graph_log(log_args, log_lines));
   if (c.epochs > 0) options.epochs(c.epochs);
   auto group = ProcessGroup::join(rank, collective_timeout());
   const SplitData data = load_split_data(data_args);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   runtime::EnsembleTrainer trainer(options);
-  const runtime::Dataset train = data.train(), val = data.validation();
-  trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
-                  val.features.size(0) > 0 ? val.targets : at::Tensor());
+  prepare_on(trainer, data);
   trainer.restore(*checkpoint);
   if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;  // in place: the next commit replaces it
   ShardedCheckpoint sharded(c.session.checkpoint, *group, manifest.members);
   if (W != manifest.ranks && rank.rank == 0 && !c.session.quiet && !c.session.json) {
     fmt::print(stderr, "resume: re-sharding {} members from {} ranks to {}\n", K, manifest.ranks, W);
   }
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume", {group.get(), &sharded, mine, K});
+  return run_session(trainer, data, data_args, c.session, log_lines, "resume", Distribution::members_over(*group, sharded, mine, K));
 }
 
 int run_resume(ResumeCommand c) {
@@ -363,12 +386,10 @@ int run_resume(ResumeCommand c) {
   const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
-  const runtime::Dataset train = data.train(), val = data.validation();
-  trainer.prepare(train.features, train.targets, val.features.size(0) > 0 ? val.features : at::Tensor(),
-                  val.features.size(0) > 0 ? val.targets : at::Tensor());
+  prepare_on(trainer, data);
   trainer.restore(*checkpoint);
   if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume", {group.get()});
+  return run_session(trainer, data, data_args, c.session, log_lines, "resume", Distribution::over(group.get()));
 }
 
 }  // namespace
