@@ -10,11 +10,11 @@
 // Both take the same member-steps (checked; the run fails otherwise). Rounds: 3, or
 // PACKTRAIN_BENCH_AL_ROUNDS. items_per_second counts member-epochs (one model
 // training one epoch); seconds_per_round is wall time per round.
-#include "ensemble/pack.h"
-#include "ensemble/packed_mlp.h"
-#include "runtime/active_learning.h"
-#include "runtime/standardizer.h"
-#include "runtime/uci_dataset.h"
+#include "packtrain/ensemble/pack.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/runtime/data/standardizer.h"
+#include "packtrain/runtime/data/uci_dataset.h"
+#include "packtrain/runtime/trainers/active_learning.h"
 
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>

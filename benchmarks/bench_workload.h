@@ -4,7 +4,7 @@
 // (PackedMLPOptions seed 1) and one fixed batch (seed 7) already on the device.
 #pragma once
 
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_mlp.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

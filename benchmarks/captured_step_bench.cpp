@@ -9,9 +9,9 @@
 // benchmarks/RESULTS.md for the arithmetic); device_over_bound is the ratio.
 #include "benchmarks/captured_step_bench.h"
 
-#include "graphs/captured_step.h"
-#include "profiling/step_timer.h"
-#include "runtime/synthetic_workload.h"
+#include "packtrain/graphs/captured_step.h"
+#include "packtrain/profiling/step_timer.h"
+#include "packtrain/runtime/profile/synthetic_workload.h"
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>

@@ -11,11 +11,11 @@
 #include "benchmarks/data_parallel_bench.h"
 
 #include "benchmarks/bench_workload.h"
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/packed_step.h"
-#include "graphs/captured_step.h"
-#include "profiling/step_timer.h"
-#include "runtime/distributed/process_group.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_step.h"
+#include "packtrain/graphs/captured_step.h"
+#include "packtrain/profiling/step_timer.h"
+#include "packtrain/runtime/distributed/process_group.h"
 
 #include <benchmark/benchmark.h>
 

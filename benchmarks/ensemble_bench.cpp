@@ -16,12 +16,12 @@
 #include "benchmarks/captured_step_bench.h"
 #include "benchmarks/data_parallel_bench.h"
 #include "benchmarks/multitask_bench.h"
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/pack.h"
-#include "ensemble/packed_mlp.h"
-#include "ensemble/packed_step.h"
-#include "runtime/cpu_memory.h"
-#include "runtime/ensemble_steps.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/pack.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_step.h"
+#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/trainers/ensemble_steps.h"
 
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>

@@ -9,11 +9,11 @@
 // overrides: LAYERS, WIDTH, SEQ, BATCH). Both tasks read the same texts.
 #include "benchmarks/multitask_bench.h"
 
-#include "ensemble/multitask_step.h"
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/packed_loss.h"
-#include "graphs/captured_step.h"
-#include "runtime/multitask_trainer.h"
+#include "packtrain/ensemble/multitask_step.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/graphs/captured_step.h"
+#include "packtrain/runtime/trainers/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

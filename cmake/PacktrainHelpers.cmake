@@ -1,7 +1,20 @@
 # Small helpers shared by the layer CMakeLists.
 
+# The include tree: sources include "packtrain/<layer>/<file>.h", as an installed
+# project does. In the build tree, include/packtrain/<layer> links to the layer's
+# source folder, so there is no generic runtime/ or graphs/ at the include root.
+function(packtrain_include_tree)
+  set(_root "${PROJECT_BINARY_DIR}/include/packtrain")
+  file(MAKE_DIRECTORY "${_root}")
+  foreach(layer base profiling ensemble graphs runtime)
+    if(NOT EXISTS "${_root}/${layer}")
+      file(CREATE_LINK "${PROJECT_SOURCE_DIR}/${layer}" "${_root}/${layer}" SYMBOLIC)
+    endif()
+  endforeach()
+endfunction()
+
 # packtrain_layer(<name> SOURCES ... DEPS ...): the library packtrain_<name> with
-# alias packtrain::<name>, public headers under the repository root.
+# alias packtrain::<name>; its headers are included as "packtrain/<name>/...".
 function(packtrain_layer name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_library(packtrain_${name} ${ARG_SOURCES})
@@ -9,7 +22,7 @@ function(packtrain_layer name)
   set_target_properties(packtrain_${name} PROPERTIES EXPORT_NAME ${name}
                         OUTPUT_NAME packtrain_${name})
   target_include_directories(packtrain_${name} PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
     $<INSTALL_INTERFACE:include>)
   target_link_libraries(packtrain_${name} PUBLIC ${ARG_DEPS})
 endfunction()

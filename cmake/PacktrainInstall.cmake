@@ -4,15 +4,16 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS packtrain_profiling packtrain_ensemble packtrain_graphs packtrain_runtime
+install(TARGETS packtrain_base packtrain_profiling packtrain_ensemble packtrain_graphs packtrain_runtime
         EXPORT packtrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS packtrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(layer profiling ensemble graphs runtime)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${layer}
-          FILES_MATCHING PATTERN "*.h")
+# Headers as include/packtrain/<layer>/...; the CLI's headers are not an API.
+foreach(layer base profiling ensemble graphs runtime)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/packtrain/${layer}
+          FILES_MATCHING PATTERN "*.h" PATTERN "cli" EXCLUDE)
 endforeach()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/packtrain/data)
 install(EXPORT packtrainTargets NAMESPACE packtrain:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/packtrain)

@@ -1,6 +1,7 @@
-#include "ensemble/cpu_fused_step.h"
+#include "packtrain/ensemble/cpu_fused_step.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 

@@ -15,8 +15,8 @@
 // any other device or dtype, and inputs autograd would reject (it then reports them).
 #pragma once
 
-#include "ensemble/packed_mlp.h"
-#include "ensemble/packed_step.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_step.h"
 
 #include <ATen/core/Tensor.h>
 

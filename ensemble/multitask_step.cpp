@@ -1,7 +1,7 @@
-#include "ensemble/multitask_step.h"
+#include "packtrain/ensemble/multitask_step.h"
 
-#include "ensemble/packed_loss.h"
-#include "profiling/nvtx.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -5,9 +5,9 @@
 // through the shared trunk (and so no "marked ready twice" under data parallelism).
 #pragma once
 
-#include "ensemble/optimizers/packed_optimizer.h"
-#include "ensemble/packed_step.h"
-#include "ensemble/packed_transformer.h"
+#include "packtrain/ensemble/optimizers/packed_optimizer.h"
+#include "packtrain/ensemble/packed_step.h"
+#include "packtrain/ensemble/packed_transformer.h"
 
 #include <ATen/core/Tensor.h>
 

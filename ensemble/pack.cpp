@@ -1,6 +1,6 @@
-#include "ensemble/pack.h"
+#include "packtrain/ensemble/pack.h"
 
-#include "ensemble/member_seed.h"
+#include "packtrain/ensemble/member_seed.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -2,7 +2,7 @@
 // member i of a pack equals, pack K standalone models, unpack member i.
 #pragma once
 
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_mlp.h"
 
 #include <torch/nn/modules/container/sequential.h>
 

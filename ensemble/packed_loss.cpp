@@ -1,4 +1,4 @@
-#include "ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_loss.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

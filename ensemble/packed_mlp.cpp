@@ -1,8 +1,9 @@
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_mlp.h"
 
-#include "ensemble/member_seed.h"
+#include "packtrain/ensemble/member_seed.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
@@ -10,23 +11,6 @@
 #include <string>
 
 namespace packtrain::ensemble {
-
-std::string_view to_string(Activation activation) {
-  switch (activation) {
-    case Activation::kReLU: return "relu";
-    case Activation::kGELU: return "gelu";
-    case Activation::kSiLU: return "silu";
-    case Activation::kTanh: return "tanh";
-  }
-  return "?";
-}
-
-Activation parse_activation(std::string_view name) {
-  for (Activation a : {Activation::kReLU, Activation::kGELU, Activation::kSiLU, Activation::kTanh}) {
-    if (name == to_string(a)) return a;
-  }
-  TORCH_CHECK(false, "unknown activation '", std::string(name), "': expected relu, gelu, silu or tanh");
-}
 
 void PackedMLPOptions::validate() const {
   TORCH_CHECK(members() > 0, "members must be positive, got members=", members());

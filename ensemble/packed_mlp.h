@@ -5,8 +5,10 @@
 // Linear -> [LayerNorm] -> activation -> [Dropout], `depth` times, then Linear.
 #pragma once
 
-#include "ensemble/packed_linear.h"
-#include "ensemble/packed_parameters.h"
+#include "packtrain/base/enum_names.h"
+
+#include "packtrain/ensemble/packed_linear.h"
+#include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
@@ -20,9 +22,11 @@ namespace packtrain::ensemble {
 
 enum class Activation { kReLU, kGELU, kSiLU, kTanh };
 
-std::string_view to_string(Activation activation);
-// Parses "relu", "gelu", "silu" or "tanh"; throws naming the accepted values.
-Activation parse_activation(std::string_view name);
+inline constexpr EnumNames<Activation, 4> kActivationNames{
+    "activation", {{{Activation::kReLU, "relu"}, {Activation::kGELU, "gelu"}, {Activation::kSiLU, "silu"}, {Activation::kTanh, "tanh"}}}};
+inline std::string_view to_string(Activation activation) { return kActivationNames.name(activation); }
+// Throws naming the value and the accepted names.
+inline Activation parse_activation(std::string_view name) { return kActivationNames.parse(name); }
 
 struct PackedMLPOptions {
   /// Example: PackedMLPOptions(8, 1).members(64).hidden(64).depth(2).activation(Activation::kGELU)

@@ -1,6 +1,7 @@
-#include "ensemble/packed_parameters.h"
+#include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 

@@ -1,32 +1,17 @@
-#include "ensemble/packed_step.h"
+#include "packtrain/ensemble/packed_step.h"
 
-#include "ensemble/cpu_fused_step.h"
-#include "ensemble/packed_loss.h"
-#include "profiling/nvtx.h"
+#include "packtrain/ensemble/cpu_fused_step.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <string>
 
 namespace packtrain::ensemble {
-
-std::string_view to_string(LossKind kind) {
-  switch (kind) {
-    case LossKind::kMSE: return "mse";
-    case LossKind::kGaussianNLL: return "gaussian-nll";
-    case LossKind::kCrossEntropy: return "cross-entropy";
-  }
-  return "?";
-}
-
-LossKind parse_loss_kind(std::string_view name) {
-  if (name == "mse") return LossKind::kMSE;
-  if (name == "gaussian-nll") return LossKind::kGaussianNLL;
-  if (name == "cross-entropy") return LossKind::kCrossEntropy;
-  TORCH_CHECK(false, "unknown loss '", std::string(name), "' (expected mse, gaussian-nll or cross-entropy)");
-}
 
 at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance) {
   switch (kind) {

@@ -4,8 +4,10 @@
 // they are safe to capture.
 #pragma once
 
-#include "ensemble/optimizers/packed_optimizer.h"
-#include "ensemble/packed_mlp.h"
+#include "packtrain/base/enum_names.h"
+
+#include "packtrain/ensemble/optimizers/packed_optimizer.h"
+#include "packtrain/ensemble/packed_mlp.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -20,9 +22,11 @@ enum class LossKind {
   kCrossEntropy,   // logits (K, B, C) against class indices (B) or (K, B), int64
 };
 
-std::string_view to_string(LossKind kind);
-// Parses "mse", "gaussian-nll" or "cross-entropy"; throws naming the accepted values.
-LossKind parse_loss_kind(std::string_view name);
+inline constexpr EnumNames<LossKind, 3> kLossKindNames{
+    "loss", {{{LossKind::kMSE, "mse"}, {LossKind::kGaussianNLL, "gaussian-nll"}, {LossKind::kCrossEntropy, "cross-entropy"}}}};
+inline std::string_view to_string(LossKind kind) { return kLossKindNames.name(kind); }
+// Throws naming the value and the accepted names.
+inline LossKind parse_loss_kind(std::string_view name) { return kLossKindNames.parse(name); }
 
 // (K) per-member mean losses of `kind`.
 at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance = 1e-6);

@@ -1,8 +1,9 @@
-#include "ensemble/packed_transformer.h"
+#include "packtrain/ensemble/packed_transformer.h"
 
-#include "ensemble/member_seed.h"
+#include "packtrain/ensemble/member_seed.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 

@@ -16,7 +16,7 @@
 // the device, so its shapes never change and the step can be captured as a graph.
 #pragma once
 
-#include "ensemble/packed_parameters.h"
+#include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>

@@ -1,7 +1,7 @@
 // The README's example: 64 small regressors trained as one pack with AdamW.
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/packed_loss.h"
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_mlp.h"
 
 #include <ATen/ATen.h>
 

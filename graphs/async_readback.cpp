@@ -1,6 +1,6 @@
-#include "graphs/async_readback.h"
+#include "packtrain/graphs/async_readback.h"
 
-#include "profiling/nvtx.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>

@@ -1,7 +1,7 @@
-#include "graphs/captured_step.h"
+#include "packtrain/graphs/captured_step.h"
 
-#include "graphs/capture_error.h"
-#include "profiling/nvtx.h"
+#include "packtrain/graphs/capture_error.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -28,15 +28,6 @@ struct CapturedStep::Graph {
   c10::cuda::CUDAStream side;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 };
-
-const char* to_string(StepMode mode) {
-  switch (mode) {
-    case StepMode::kEager: return "eager";
-    case StepMode::kWarmingUp: return "warming up";
-    case StepMode::kGraph: return "graph";
-  }
-  return "?";
-}
 
 std::string describe(const at::Tensor& tensor) {
   if (!tensor.defined()) return "an undefined tensor";

@@ -11,8 +11,10 @@
 // function eagerly, and the reason is logged at the first call.
 #pragma once
 
-#include "graphs/graph_log.h"
-#include "graphs/graph_pool.h"
+#include "packtrain/base/enum_names.h"
+
+#include "packtrain/graphs/graph_log.h"
+#include "packtrain/graphs/graph_pool.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -45,7 +47,9 @@ struct CaptureOptions {
 };
 
 enum class StepMode { kEager, kWarmingUp, kGraph };
-const char* to_string(StepMode mode);
+inline constexpr EnumNames<StepMode, 3> kStepModeNames{
+    "step mode", {{{StepMode::kEager, "eager"}, {StepMode::kWarmingUp, "warming up"}, {StepMode::kGraph, "graph"}}}};
+inline const char* to_string(StepMode mode) { return kStepModeNames.name(mode).data(); }  // names are literals
 
 class CapturedStep {
  public:

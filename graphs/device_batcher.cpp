@@ -1,6 +1,6 @@
-#include "graphs/device_batcher.h"
+#include "packtrain/graphs/device_batcher.h"
 
-#include "profiling/nvtx.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -10,22 +10,6 @@
 #include <string>
 
 namespace packtrain::graphs {
-
-std::string_view to_string(BatchOrder order) {
-  switch (order) {
-    case BatchOrder::kShared: return "shared";
-    case BatchOrder::kPerMember: return "per-member";
-    case BatchOrder::kBootstrap: return "bootstrap";
-  }
-  return "?";
-}
-
-BatchOrder parse_batch_order(std::string_view name) {
-  if (name == "shared") return BatchOrder::kShared;
-  if (name == "per-member") return BatchOrder::kPerMember;
-  if (name == "bootstrap") return BatchOrder::kBootstrap;
-  TORCH_CHECK(false, "unknown batch order '", std::string(name), "' (expected shared, per-member or bootstrap)");
-}
 
 namespace {
 at::Generator make_generator(c10::Device device, uint64_t seed) {

@@ -6,6 +6,8 @@
 // host.
 #pragma once
 
+#include "packtrain/base/enum_names.h"
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -22,9 +24,11 @@ enum class BatchOrder {
   kBootstrap,  // each member draws N rows with replacement per epoch: (K, B, ...)
 };
 
-std::string_view to_string(BatchOrder order);
-// Parses "shared", "per-member" or "bootstrap"; throws naming the accepted values.
-BatchOrder parse_batch_order(std::string_view name);
+inline constexpr EnumNames<BatchOrder, 3> kBatchOrderNames{
+    "batch order", {{{BatchOrder::kShared, "shared"}, {BatchOrder::kPerMember, "per-member"}, {BatchOrder::kBootstrap, "bootstrap"}}}};
+inline std::string_view to_string(BatchOrder order) { return kBatchOrderNames.name(order); }
+// Throws naming the value and the accepted names.
+inline BatchOrder parse_batch_order(std::string_view name) { return kBatchOrderNames.parse(name); }
 
 class DeviceBatcher {
  public:

@@ -1,6 +1,6 @@
-#include "graphs/graph_cache.h"
+#include "packtrain/graphs/graph_cache.h"
 
-#include "profiling/nvtx.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

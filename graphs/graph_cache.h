@@ -5,7 +5,7 @@
 // instead of silently re-capturing.
 #pragma once
 
-#include "graphs/captured_step.h"
+#include "packtrain/graphs/captured_step.h"
 
 #include <map>
 #include <memory>

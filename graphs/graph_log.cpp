@@ -1,4 +1,4 @@
-#include "graphs/graph_log.h"
+#include "packtrain/graphs/graph_log.h"
 
 #include <cstdio>
 

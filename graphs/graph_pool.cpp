@@ -1,4 +1,4 @@
-#include "graphs/graph_pool.h"
+#include "packtrain/graphs/graph_pool.h"
 
 #include <ATen/cuda/CUDAGraph.h>
 

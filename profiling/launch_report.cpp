@@ -1,6 +1,6 @@
-#include "profiling/launch_report.h"
+#include "packtrain/profiling/launch_report.h"
 
-#include "profiling/step_timer.h"
+#include "packtrain/profiling/step_timer.h"
 
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>

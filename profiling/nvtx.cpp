@@ -1,8 +1,8 @@
 // NVTX push/pop in the `packtrain` domain (nvtx3 is header-only; kept out of our
 // public headers so only this file sees it).
-#include "profiling/nvtx.h"
+#include "packtrain/profiling/nvtx.h"
 
-#include "profiling/trace.h"
+#include "packtrain/profiling/trace.h"
 
 #if PACKTRAIN_HAVE_NVTX
 #include <nvtx3/nvToolsExt.h>

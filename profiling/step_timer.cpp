@@ -1,4 +1,4 @@
-#include "profiling/step_timer.h"
+#include "packtrain/profiling/step_timer.h"
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>

@@ -1,4 +1,4 @@
-#include "profiling/trace.h"
+#include "packtrain/profiling/trace.h"
 
 #include <nlohmann/json.hpp>
 

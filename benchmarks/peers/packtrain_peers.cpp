@@ -13,10 +13,10 @@
 // little-endian, C order): x (B, 8), y (B, 1), linear<i>.weight (K, I, O),
 // linear<i>.bias (K, 1, O).
 #include "benchmarks/bench_workload.h"
-#include "ensemble/optimizers/adam.h"
-#include "runtime/checkpoint_file.h"
-#include "runtime/ensemble_steps.h"
-#include "runtime/svg_plot.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/io/svg_plot.h"
+#include "packtrain/runtime/trainers/ensemble_steps.h"
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>

@@ -1,10 +1,11 @@
-#include "ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/optimizers/adam.h"
 
-#include "ensemble/optimizers/adam_math.h"
-#include "ensemble/optimizers/adam_update.h"
-#include "ensemble/optimizers/adam_update_cuda.h"
+#include "packtrain/ensemble/optimizers/adam_math.h"
+#include "packtrain/ensemble/optimizers/adam_update.h"
+#include "packtrain/ensemble/optimizers/adam_update_cuda.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #if defined(PACKTRAIN_HAVE_CUDA_KERNELS)

@@ -3,7 +3,7 @@
 // weight decay, mask and step count (bias correction) as device tensors.
 #pragma once
 
-#include "ensemble/optimizers/packed_optimizer.h"
+#include "packtrain/ensemble/optimizers/packed_optimizer.h"
 
 #include <torch/arg.h>
 

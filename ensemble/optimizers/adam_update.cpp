@@ -1,6 +1,6 @@
-#include "ensemble/optimizers/adam_update.h"
+#include "packtrain/ensemble/optimizers/adam_update.h"
 
-#include "ensemble/optimizers/adam_math.h"
+#include "packtrain/ensemble/optimizers/adam_math.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

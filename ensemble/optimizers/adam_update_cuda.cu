@@ -1,5 +1,5 @@
-#include "ensemble/optimizers/adam_math.h"
-#include "ensemble/optimizers/adam_update_cuda.h"
+#include "packtrain/ensemble/optimizers/adam_math.h"
+#include "packtrain/ensemble/optimizers/adam_update_cuda.h"
 
 #include <cuda_runtime.h>
 

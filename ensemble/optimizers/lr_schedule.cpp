@@ -1,4 +1,4 @@
-#include "ensemble/optimizers/lr_schedule.h"
+#include "packtrain/ensemble/optimizers/lr_schedule.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -9,23 +9,6 @@
 #include <string>
 
 namespace packtrain::ensemble {
-
-std::string_view to_string(LrScheduleKind kind) {
-  switch (kind) {
-    case LrScheduleKind::kConstant: return "constant";
-    case LrScheduleKind::kLinearWarmup: return "warmup";
-    case LrScheduleKind::kCosine: return "cosine";
-  }
-  return "?";
-}
-
-LrScheduleKind parse_lr_schedule(std::string_view name) {
-  if (name == "constant") return LrScheduleKind::kConstant;
-  if (name == "warmup") return LrScheduleKind::kLinearWarmup;
-  if (name == "cosine") return LrScheduleKind::kCosine;
-  TORCH_CHECK(false, "unknown learning-rate schedule '", std::string(name),
-              "' (expected constant, warmup or cosine)");
-}
 
 void LrSchedule::validate() const {
   TORCH_CHECK(warmup_steps() >= 0, "lr schedule: warmup steps must be >= 0, got ", warmup_steps());

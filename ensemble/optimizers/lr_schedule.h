@@ -3,6 +3,8 @@
 // graph). The factor multiplies the member's base learning rate.
 #pragma once
 
+#include "packtrain/base/enum_names.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
@@ -17,9 +19,11 @@ enum class LrScheduleKind {
   kCosine,        // linear warm-up over W updates, then cosine from 1 to min_factor at update T, then min_factor
 };
 
-std::string_view to_string(LrScheduleKind kind);
-// Parses "constant", "warmup" or "cosine"; throws naming the accepted values.
-LrScheduleKind parse_lr_schedule(std::string_view name);
+inline constexpr EnumNames<LrScheduleKind, 3> kLrScheduleKindNames{
+    "learning-rate schedule", {{{LrScheduleKind::kConstant, "constant"}, {LrScheduleKind::kLinearWarmup, "warmup"}, {LrScheduleKind::kCosine, "cosine"}}}};
+inline std::string_view to_string(LrScheduleKind kind) { return kLrScheduleKindNames.name(kind); }
+// Throws naming the value and the accepted names.
+inline LrScheduleKind parse_lr_schedule(std::string_view name) { return kLrScheduleKindNames.parse(name); }
 
 struct LrSchedule {
   /// Example: LrSchedule().kind(LrScheduleKind::kCosine).warmup_steps(100).total_steps(5000)

@@ -1,4 +1,4 @@
-#include "ensemble/optimizers/packed_optimizer.h"
+#include "packtrain/ensemble/optimizers/packed_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -3,8 +3,8 @@
 // and no host scalar that changes between steps enters an update.
 #pragma once
 
-#include "ensemble/optimizers/lr_schedule.h"
-#include "ensemble/packed_parameters.h"
+#include "packtrain/ensemble/optimizers/lr_schedule.h"
+#include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -1,6 +1,7 @@
-#include "ensemble/optimizers/sgd.h"
+#include "packtrain/ensemble/optimizers/sgd.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 namespace packtrain::ensemble {

@@ -2,7 +2,7 @@
 // torch::optim::SGD's update rule applied to all members at once.
 #pragma once
 
-#include "ensemble/optimizers/packed_optimizer.h"
+#include "packtrain/ensemble/optimizers/packed_optimizer.h"
 
 #include <torch/arg.h>
 

@@ -1,11 +1,11 @@
 // `packtrain active-learn`: the pool-based active-learning loop (runtime/active_learning.h)
 // with acquisition by ensemble spread against random acquisition, on one pack;
 // writes the learning curve as CSV and SVG.
-#include "runtime/active_learning.h"
-#include "runtime/cli/commands.h"
-#include "runtime/cli/progress.h"
-#include "runtime/cli/trainer_args.h"
-#include "runtime/cpu_memory.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/trainer_flags.h"
+#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/trainers/active_learning.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -19,8 +19,8 @@ namespace packtrain::cli {
 namespace {
 
 struct ActiveLearnCommand {
-  DataArgs data;
-  TrainerArgs trainer;
+  runtime::DataArgs data;
+  TrainerFlags trainer;
   runtime::ActiveLearningOptions loop;
   std::string csv = "learning_curve.csv";
   std::string plot = "learning_curve.svg";
@@ -38,9 +38,9 @@ int run_active_learn(const ActiveLearnCommand& c) {
       fmt::print(stderr, "[packtrain] {}\n", line);
     }
   });
-  DataArgs data_args = c.data;
+  runtime::DataArgs data_args = c.data;
   data_args.val_fraction = 0;  // the loop trains for fixed epochs: the pool is the training split
-  const SplitData data = load_split_data(data_args);
+  const runtime::SplitData data = runtime::load_split_data(data_args);
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   const runtime::Dataset pool = data.train(), test = data.test();
   if (test.features.size(0) == 0) throw UsageError("active learning needs test rows to draw the learning curve");
@@ -97,10 +97,8 @@ int run_active_learn(const ActiveLearnCommand& c) {
 
 void add_active_learn_command(CLI::App& app, int& status) {
   auto c = std::make_shared<ActiveLearnCommand>();
-  c->trainer.members = 5;
-  c->trainer.epochs = 100;
-  c->trainer.batch = 16;
-  c->trainer.order = "per-member";
+  // Active learning's own defaults: small packs retrained often, each member its own order.
+  c->trainer.options.members(5).epochs(100).batch_size(16).order(graphs::BatchOrder::kPerMember);
   c->data.data = "yacht";
   CLI::App* a = app.add_subcommand(
       "active-learn",

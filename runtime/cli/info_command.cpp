@@ -1,12 +1,12 @@
 // `packtrain info` (versions, devices, CUDA/NCCL availability) and `packtrain
 // profile` (how much of a training step is kernel launches).
-#include "runtime/cli/cli_common.h"
-#include "runtime/cli/commands.h"
-#include "runtime/cpu_memory.h"
-#include "runtime/dataset.h"
-#include "runtime/distributed/nccl_communicator.h"
-#include "runtime/distributed/process_group.h"
-#include "runtime/launch_profile.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/data/dataset.h"
+#include "packtrain/runtime/distributed/nccl_communicator.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/profile/launch_profile.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>

@@ -4,8 +4,8 @@
 // stdout and stderr line by line with a "[rank r] " prefix, and, when a rank fails,
 // stops the others after a grace period and exits with the failing rank's status.
 // Ctrl-C is passed on to every rank.
-#include "runtime/cli/cli_common.h"
-#include "runtime/cli/commands.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -10,10 +10,10 @@
 //
 // Exit status: 0 success, 2 bad input (arguments, data, checkpoints, config),
 // 130 interrupted (after saving a checkpoint when asked), 1 internal error.
-#include "runtime/cli/cli_common.h"
-#include "runtime/cli/commands.h"
-#include "runtime/data_error.h"
-#include "runtime/distributed/process_group.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/process_group.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>

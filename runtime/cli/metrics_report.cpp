@@ -1,4 +1,4 @@
-#include "runtime/cli/metrics_report.h"
+#include "packtrain/runtime/cli/metrics_report.h"
 
 #include <fmt/format.h>
 

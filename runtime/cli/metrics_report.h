@@ -2,7 +2,7 @@
 // `train`, `resume` and `evaluate`.
 #pragma once
 
-#include "runtime/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
 
 #include <nlohmann/json.hpp>
 

@@ -7,12 +7,13 @@
 //   resume    continue a run from its checkpoint (same files, exact at an epoch boundary)
 //   score     class probabilities for texts (arguments, or one per line from a file)
 //   generate  a continuation of --prompt (with --score, the prompt's score too)
-#include "runtime/cli/cli_common.h"
-#include "runtime/cli/commands.h"
-#include "runtime/data_error.h"
-#include "runtime/distributed/process_group.h"
-#include "runtime/labelled_texts.h"
-#include "runtime/multitask_trainer.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/run_driver.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/labelled_texts.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/trainers/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -20,8 +21,6 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <csignal>
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -30,20 +29,14 @@ namespace packtrain::cli {
 
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
-extern "C" void on_sigint_multitask(int) {
-  g_stop = 1;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
-}
-
+// The flags of `multitask train`, bound onto the trainer's options (their defaults
+// are the options' own), plus what belongs to the run rather than the trainer.
 struct MultiTaskTrainArgs {
-  std::string train, dev, out = "multitask.ckpt", device = "auto", log;
-  int64_t epochs = 6, members = 1, width = 128, layers = 2, heads = 4, max_length = 128, batch = 32;
-  std::vector<int64_t> buckets{32, 64, 128};
-  double lr = 1e-3, weight_decay = 0.01, cls_weight = 1.0, lm_weight = 1.0;
-  int64_t warmup = 100;
-  bool separate_lm_texts = false, no_capture = false, json = false, quiet = false;
-  uint64_t seed = 0;
+  runtime::MultiTaskTrainerOptions options;
+  std::string train, dev, device = "auto";
+  int64_t epochs = 6;
+  OutputArgs output;
+  CheckpointArgs checkpoint{.path = "multitask.ckpt", .every = 1};  // after every epoch
 };
 
 nlohmann::json metrics_json(const runtime::TaskMetrics& m) {
@@ -58,161 +51,157 @@ struct RunFiles {
   int64_t epochs = 0;
 };
 
-// Trains epochs until `files.epochs` are done (a checkpoint after each, Ctrl-C ends
-// after the current one), then reports dev metrics. Returns 0, or 130 if interrupted.
-int train_loop(runtime::MultiTaskTrainer& trainer, const RunFiles& files, const runtime::LabelledTexts& dev,
-               int64_t truncated, MultiTaskTrainArgs a, runtime::distributed::ProcessGroup* group) {
-  // In a data-parallel run every rank trains; rank 0 alone reports and writes files.
-  const bool primary = group == nullptr || group->rank() == 0;
-  if (!primary) {
-    a.quiet = true;
-    a.json = false;
-    a.log.clear();
-  }
-  std::FILE* log = a.log.empty() ? nullptr : std::fopen(a.log.c_str(), "a");
-  if (!a.log.empty() && log == nullptr) throw UsageError("cannot open log file " + a.log);
-  const auto say = [&](const std::string& line) {
-    if (!a.quiet) fmt::print(stderr, "{}\n", line);
-    if (log != nullptr) fmt::print(log, "{}\n", line);
-  };
-  const runtime::MultiTaskTrainerOptions& options = trainer.options();
+// A multitask session: the trainer, its files and dev set, and the driver around it.
+struct Session {
+  runtime::MultiTaskTrainer& trainer;
+  const RunFiles& files;
+  const runtime::LabelledTexts& dev;
+  int64_t truncated;
+  runtime::distributed::ProcessGroup* group;
+};
+
+void describe(const Session& s, RunDriver& driver) {
+  const runtime::MultiTaskTrainerOptions& options = s.trainer.options();
   const auto& m = options.model();
-  const c10::Device device = m.device();
-  say(fmt::format("multitask: {} ({} train / {} dev sentences), {} member(s), width {}, {} layers, {} heads, "
-                  "buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
-                  files.train.filename().string(), trainer.training_examples(), dev.size(), m.members(), m.width(),
-                  m.layers(), m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(),
-                  trainer.steps_per_epoch(),
-                  options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
-                  device.str(), options.capture() && device.is_cuda() ? ", captured" : ""));
-  if (group != nullptr) {
-    say(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
-                    "averaged over {} every step",
-                    group->world_size(), group->info().source, options.batch_size(),
-                    options.batch_size() / group->world_size(), group->backends()));
+  driver.note(fmt::format("multitask: {} ({} train / {} dev sentences), {} member(s), width {}, {} layers, {} heads, "
+                          "buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
+                          s.files.train.filename().string(), s.trainer.training_examples(), s.dev.size(), m.members(),
+                          m.width(), m.layers(), m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(),
+                          s.trainer.steps_per_epoch(),
+                          options.shared_inputs() ? "one trunk forward per step"
+                                                  : "two trunk forwards per step (separate LM texts)",
+                          m.device().str(), options.capture() && m.device().is_cuda() ? ", captured" : ""));
+  if (s.group != nullptr) {
+    driver.note(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
+                            "averaged over {} every step",
+                            s.group->world_size(), s.group->info().source, options.batch_size(),
+                            options.batch_size() / s.group->world_size(), s.group->backends()));
   }
-  if (truncated > 0) {
-    say(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)", truncated,
-                    options.buckets().back()));
+  if (s.truncated > 0) {
+    driver.note(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)",
+                            s.truncated, options.buckets().back()));
   }
-  if (trainer.epochs_done() > 0) say(fmt::format("multitask: resuming after epoch {}", trainer.epochs_done()));
+  if (s.trainer.epochs_done() > 0) driver.note(fmt::format("multitask: resuming after epoch {}", s.trainer.epochs_done()));
+}
+
+void report(const Session& s, const RunDriver& driver, const nlohmann::json& epochs, double seconds) {
+  const runtime::TaskMetrics metrics = s.trainer.evaluate(s.dev);
+  if (!driver.primary()) return;
+  const std::string& checkpoint = driver.checkpoint().path;
+  const c10::Device device = s.trainer.options().model().device();
+  if (driver.json()) {
+    const nlohmann::json out = {{"train", s.files.train.string()}, {"dev", s.files.dev.string()},
+                                {"device", device.str()},
+                                {"options", nlohmann::json::parse(runtime::to_json(s.trainer.options()))},
+                                {"truncated", s.truncated}, {"epochs", epochs}, {"seconds", seconds},
+                                {"dev_metrics", metrics_json(metrics)}, {"checkpoint", checkpoint},
+                                {"log", driver.graph_log_lines()}};
+    fmt::print("{}\n", out.dump(1));
+    return;
+  }
+  fmt::print("Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
+             "perplexity {:.3f}\n",
+             s.files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
+             metrics.perplexity);
+  fmt::print("Trained to epoch {} ({} steps in all), {:.1f} s in this run on {}; checkpoint {}\n",
+             s.trainer.epochs_done(), s.trainer.steps_done(), seconds, device.str(), checkpoint);
+}
+
+// Trains epochs until `files.epochs` are done through the run driver (a checkpoint
+// after each, Ctrl-C ends after the current one), then reports dev metrics.
+// Returns 0, or 130 if interrupted.
+int run_session(const Session& s, RunDriver& driver) {
+  describe(s, driver);
   const std::string extra =
-      nlohmann::json{{"train", files.train.string()}, {"dev", files.dev.string()}, {"epochs", files.epochs}}.dump();
+      nlohmann::json{{"train", s.files.train.string()}, {"dev", s.files.dev.string()}, {"epochs", s.files.epochs}}.dump();
+  const auto save = [&] {
+    if (driver.primary()) s.trainer.save(driver.checkpoint().path, extra);
+  };
   nlohmann::json epochs = nlohmann::json::array();
-  g_stop = 0;
-  const auto previous = std::signal(SIGINT, on_sigint_multitask);
   const auto start = std::chrono::steady_clock::now();
-  const int64_t first = trainer.epochs_done();
-  int status = 0;
-  while (trainer.epochs_done() < files.epochs) {
-    const runtime::MultiTaskEpochReport r = trainer.train_epoch();
-    if (primary) trainer.save(a.out, extra);
+  const int64_t first = s.trainer.epochs_done();
+  bool go_on = true;
+  while (go_on && s.trainer.epochs_done() < s.files.epochs) {
+    const runtime::MultiTaskEpochReport r = s.trainer.train_epoch();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double eta = elapsed / static_cast<double>(r.epoch - first) * static_cast<double>(files.epochs - r.epoch);
-    say(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
-                    "ETA {:.0f} s; checkpoint {}",
-                    r.epoch, files.epochs, r.classification_loss, r.lm_loss, static_cast<double>(r.steps) / r.seconds,
-                    eta, a.out));
+    const double eta = elapsed / static_cast<double>(r.epoch - first) * static_cast<double>(s.files.epochs - r.epoch);
+    driver.note(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
+                            "ETA {:.0f} s",
+                            r.epoch, s.files.epochs, r.classification_loss, r.lm_loss,
+                            static_cast<double>(r.steps) / r.seconds, eta));
     epochs.push_back({{"epoch", r.epoch}, {"classification_loss", r.classification_loss}, {"lm_loss", r.lm_loss},
                       {"seconds", r.seconds}, {"steps", r.steps}});
-    // Ctrl-C reaches the ranks at different moments: all stop after the same epoch.
-    const bool stop = group == nullptr ? g_stop != 0
-                                       : group->any(g_stop != 0, "interrupt-agreement all-reduce", trainer.steps_done());
-    if (stop) {
-      say(fmt::format("multitask: interrupted after epoch {}; checkpoint {} holds it", r.epoch, a.out));
-      status = 130;
-      break;
-    }
+    go_on = driver.after_epoch(r.epoch, s.files.epochs, s.trainer.steps_done(), save);
   }
-  std::signal(SIGINT, previous);
+  save();  // the last epoch done, also when interrupted
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const runtime::TaskMetrics metrics = trainer.evaluate(dev);
-  if (log != nullptr) std::fclose(log);
-  if (!primary) return status;
-  if (a.json) {
-    const nlohmann::json out = {{"train", files.train.string()}, {"dev", files.dev.string()},
-                                {"device", device.str()}, {"options", nlohmann::json::parse(runtime::to_json(options))},
-                                {"truncated", truncated}, {"epochs", epochs}, {"seconds", seconds},
-                                {"dev_metrics", metrics_json(metrics)}, {"checkpoint", a.out}};
-    fmt::print("{}\n", out.dump(1));
-  } else {
-    fmt::print("Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
-               "perplexity {:.3f}\n",
-               files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
-               metrics.perplexity);
-    fmt::print("Trained to epoch {} ({} steps in all), {:.1f} s in this run on {}; checkpoint {}\n",
-               trainer.epochs_done(), trainer.steps_done(), seconds, device.str(), a.out);
-  }
-  return status;
+  if (!go_on) return driver.interrupted(s.trainer.epochs_done(), "packtrain multitask resume " + driver.checkpoint().path);
+  report(s, driver, epochs, seconds);
+  return 0;
 }
 
 int run_train(const MultiTaskTrainArgs& a) {
-  RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
-                 a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
-                 a.epochs};
+  const RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
+                       a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
+                       a.epochs};
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
-  const c10::Device device = pick_device(a.device);
-  runtime::MultiTaskTrainerOptions options;
-  options.model(ensemble::PackedTransformerOptions()
-                    .members(a.members)
-                    .width(a.width)
-                    .layers(a.layers)
-                    .heads(a.heads)
-                    .max_length(a.max_length)
-                    .device(device))
-      .batch_size(a.batch)
-      .buckets(a.buckets)
-      .lr(a.lr)
-      .weight_decay(a.weight_decay)
-      .warmup_steps(a.warmup)
-      .classification_weight(a.cls_weight)
-      .lm_weight(a.lm_weight)
-      .shared_inputs(!a.separate_lm_texts)
-      .seed(a.seed)
-      .capture(!a.no_capture);
+  runtime::MultiTaskTrainerOptions options = a.options;
+  options.model().device(pick_device(a.device));
   try {
     options.validate();
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+  } catch (const c10::Error& e) {
+    throw UsageError(e.what_without_backtrace());
   }
-  if (a.batch > static_cast<int64_t>(train.size())) {
-    throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", a.batch, train.size()));
+  if (options.batch_size() > static_cast<int64_t>(train.size())) {
+    throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", options.batch_size(),
+                                 train.size()));
   }
   // The group before the trainer: the trainer's captured steps (which hold NCCL
   // kernels on a GPU) must be destroyed before the communicator.
-  const auto group = join_if_launched(device);
+  const auto group = join_if_launched(options.model().device());
+  RunDriver driver(a.output, a.checkpoint, group.get());  // outlives the trainer's log
+  options.log(driver.graph_log());
   runtime::MultiTaskTrainer trainer(options);
   trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
-  return train_loop(trainer, files, dev, truncated, a, group.get());
+  return run_session({trainer, files, dev, truncated, group.get()}, driver);
 }
+
+struct MultiTaskResumeArgs {
+  std::string checkpoint;
+  int64_t epochs = 0;  // 0: the run's own
+  std::string device = "auto";
+  OutputArgs output;
+  CheckpointArgs out{.path = "", .every = 1};  // "": the checkpoint resumed
+};
 
 // Continues a run from its checkpoint: the same files, until --epochs (default: the
 // run's own) are done; an epoch boundary resumes exactly.
-int run_resume(const std::string& checkpoint, int64_t epochs, MultiTaskTrainArgs a) {
+int run_resume(MultiTaskResumeArgs a) {
   std::string extra;
   const c10::Device device = pick_device(a.device);
   const auto group = join_if_launched(device);  // before the trainer: destroyed after it
-  auto trainer = runtime::MultiTaskTrainer::load(checkpoint, device, &extra);
+  if (a.out.path.empty()) a.out.path = a.checkpoint;
+  RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log
+  auto trainer = runtime::MultiTaskTrainer::load(a.checkpoint, device, &extra, driver.graph_log());
   RunFiles files;
   try {
     const nlohmann::json j = nlohmann::json::parse(extra);
     files = {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>()};
   } catch (const std::exception& e) {
-    throw runtime::DataError(checkpoint + ": no run description to resume from (" + e.what() + ")");
+    throw runtime::DataError(a.checkpoint + ": no run description to resume from (" + e.what() + ")");
   }
-  if (epochs > 0) files.epochs = epochs;
+  if (a.epochs > 0) files.epochs = a.epochs;
   if (files.epochs <= trainer->epochs_done()) {
-    throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", checkpoint,
+    throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", a.checkpoint,
                                  trainer->epochs_done()));
   }
-  if (a.out.empty()) a.out = checkpoint;
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
   trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
-  return train_loop(*trainer, files, dev, truncated, a, group.get());
+  return run_session({*trainer, files, dev, truncated, group.get()}, driver);
 }
 
 std::unique_ptr<runtime::MultiTaskTrainer> load(const std::string& checkpoint, const std::string& device) {
@@ -301,54 +290,49 @@ void add_multitask_commands(CLI::App& app, int& status) {
   mt->require_subcommand(1);
 
   auto a = std::make_shared<MultiTaskTrainArgs>();
+  runtime::MultiTaskTrainerOptions& o = a->options;
+  ensemble::PackedTransformerOptions& m = o.model();
   CLI::App* train = mt->add_subcommand(
       "train",
       "Train on labelled sentences (default: the bundled CoLA corpus, acceptability + language modelling on the same "
       "sentences); report dev accuracy, Matthews correlation and LM perplexity. A checkpoint is written after every "
-      "epoch; Ctrl-C stops after the current epoch. Sentences longer than the longest bucket are truncated to it "
-      "and counted.");
+      "epoch; Ctrl-C stops after the current epoch (a second Ctrl-C stops at once). Sentences longer than the longest "
+      "bucket are truncated to it and counted.");
   train->add_option("--train", a->train, "TSV: CoLA's 4 columns or (label, sentence) (default: bundled CoLA train)");
   train->add_option("--dev", a->dev, "TSV for the dev metrics (default: bundled CoLA in-domain dev)");
   train->add_option("--epochs", a->epochs, "Passes over the training sentences")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--members", a->members, "Models trained as one pack (1: an ordinary model)")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--width", a->width, "Model width")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--layers", a->layers, "Transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--heads", a->heads, "Attention heads (width must be a multiple)")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--max-length", a->max_length, "Positions (tokens, BOS/EOS included)")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--buckets", a->buckets, "Padded lengths, ascending; one captured graph each")->delimiter(',')->capture_default_str();
-  train->add_option("--batch", a->batch, "Sentences per step")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--lr", a->lr, "AdamW learning rate")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--weight-decay", a->weight_decay, "AdamW weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--warmup", a->warmup, "Linear warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--cls-weight", a->cls_weight, "Weight of the classification loss")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--lm-weight", a->lm_weight, "Weight of the LM loss")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_flag("--separate-lm-texts", a->separate_lm_texts,
-                  "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
-  train->add_option("--seed", a->seed, "Initialization and batch order")->capture_default_str();
+  train->add_option("--members", m.members(), "Models trained as one pack (1: an ordinary model)")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--width", m.width(), "Model width")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--layers", m.layers(), "Transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--heads", m.heads(), "Attention heads (width must be a multiple)")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--max-length", m.max_length(), "Positions (tokens, BOS/EOS included)")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--buckets", o.buckets(), "Padded lengths, ascending; one captured graph each")->delimiter(',')->capture_default_str();
+  train->add_option("--batch", o.batch_size(), "Sentences per step")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--lr", o.lr(), "AdamW learning rate")->check(CLI::NonNegativeNumber)->capture_default_str();
+  train->add_option("--weight-decay", o.weight_decay(), "AdamW weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
+  train->add_option("--warmup", o.warmup_steps(), "Linear warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  train->add_option("--cls-weight", o.classification_weight(), "Weight of the classification loss")->check(CLI::NonNegativeNumber)->capture_default_str();
+  train->add_option("--lm-weight", o.lm_weight(), "Weight of the LM loss")->check(CLI::NonNegativeNumber)->capture_default_str();
+  train->add_flag_callback("--separate-lm-texts", [&o] { o.shared_inputs(false); },
+                           "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
+  train->add_option("--seed", o.seed(), "Initialization and batch order")->capture_default_str();
   train->add_option("--device", a->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  train->add_flag("--no-capture", a->no_capture, "Run the steps eagerly on a GPU too");
-  train->add_option("-o,--out", a->out, "Checkpoint to write")->capture_default_str();
-  train->add_option("--log", a->log, "Also append the progress lines to this file");
-  train->add_flag("--json", a->json, "Print the report as JSON on stdout");
-  train->add_flag("-q,--quiet", a->quiet, "No progress lines");
+  train->add_flag_callback("--no-capture", [&o] { o.capture(false); }, "Run the steps eagerly on a GPU too");
+  train->add_option("-o,--out", a->checkpoint.path, "Checkpoint to write (after every epoch)")->capture_default_str();
+  add_output_options(train, a->output);
   train->callback([a, &status] { status = run_train(*a); });
 
-  auto r = std::make_shared<MultiTaskTrainArgs>();
-  r->out.clear();
-  auto resume_checkpoint = std::make_shared<std::string>();
-  auto resume_epochs = std::make_shared<int64_t>(0);
+  auto r = std::make_shared<MultiTaskResumeArgs>();
   CLI::App* resume = mt->add_subcommand(
       "resume", "Continue a multitask run from its checkpoint with the same sentence files, exactly as if it had not "
                 "stopped (from an epoch boundary).");
-  resume->add_option("checkpoint", *resume_checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
-  resume->add_option("--epochs", *resume_epochs, "Train until this many epochs are done (default: the run's own)")
+  resume->add_option("checkpoint", r->checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
+  resume->add_option("--epochs", r->epochs, "Train until this many epochs are done (default: the run's own)")
       ->check(CLI::PositiveNumber);
   resume->add_option("--device", r->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  resume->add_option("-o,--out", r->out, "Checkpoint to write (default: the one resumed)");
-  resume->add_option("--log", r->log, "Also append the progress lines to this file");
-  resume->add_flag("--json", r->json, "Print the report as JSON on stdout");
-  resume->add_flag("-q,--quiet", r->quiet, "No progress lines");
-  resume->callback([=, &status] { status = run_resume(*resume_checkpoint, *resume_epochs, *r); });
+  resume->add_option("-o,--out", r->out.path, "Checkpoint to write (default: the one resumed)");
+  add_output_options(resume, r->output);
+  resume->callback([r, &status] { status = run_resume(*r); });
 
   auto score_checkpoint = std::make_shared<std::string>();
   auto score_texts = std::make_shared<std::vector<std::string>>();
@@ -369,8 +353,6 @@ void add_multitask_commands(CLI::App& app, int& status) {
   auto gen_checkpoint = std::make_shared<std::string>();
   auto prompt = std::make_shared<std::string>();
   auto g = std::make_shared<runtime::GenerateOptions>();
-  g->temperature = 0.8;
-  g->top_k = 20;
   auto gen_device = std::make_shared<std::string>("auto");
   auto with_score = std::make_shared<bool>(false);
   auto no_capture = std::make_shared<bool>(false);

@@ -1,11 +1,14 @@
 // `packtrain predict`, `evaluate` and `export`: use a checkpoint without training.
-#include "runtime/checkpoint_file.h"
-#include "runtime/cli/commands.h"
-#include "runtime/cli/member_parallel.h"
-#include "runtime/cli/metrics_report.h"
-#include "runtime/cli/trainer_args.h"
-#include "runtime/data_error.h"
-#include "runtime/ensemble_trainer.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/metrics_report.h"
+#include "packtrain/runtime/cli/trainer_flags.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/trainers/ensemble_export.h"
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/member_parallel.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -24,7 +27,7 @@ namespace {
 
 struct LoadedModel {
   std::unique_ptr<runtime::EnsembleTrainer> trainer;
-  RunDescription run;
+  runtime::RunDescription run;
 };
 
 LoadedModel load_model(const std::string& path, const std::string& device) {
@@ -32,7 +35,7 @@ LoadedModel load_model(const std::string& path, const std::string& device) {
   runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
   options.device(pick_device(device));
   LoadedModel out{std::make_unique<runtime::EnsembleTrainer>(options),
-                  run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint))};
+                  runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint))};
   out.trainer->restore(*checkpoint);
   return out;
 }
@@ -68,7 +71,7 @@ struct PredictCommand {
   std::string checkpoint, input, output;
   bool members = false;
   std::string device = "auto";
-  DataArgs format;  // delimiter and header only
+  runtime::DataArgs format;  // delimiter and header only
 };
 
 std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
@@ -113,9 +116,9 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
 // Every shard of a member-parallel run, loaded in this process (whatever number of
 // ranks trained it), with each shard's first member.
 using LoadedShards = std::vector<std::pair<LoadedModel, int64_t>>;
-LoadedShards load_shards(const ShardManifest& manifest, const std::string& device) {
+LoadedShards load_shards(const runtime::ShardManifest& manifest, const std::string& device) {
   LoadedShards shards;
-  for (const ShardManifest::Shard& shard : manifest.shards) {
+  for (const runtime::ShardManifest::Shard& shard : manifest.shards) {
     shards.emplace_back(load_model(shard.file.string(), device), shard.first_member);
   }
   return shards;
@@ -130,10 +133,10 @@ runtime::EnsemblePrediction predict_shards(const LoadedShards& shards, const at:
 }
 
 int run_predict(const PredictCommand& c) {
-  if (const auto manifest = read_shard_manifest(c.checkpoint)) {
+  if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) {
     const LoadedShards shards = load_shards(*manifest, c.device);
     const LoadedModel& m = shards.front().first;
-    const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+    const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
     const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
     const std::string csv = prediction_csv(*m.trainer, predict_shards(shards, x, manifest->members), c.members);
     if (c.output.empty() || c.output == "-") {
@@ -146,7 +149,7 @@ int run_predict(const PredictCommand& c) {
     return 0;
   }
   const LoadedModel m = load_model(c.checkpoint, c.device);
-  const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+  const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
   const std::string csv = prediction_csv(*m.trainer, m.trainer->predict(x), c.members);
   if (c.output.empty() || c.output == "-") {
@@ -162,7 +165,7 @@ struct EvaluateCommand {
   std::string checkpoint, input;
   std::string device = "auto";
   bool json = false;
-  DataArgs format;
+  runtime::DataArgs format;
 };
 
 // The rows `evaluate` scores: the run's own test rows, or a table with features and
@@ -174,19 +177,19 @@ struct EvaluationRows {
 
 EvaluationRows evaluation_rows(const EvaluateCommand& c, const LoadedModel& m) {
   if (c.input.empty()) {  // the checkpoint's own test rows
-    const SplitData data = load_split_data(m.run.data);
+    const runtime::SplitData data = runtime::load_split_data(m.run.data);
     const runtime::Dataset test = data.test();
     if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
     return {test.features, test.targets, data.description + ", test rows"};
   }
-  const runtime::Table table = runtime::read_table(c.input, table_format(c.format));
+  const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   const at::Tensor xy = table.numeric(model_columns(table, m, /*with_target=*/true));
   return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input};
 }
 
 // Evaluates all shards of a member-parallel run in this process (any number of
 // ranks trained it): every shard's members predict, the ensemble combines them all.
-int run_evaluate_shards(const EvaluateCommand& c, const ShardManifest& manifest) {
+int run_evaluate_shards(const EvaluateCommand& c, const runtime::ShardManifest& manifest) {
   const LoadedShards shards = load_shards(manifest, c.device);
   const auto [x, y, what] = evaluation_rows(c, shards.front().first);
   const runtime::EnsembleTrainer& first = *shards.front().first.trainer;
@@ -208,7 +211,7 @@ int run_evaluate_shards(const EvaluateCommand& c, const ShardManifest& manifest)
 }
 
 int run_evaluate(const EvaluateCommand& c) {
-  if (const auto manifest = read_shard_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
+  if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
   const LoadedModel m = load_model(c.checkpoint, c.device);
   const auto [x, y, what] = evaluation_rows(c, m);
   const runtime::EnsembleMetrics metrics = m.trainer->evaluate(x, y);
@@ -230,13 +233,13 @@ struct ExportCommand {
 
 int run_export(const ExportCommand& c) {
   const LoadedModel m = load_model(c.checkpoint, "cpu");
-  export_members(c.output, *m.trainer, m.run.feature_names, c.members);
+  runtime::export_members(c.output, *m.trainer, m.run.feature_names, c.members);
   fmt::print(stderr, "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",
              c.members.empty() ? m.trainer->options().members() : static_cast<int64_t>(c.members.size()), c.output);
   return 0;
 }
 
-void add_table_format_options(CLI::App* app, DataArgs& a) {
+void add_table_format_options(CLI::App* app, runtime::DataArgs& a) {
   app->add_option("--delimiter", a.delimiter, "auto, comma, tab, semicolon or space")->capture_default_str();
   app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")->capture_default_str();
 }

@@ -1,38 +1,29 @@
-// The per-epoch progress line of the training commands: loss, validation loss,
-// active members, member-steps/s and ETA. On a terminal it redraws in place; into
-// a pipe it prints a plain line every few epochs; a log file gets every epoch.
+// The ensemble commands' per-epoch progress line: loss, validation loss, active
+// members, member-steps/s and ETA, printed through the run driver (which decides
+// where it goes), with the members that stopped or diverged as notes.
 #pragma once
 
-#include "runtime/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
 
 #include <chrono>
-#include <cstdio>
-#include <memory>
-#include <string>
+#include <cstdint>
 
 namespace packtrain::cli {
 
+class RunDriver;
+
 class Progress {
  public:
-  // `enabled`: print to stderr; `log_path`: also append plain lines there ("" none).
-  Progress(bool enabled, const std::string& log_path);
-  ~Progress();
+  explicit Progress(RunDriver& driver) : driver_(&driver) {}
 
   // After each epoch; `members` is the pack's size.
   void epoch(const runtime::EpochReport& report, int64_t members);
-  // A message on its own line (also logged).
-  void note(const std::string& text);
-  // Ends a redrawn line.
-  void finish();
 
-  double seconds() const;
+  double seconds() const;  // since the first epoch began
   double member_steps_per_second() const { return rate_; }
 
  private:
-  bool enabled_;
-  bool tty_;
-  std::FILE* log_ = nullptr;
-  bool open_line_ = false;
+  RunDriver* driver_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   int64_t first_epoch_ = -1;
   int64_t member_steps_ = 0;

@@ -1,22 +1,26 @@
 // `packtrain train` and `packtrain resume`: train (or continue) a packed ensemble
-// with a progress line, periodic and on-interrupt checkpoints, then report test
-// metrics per member and for the ensemble.
-#include "profiling/trace.h"
-#include "runtime/cli/commands.h"
-#include "runtime/cli/member_parallel.h"
-#include "runtime/cli/metrics_report.h"
-#include "runtime/cli/progress.h"
-#include "runtime/cli/trainer_args.h"
-#include "runtime/checkpoint_file.h"
-#include "runtime/cpu_memory.h"
-#include "runtime/data_error.h"
-#include "runtime/distributed/process_group.h"
-#include "runtime/ensemble_trainer.h"
+// through the run driver (progress, checkpoints, Ctrl-C), then report test metrics
+// per member and for the ensemble. One process, data parallel, or member parallel.
+#include "packtrain/profiling/trace.h"
+#include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/metrics_report.h"
+#include "packtrain/runtime/cli/progress.h"
+#include "packtrain/runtime/cli/run_driver.h"
+#include "packtrain/runtime/cli/trainer_flags.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/distributed/rank_info.h"
+#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/trainers/ensemble_export.h"
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/member_parallel.h"
 
+#include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <csignal>
 #include <iostream>
 #include <memory>
 
@@ -24,48 +28,32 @@ namespace packtrain::cli {
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
-extern "C" void on_sigint(int) { g_interrupted = 1; }
+using runtime::DataArgs;
+using runtime::SplitData;
 
 // What a training session writes and prints, common to train and resume.
 struct SessionArgs {
-  std::string checkpoint;
-  int64_t checkpoint_every = 0;
+  OutputArgs output;
+  CheckpointArgs checkpoint;
   std::string export_path;
-  std::string log;
   std::string trace;
-  bool json = false;
-  bool quiet = false;
   int64_t rank_check_every = 0;  // data parallel: steps between parameter-checksum comparisons (0: every epoch)
 };
 
 void add_session_options(CLI::App* app, SessionArgs& s) {
-  app->add_option("--checkpoint", s.checkpoint,
+  app->add_option("--checkpoint", s.checkpoint.path,
                   "Write a checkpoint here at the end, every --checkpoint-every epochs, and on Ctrl-C (atomic: the last good "
                   "file survives a crash)")->group("Output");
-  app->add_option("--checkpoint-every", s.checkpoint_every, "Epochs between checkpoints (0: only at the end)")
+  app->add_option("--checkpoint-every", s.checkpoint.every, "Epochs between checkpoints (0: only at the end)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Output");
   app->add_option("--export", s.export_path, "Also write all members for Python: torch.load(path) (scripts/load_packtrain_export.py)")
       ->group("Output");
-  app->add_option("--log", s.log, "Append plain progress lines (every epoch) to this file")->group("Output");
   app->add_option("--trace", s.trace, "Write the run's NVTX ranges as Chrome trace JSON (open in ui.perfetto.dev)")->group("Output");
-  app->add_flag("--json", s.json, "Print the result as JSON on stdout (no progress)")->group("Output");
-  app->add_flag("--quiet", s.quiet, "No progress on stderr")->group("Output");
+  add_output_options(app, s.output);
   app->add_option("--rank-check-every", s.rank_check_every,
                   "Data parallel: also compare the ranks' parameter checksums every this many steps (each a host "
                   "synchronization; 0: after every epoch only)")
       ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Multi-process");
-}
-
-// Graph-layer log lines: stderr, or collected into the JSON result.
-graphs::GraphLog graph_log(const SessionArgs& s, std::vector<std::string>& lines) {
-  return [&s, &lines](const std::string& line) {
-    if (s.json) {
-      lines.push_back(line);
-    } else if (!s.quiet) {
-      fmt::print(stderr, "[packtrain] {}\n", line);
-    }
-  };
 }
 
 // How a session is spread over processes: one process (no group), data parallel
@@ -73,194 +61,197 @@ graphs::GraphLog graph_log(const SessionArgs& s, std::vector<std::string>& lines
 // (each rank trains its shard of the members; `sharded` writes the checkpoints).
 struct Distribution {
   runtime::distributed::ProcessGroup* group = nullptr;
-  ShardedCheckpoint* sharded = nullptr;  // member parallel
-  MemberShard shard;
+  runtime::ShardedCheckpoint* sharded = nullptr;  // member parallel
+  runtime::MemberShard shard;
   int64_t members = 0;  // the whole ensemble's, member parallel
   bool member_parallel() const { return sharded != nullptr; }
-
-  static Distribution over(runtime::distributed::ProcessGroup* group) {  // none: one process
-    Distribution d;
-    d.group = group;
-    return d;
-  }
-  static Distribution members_over(runtime::distributed::ProcessGroup& group, ShardedCheckpoint& sharded,
-                                   MemberShard shard, int64_t members) {
-    Distribution d = over(&group);
-    d.sharded = &sharded;
-    d.shard = shard;
-    d.members = members;
-    return d;
-  }
 };
 
-// The session arguments of a rank that neither prints nor writes files.
-SessionArgs silent_session() {
-  SessionArgs s;
-  s.quiet = true;
-  return s;
+// A session: the trainer, its data and how it is spread, reported by `command`.
+struct Session {
+  runtime::EnsembleTrainer& trainer;
+  const SplitData& data;
+  const DataArgs& data_args;
+  const SessionArgs& args;
+  const char* command;
+  Distribution dist;
+};
+
+void describe(const Session& s, RunDriver& driver) {
+  const runtime::EnsembleTrainerOptions& o = s.trainer.options();
+  const runtime::distributed::ProcessGroup* group = s.dist.group;
+  if (s.dist.member_parallel()) {
+    driver.note(fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
+                            "gradient traffic",
+                            s.dist.members, group->world_size(), group->info().source, s.dist.shard.first,
+                            s.dist.shard.first + s.dist.shard.count - 1));
+  } else if (group != nullptr) {
+    driver.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
+                            "over {} every step",
+                            group->world_size(), group->info().source, o.batch_size(), s.trainer.per_rank_batch(),
+                            group->backends()));
+  }
+  driver.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
+                          s.command, s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
+                          o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), o.batch_size(),
+                          graphs::to_string(o.order()),
+                          o.patience() > 0 ? fmt::format(", patience {}", o.patience()) : ""));
 }
 
-int run_session(runtime::EnsembleTrainer& trainer, const SplitData& data, const DataArgs& data_args,
-                SessionArgs s, const std::vector<std::string>& log_lines, const char* command,
-                const Distribution& dist = Distribution::over(nullptr)) {
-  const runtime::EnsembleTrainerOptions& o = trainer.options();
-  runtime::distributed::ProcessGroup* group = dist.group;
-  // In a multi-process run every rank trains; rank 0 alone reports and writes files
-  // (member parallel: every rank writes its shard).
-  const bool primary = group == nullptr || group->rank() == 0;
-  if (!primary) {
-    const SessionArgs all = s;
-    s = silent_session();
-    if (dist.member_parallel()) {
-      s.checkpoint = all.checkpoint;
-      s.checkpoint_every = all.checkpoint_every;
-    }
+// Writes the session's checkpoint (member parallel: this rank's shard, then the
+// manifest; data parallel: rank 0 alone).
+void save(const Session& s, const RunDriver& driver) {
+  const std::string& path = driver.checkpoint().path;
+  if (path.empty()) return;
+  const std::string extra =
+      to_json(runtime::RunDescription{s.data_args, s.data.all.feature_names, s.data.all.target_name});
+  if (s.dist.member_parallel()) {
+    s.dist.sharded->save(s.trainer, extra);
+  } else if (driver.primary()) {
+    s.trainer.save(path, extra);
   }
-  Progress progress(!s.quiet && !s.json, s.log);
-  if (dist.member_parallel()) {
-    progress.note(fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
-                              "gradient traffic",
-                              dist.members, group->world_size(), group->info().source, dist.shard.first,
-                              dist.shard.first + dist.shard.count - 1));
-  } else if (group != nullptr) {
-    progress.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
-                              "over {} every step",
-                              group->world_size(), group->info().source, o.batch_size(), trainer.per_rank_batch(),
-                              group->backends()));
-  }
-  progress.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
-                            command, data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
-                            o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), o.batch_size(),
-                            graphs::to_string(o.order()),
-                            o.patience() > 0 ? fmt::format(", patience {}", o.patience()) : ""));
-  const std::string extra = to_json(RunDescription{data_args, data.all.feature_names, data.all.target_name});
-  const auto save = [&] {
-    if (s.checkpoint.empty()) return;
-    if (dist.member_parallel()) {
-      dist.sharded->save(trainer, extra);
-    } else {
-      trainer.save(s.checkpoint, extra);
-    }
-  };
-  g_interrupted = 0;
-  const auto previous = std::signal(SIGINT, on_sigint);
-  if (!s.trace.empty()) profiling::trace_start();
-  const bool finished = trainer.train(
+}
+
+// The epochs, with progress, checkpoints and the --trace window; false when interrupted.
+bool train_epochs(const Session& s, RunDriver& driver, Progress& progress) {
+  if (!s.args.trace.empty()) profiling::trace_start();
+  const bool finished = s.trainer.train(
       [&](const runtime::EpochReport& r) {
-        progress.epoch(r, o.members());
-        // The last epoch is saved after train() returns (with each member's best weights).
-        if (s.checkpoint_every > 0 && r.epoch % s.checkpoint_every == 0 && r.epoch < r.epochs) save();
-        // Ctrl-C reaches the ranks at different moments: all stop after the same epoch.
-        const bool interrupted = g_interrupted != 0;
-        return group == nullptr ? !interrupted
-                                : !group->any(interrupted, "interrupt-agreement all-reduce", trainer.steps_taken());
+        progress.epoch(r, s.trainer.options().members());
+        return driver.after_epoch(r.epoch, r.epochs, s.trainer.steps_taken(), [&] { save(s, driver); });
       },
-      /*stop_when_idle=*/!dist.member_parallel());
-  progress.finish();
-  std::signal(SIGINT, previous);
-  if (!s.trace.empty()) {
+      /*stop_when_idle=*/!s.dist.member_parallel());
+  driver.end_line();
+  if (!s.args.trace.empty()) {
     profiling::trace_stop();
-    profiling::write_chrome_trace(s.trace);
-    progress.note("Chrome trace written to " + s.trace);
+    profiling::write_chrome_trace(s.args.trace);
+    driver.note("Chrome trace written to " + s.args.trace);
   }
-  const std::string resume_with =
-      dist.member_parallel() ? fmt::format("packtrain launch --nproc {} -- resume {}", group->world_size(), s.checkpoint)
-                             : "packtrain resume " + s.checkpoint;
-  if (!finished) {
-    save();
-    if (primary) {
-      fmt::print(stderr, "packtrain: interrupted after epoch {}{}\n", trainer.epoch(),
-                 s.checkpoint.empty() ? " (no --checkpoint given: nothing saved)"
-                                      : "; checkpoint saved: continue with `" + resume_with + "`");
-    }
-    return 130;
-  }
-  save();
-  const runtime::Dataset test = data.test();
+  return finished;
+}
+
+// Member parallel: every rank takes part in the gather; rank 0 reports the whole ensemble.
+int report_member_parallel(const Session& s, const RunDriver& driver, const Progress& progress) {
+  const runtime::Dataset test = s.data.test();
   const bool has_test = test.features.size(0) > 0;
-  if (dist.member_parallel()) {
-    // Every rank takes part in the gather; rank 0 reports the whole ensemble.
-    const runtime::EnsemblePrediction all =
-        has_test ? gather_predictions(trainer, test.features, dist.shard, dist.members, *group)
-                 : runtime::EnsemblePrediction{};
-    if (!primary) return 0;
-    const runtime::EnsembleMetrics metrics =
-        has_test ? runtime::ensemble_metrics(all, test.targets, o.head(), trainer.classes()) : runtime::EnsembleMetrics{};
-    if (s.json) {
-      nlohmann::json out = has_test ? gathered_metrics_json(metrics, o.head()) : nlohmann::json::object();
-      out["command"] = command;
-      out["member_parallel"] = {{"ranks", group->world_size()}, {"members", dist.members}};
-      out["epochs_run"] = trainer.epoch();
-      out["train_seconds"] = progress.seconds();
-      out["checkpoint"] = s.checkpoint;
-      out["test_rows"] = test.features.size(0);
-      std::cout << out.dump(2) << "\n";
-      return 0;
-    }
-    if (has_test) {
-      print_gathered_metrics(metrics, o.head(),
-                             fmt::format("Test metrics ({} rows, original units), {} members gathered from {} ranks",
-                                         test.features.size(0), dist.members, group->world_size()));
-    }
-    fmt::print("\nTrained {} members on {} ranks for {} epochs in {:.2f} s.\n", dist.members, group->world_size(),
-               trainer.epoch(), progress.seconds());
-    if (!s.checkpoint.empty()) fmt::print("Checkpoint manifest: {} ({} shards)\n", s.checkpoint, group->world_size());
-    return 0;
-  }
-  if (!primary) return 0;
-  if (!s.export_path.empty()) export_members(s.export_path, trainer, data.all.feature_names, {});
-  const double seconds = progress.seconds();
+  const runtime::distributed::ProcessGroup& group = *s.dist.group;
+  const runtime::EnsemblePrediction all =
+      has_test ? runtime::gather_predictions(s.trainer, test.features, s.dist.shard, s.dist.members, *s.dist.group)
+               : runtime::EnsemblePrediction{};
+  if (!driver.primary()) return 0;
+  const runtime::Head head = s.trainer.options().head();
   const runtime::EnsembleMetrics metrics =
-      has_test ? trainer.evaluate(test.features, test.targets) : runtime::EnsembleMetrics{};
-  if (s.json) {
-    nlohmann::json out = has_test ? metrics_json(trainer, metrics) : nlohmann::json::object();
-    out["command"] = command;
-    out["data"] = data.description;
-    out["device"] = o.device().str();
-    out["options"] = nlohmann::json::parse(runtime::to_json(o));
-    out["epochs_run"] = trainer.epoch();
-    out["train_seconds"] = seconds;
-    out["member_steps_per_second"] = progress.member_steps_per_second();
+      has_test ? runtime::ensemble_metrics(all, test.targets, head, s.trainer.classes()) : runtime::EnsembleMetrics{};
+  const std::string& checkpoint = driver.checkpoint().path;
+  if (driver.json()) {
+    nlohmann::json out = has_test ? gathered_metrics_json(metrics, head) : nlohmann::json::object();
+    out["command"] = s.command;
+    out["member_parallel"] = {{"ranks", group.world_size()}, {"members", s.dist.members}};
+    out["epochs_run"] = s.trainer.epoch();
+    out["train_seconds"] = progress.seconds();
+    out["checkpoint"] = checkpoint;
     out["test_rows"] = test.features.size(0);
-    out["checkpoint"] = s.checkpoint;
-    if (group != nullptr) {
-      out["data_parallel"] = {{"ranks", group->world_size()}, {"global_batch", o.batch_size()},
-                              {"per_rank_batch", trainer.per_rank_batch()}, {"backends", group->backends()}};
-    }
-    out["log"] = log_lines;
     std::cout << out.dump(2) << "\n";
     return 0;
   }
   if (has_test) {
-    print_metrics(trainer, metrics, fmt::format("Test metrics ({} rows, original units)", test.features.size(0)));
-  } else {
-    fmt::print("\nNo test rows (test fraction 0): no test metrics.\n");
+    print_gathered_metrics(metrics, head,
+                           fmt::format("Test metrics ({} rows, original units), {} members gathered from {} ranks",
+                                       test.features.size(0), s.dist.members, group.world_size()));
   }
-  fmt::print("\nTrained {} members for {} epochs ({} steps) in {:.2f} s ({:.0f} member-steps/s) on {}.\n", o.members(),
-             trainer.epoch(), trainer.steps_taken(), seconds, progress.member_steps_per_second(), o.device().str());
-  if (!s.checkpoint.empty()) fmt::print("Checkpoint: {}\n", s.checkpoint);
-  if (!s.export_path.empty()) fmt::print("PyTorch export: {}\n", s.export_path);
+  fmt::print("\nTrained {} members on {} ranks for {} epochs in {:.2f} s.\n", s.dist.members, group.world_size(),
+             s.trainer.epoch(), progress.seconds());
+  if (!checkpoint.empty()) fmt::print("Checkpoint manifest: {} ({} shards)\n", checkpoint, group.world_size());
   return 0;
 }
 
-// Fits the trainer's standardization and builds its steps on the split's training
-// rows, with its validation rows when there are any.
-void prepare_on(runtime::EnsembleTrainer& trainer, const SplitData& data) {
+nlohmann::json result_json(const Session& s, const RunDriver& driver, const Progress& progress,
+                           const runtime::EnsembleMetrics* metrics) {
+  const runtime::EnsembleTrainerOptions& o = s.trainer.options();
+  nlohmann::json out = metrics != nullptr ? metrics_json(s.trainer, *metrics) : nlohmann::json::object();
+  out["command"] = s.command;
+  out["data"] = s.data.description;
+  out["device"] = o.device().str();
+  out["options"] = nlohmann::json::parse(runtime::to_json(o));
+  out["epochs_run"] = s.trainer.epoch();
+  out["train_seconds"] = progress.seconds();
+  out["member_steps_per_second"] = progress.member_steps_per_second();
+  out["test_rows"] = s.data.split.test.size();
+  out["checkpoint"] = driver.checkpoint().path;
+  if (const runtime::distributed::ProcessGroup* group = s.dist.group) {
+    out["data_parallel"] = {{"ranks", group->world_size()}, {"global_batch", o.batch_size()},
+                            {"per_rank_batch", s.trainer.per_rank_batch()}, {"backends", group->backends()}};
+  }
+  out["log"] = driver.graph_log_lines();
+  return out;
+}
+
+// One process or data parallel: rank 0 exports and reports the test metrics.
+int report(const Session& s, const RunDriver& driver, const Progress& progress) {
+  if (!driver.primary()) return 0;
+  if (!s.args.export_path.empty()) runtime::export_members(s.args.export_path, s.trainer, s.data.all.feature_names, {});
+  const double seconds = progress.seconds();
+  const runtime::Dataset test = s.data.test();
+  const bool has_test = test.features.size(0) > 0;
+  const runtime::EnsembleMetrics metrics =
+      has_test ? s.trainer.evaluate(test.features, test.targets) : runtime::EnsembleMetrics{};
+  if (driver.json()) {
+    std::cout << result_json(s, driver, progress, has_test ? &metrics : nullptr).dump(2) << "\n";
+    return 0;
+  }
+  if (has_test) {
+    print_metrics(s.trainer, metrics, fmt::format("Test metrics ({} rows, original units)", test.features.size(0)));
+  } else {
+    fmt::print("\nNo test rows (test fraction 0): no test metrics.\n");
+  }
+  const runtime::EnsembleTrainerOptions& o = s.trainer.options();
+  fmt::print("\nTrained {} members for {} epochs ({} steps) in {:.2f} s ({:.0f} member-steps/s) on {}.\n", o.members(),
+             s.trainer.epoch(), s.trainer.steps_taken(), seconds, progress.member_steps_per_second(), o.device().str());
+  if (!driver.checkpoint().path.empty()) fmt::print("Checkpoint: {}\n", driver.checkpoint().path);
+  if (!s.args.export_path.empty()) fmt::print("PyTorch export: {}\n", s.args.export_path);
+  return 0;
+}
+
+int run_session(const Session& s, RunDriver& driver) {
+  describe(s, driver);
+  Progress progress(driver);
+  if (!train_epochs(s, driver, progress)) {
+    save(s, driver);
+    const std::string& path = driver.checkpoint().path;
+    return driver.interrupted(s.trainer.epoch(), s.dist.member_parallel()
+                                                     ? fmt::format("packtrain launch --nproc {} -- resume {}",
+                                                                   s.dist.group->world_size(), path)
+                                                     : "packtrain resume " + path);
+  }
+  save(s, driver);  // the last epoch, with each member's best weights
+  return s.dist.member_parallel() ? report_member_parallel(s, driver, progress) : report(s, driver, progress);
+}
+
+// Loads the run's rows, then fits the trainer's standardization and builds its
+// steps on the training rows (with the validation rows when there are any).
+SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args) {
+  SplitData data = runtime::load_split_data(data_args);
+  const runtime::EnsembleTrainerOptions& o = trainer.options();
+  if (o.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  if (o.patience() > 0 && data.split.validation.empty()) {
+    throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
+  }
   const runtime::Dataset train = data.train(), val = data.validation();
   const bool validated = val.features.size(0) > 0;
   trainer.prepare(train.features, train.targets, validated ? val.features : at::Tensor(),
                   validated ? val.targets : at::Tensor());
+  return data;
 }
 
 struct TrainCommand {
   DataArgs data;
-  TrainerArgs trainer;
+  TrainerFlags trainer;
   SessionArgs session;
   bool member_parallel = false;
 };
 
 // The rank's place in a member-parallel run; UsageError when not launched.
-runtime::distributed::RankInfo member_parallel_rank(const char* what) {
+runtime::distributed::RankInfo member_parallel_rank(const std::string& what) {
   const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
   if (!rank.launched()) {
     throw UsageError(fmt::format("{} splits the members across the ranks of a multi-process run: start it with "
@@ -282,40 +273,29 @@ int run_member_parallel(const TrainCommand& c) {
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
   const int64_t K = options.members(), W = rank.world_size;
   if (K < W) throw UsageError(fmt::format("--member-parallel: {} members cannot be split over {} ranks", K, W));
-  const MemberShard shard = member_shard(K, W, rank.rank);
+  const runtime::MemberShard shard = runtime::member_shard(K, W, rank.rank);
   options.members(shard.count).first_member(shard.first);
-  std::vector<std::string> log_lines;
-  const SessionArgs log_args = rank.rank == 0 ? c.session : silent_session();  // outlives the trainer's log
-  options.log(graph_log(log_args, log_lines));
   auto group = ProcessGroup::join(rank, collective_timeout());
-  const SplitData data = load_split_data(c.data);
-  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
-  if (options.patience() > 0 && data.split.validation.empty()) {
-    throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
-  }
+  RunDriver driver(c.session.output, c.session.checkpoint, group.get());  // outlives the trainer's log
+  options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
-  prepare_on(trainer, data);
-  ShardedCheckpoint sharded(c.session.checkpoint, *group, K);
-  return run_session(trainer, data, c.data, c.session, log_lines, "train", Distribution::members_over(*group, sharded, shard, K));
+  const SplitData data = prepare(trainer, c.data);
+  runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, K);
+  return run_session({trainer, data, c.data, c.session, "train", {group.get(), &sharded, shard, K}}, driver);
 }
 
 int run_train(const TrainCommand& c) {
   if (c.member_parallel) return run_member_parallel(c);
-  std::vector<std::string> log_lines;
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
-  options.log(graph_log(c.session, log_lines));
-  const SplitData data = load_split_data(c.data);
-  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
-  if (options.patience() > 0 && data.split.validation.empty()) {
-    throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
-  }
   // The group before the trainer: the trainer's captured steps (which hold NCCL
   // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(options.device());
+  RunDriver driver(c.session.output, c.session.checkpoint, group.get());
+  options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);
-  prepare_on(trainer, data);
-  return run_session(trainer, data, c.data, c.session, log_lines, "train", Distribution::over(group.get()));
+  const SplitData data = prepare(trainer, c.data);
+  return run_session({trainer, data, c.data, c.session, "train", {group.get()}}, driver);
 }
 
 struct ResumeCommand {
@@ -325,22 +305,17 @@ struct ResumeCommand {
   SessionArgs session;
 };
 
-// Resumes a member-parallel run from its manifest: on the same number of ranks each
-// rank continues its own shard; on another number the members are re-sharded, each
-// rank gathering its new share from the shards that hold it.
-int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
-  using namespace runtime::distributed;
-  const RankInfo rank = member_parallel_rank(("resuming the member-parallel run " + c.from).c_str());
-  const int64_t K = manifest.members, W = rank.world_size;
-  if (K < W) throw UsageError(fmt::format("{}: {} members cannot be split over {} ranks", c.from, K, W));
-  // This rank's members: its own shard on the same number of ranks; on another
-  // number, gathered from the shards that hold them (re-sharded).
-  const MemberShard mine = member_shard(K, W, rank.rank);
-  std::vector<runtime::EnsembleTrainer::MemberSource> sources;
-  for (const ShardManifest::Shard& shard : manifest.shards) {
+// The checkpoint of this rank's members in a member-parallel run: its own shard on
+// the same number of ranks; on another number, gathered from the shards that hold
+// them (re-sharded).
+std::shared_ptr<const runtime::EnsembleTrainer::Checkpoint> shard_checkpoint(const runtime::ShardManifest& manifest,
+                                                                              runtime::MemberShard mine) {
+  using runtime::EnsembleTrainer;
+  std::vector<EnsembleTrainer::MemberSource> sources;
+  for (const runtime::ShardManifest::Shard& shard : manifest.shards) {
     if (shard.first_member >= mine.first + mine.count || shard.first_member + shard.members <= mine.first) continue;
-    auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(shard.file);
-    const runtime::EnsembleTrainerOptions held = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
+    auto checkpoint = EnsembleTrainer::read_checkpoint(shard.file);
+    const runtime::EnsembleTrainerOptions held = EnsembleTrainer::checkpoint_options(*checkpoint);
     if (held.members() != shard.members || held.first_member() != shard.first_member) {
       throw runtime::DataError(fmt::format("{}: holds members {}..{}, but the manifest names {}..{} for it",
                                            shard.file.string(), held.first_member(),
@@ -350,46 +325,60 @@ int run_resume_member_parallel(ResumeCommand c, const ShardManifest& manifest) {
     sources.emplace_back(std::move(checkpoint), shard.first_member);
   }
   const bool same_shards = sources.size() == 1 && sources.front().second == mine.first &&
-                           runtime::EnsembleTrainer::checkpoint_options(*sources.front().first).members() == mine.count;
-  const auto checkpoint = same_shards ? sources.front().first
-                                      : runtime::EnsembleTrainer::select_members(sources, mine.first, mine.count);
-  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
-  const DataArgs data_args = run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
-  std::vector<std::string> log_lines;
-  const SessionArgs log_args = rank.rank == 0 ? c.session : silent_session();  // outlives the trainer's log
-  options.device(pick_device(c.device)).log(graph_log(log_args, log_lines));
+                           EnsembleTrainer::checkpoint_options(*sources.front().first).members() == mine.count;
+  return same_shards ? sources.front().first : EnsembleTrainer::select_members(sources, mine.first, mine.count);
+}
+
+// The options a checkpoint's run continues with: the checkpoint's own, on the
+// chosen device, to --epochs when given.
+runtime::EnsembleTrainerOptions resumed_options(const runtime::EnsembleTrainer::Checkpoint& checkpoint,
+                                                const ResumeCommand& c) {
+  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(checkpoint);
+  options.device(pick_device(c.device));
   if (c.epochs > 0) options.epochs(c.epochs);
+  return options;
+}
+
+// Resumes a member-parallel run from its manifest, on any number of ranks.
+int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& manifest) {
+  using namespace runtime::distributed;
+  const RankInfo rank = member_parallel_rank("resuming the member-parallel run " + c.from);
+  const int64_t K = manifest.members, W = rank.world_size;
+  if (K < W) throw UsageError(fmt::format("{}: {} members cannot be split over {} ranks", c.from, K, W));
+  const runtime::MemberShard mine = runtime::member_shard(K, W, rank.rank);
+  const auto checkpoint = shard_checkpoint(manifest, mine);
+  runtime::EnsembleTrainerOptions options = resumed_options(*checkpoint, c);
+  const DataArgs data_args =
+      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
+  if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;  // in place: the next commit replaces it
   auto group = ProcessGroup::join(rank, collective_timeout());
-  const SplitData data = load_split_data(data_args);
-  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  RunDriver driver(c.session.output, c.session.checkpoint, group.get());  // outlives the trainer's log
+  options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
-  prepare_on(trainer, data);
+  const SplitData data = prepare(trainer, data_args);
   trainer.restore(*checkpoint);
-  if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;  // in place: the next commit replaces it
-  ShardedCheckpoint sharded(c.session.checkpoint, *group, manifest.members);
-  if (W != manifest.ranks && rank.rank == 0 && !c.session.quiet && !c.session.json) {
-    fmt::print(stderr, "resume: re-sharding {} members from {} ranks to {}\n", K, manifest.ranks, W);
-  }
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume", Distribution::members_over(*group, sharded, mine, K));
+  runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, manifest.members);
+  if (W != manifest.ranks) driver.note(fmt::format("resume: re-sharding {} members from {} ranks to {}", K, manifest.ranks, W));
+  return run_session({trainer, data, data_args, c.session, "resume", {group.get(), &sharded, mine, K}}, driver);
 }
 
 int run_resume(ResumeCommand c) {
-  if (const auto manifest = read_shard_manifest(c.from)) return run_resume_member_parallel(std::move(c), *manifest);
-  std::vector<std::string> log_lines;
+  if (const auto manifest = runtime::read_shard_manifest(c.from)) {
+    return run_resume_member_parallel(std::move(c), *manifest);
+  }
   const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(c.from);
-  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
-  const DataArgs data_args = run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
-  options.device(pick_device(c.device)).log(graph_log(c.session, log_lines));
-  if (c.epochs > 0) options.epochs(c.epochs);
-  const SplitData data = load_split_data(data_args);
-  if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
+  runtime::EnsembleTrainerOptions options = resumed_options(*checkpoint, c);
+  const DataArgs data_args =
+      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
+  if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;
   const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
+  RunDriver driver(c.session.output, c.session.checkpoint, group.get());
+  options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
-  prepare_on(trainer, data);
+  const SplitData data = prepare(trainer, data_args);
   trainer.restore(*checkpoint);
-  if (c.session.checkpoint.empty()) c.session.checkpoint = c.from;
-  return run_session(trainer, data, data_args, c.session, log_lines, "resume", Distribution::over(group.get()));
+  return run_session({trainer, data, data_args, c.session, "resume", {group.get()}}, driver);
 }
 
 }  // namespace
@@ -400,7 +389,8 @@ void add_train_commands(CLI::App& app, int& status) {
       "train",
       "Train a packed ensemble and print per-member and ensemble metrics on the test rows.\n"
       "With no arguments: a deep ensemble of 16 Gaussian regressors on the bundled UCI concrete data, standard split 0\n"
-      "(10% of the training rows held out for validation), 200 epochs.");
+      "(10% of the training rows held out for validation), 200 epochs. Ctrl-C stops after the current epoch (and writes\n"
+      "--checkpoint); a second Ctrl-C stops at once.");
   add_data_options(t, train->data);
   add_trainer_options(t, train->trainer);
   add_session_options(t, train->session);

@@ -1,6 +1,6 @@
-#include "runtime/distributed/collective_watchdog.h"
+#include "packtrain/runtime/distributed/collective_watchdog.h"
 
-#include "runtime/distributed/collective_error.h"
+#include "packtrain/runtime/distributed/collective_error.h"
 
 #include <fmt/format.h>
 

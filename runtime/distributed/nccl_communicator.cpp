@@ -1,7 +1,7 @@
-#include "runtime/distributed/nccl_communicator.h"
+#include "packtrain/runtime/distributed/nccl_communicator.h"
 
-#include "runtime/data_error.h"
-#include "runtime/distributed/collective_error.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/collective_error.h"
 
 #include <fmt/format.h>
 

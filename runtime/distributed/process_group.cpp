@@ -1,9 +1,9 @@
-#include "runtime/distributed/process_group.h"
+#include "packtrain/runtime/distributed/process_group.h"
 
-#include "profiling/nvtx.h"
-#include "runtime/data_error.h"
-#include "runtime/distributed/collective_watchdog.h"
-#include "runtime/distributed/nccl_communicator.h"
+#include "packtrain/profiling/nvtx.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/collective_watchdog.h"
+#include "packtrain/runtime/distributed/nccl_communicator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>

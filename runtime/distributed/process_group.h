@@ -12,8 +12,8 @@
 // communicator when one misses it, and the error names the work's steps.
 #pragma once
 
-#include "runtime/distributed/collective_error.h"
-#include "runtime/distributed/rank_info.h"
+#include "packtrain/runtime/distributed/collective_error.h"
+#include "packtrain/runtime/distributed/rank_info.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

@@ -1,6 +1,6 @@
-#include "runtime/distributed/rank_info.h"
+#include "packtrain/runtime/distributed/rank_info.h"
 
-#include "runtime/data_error.h"
+#include "packtrain/runtime/data/data_error.h"
 
 #include <fmt/format.h>
 

@@ -1,9 +1,9 @@
 // The implementations of the packed Adam update — the vectorized CPU pass, the
 // fused CUDA kernels and the ATen tensor-op path — agree, and all leave a frozen
 // member untouched even when its gradient is NaN.
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/optimizers/adam_update.h"
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/optimizers/adam_update.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -2,9 +2,9 @@
 // and the same gradient for every parameter of every member, across activations,
 // losses, depths, shared and per-member batches, both dtypes, and a pack large
 // enough to be split over threads. And where it must step aside for autograd.
-#include "ensemble/cpu_fused_step.h"
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/packed_step.h"
+#include "packtrain/ensemble/cpu_fused_step.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_step.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

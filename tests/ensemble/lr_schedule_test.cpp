@@ -1,9 +1,9 @@
 // Learning-rate schedules: the device computation equals the host formula at every
 // step, the optimizer applies it per member from each member's own step count, and
 // bad settings are refused by name.
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/optimizers/lr_schedule.h"
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/optimizers/lr_schedule.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -1,11 +1,11 @@
 // Initialization, pack/unpack, masks, in-place re-initialization and the errors
 // bad input gets.
-#include "ensemble/member_seed.h"
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/optimizers/sgd.h"
-#include "ensemble/pack.h"
-#include "ensemble/packed_loss.h"
-#include "ensemble/packed_mlp.h"
+#include "packtrain/ensemble/member_seed.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/optimizers/sgd.h"
+#include "packtrain/ensemble/pack.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "tests/support/test_support.h"
 
 #include <gmock/gmock.h>

@@ -2,12 +2,12 @@
 // packed_train_step (on CPU its fused member-wise step, except with layer norm)
 // equals K standalone torch::nn::Sequential models trained with torch::optim on the
 // same batches.
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/optimizers/sgd.h"
-#include "ensemble/pack.h"
-#include "ensemble/packed_loss.h"
-#include "ensemble/packed_mlp.h"
-#include "ensemble/packed_step.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/optimizers/sgd.h"
+#include "packtrain/ensemble/pack.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_step.h"
 #include "tests/support/test_support.h"
 
 #include <torch/torch.h>

@@ -2,13 +2,14 @@
 // of the two-model approach (two forwards through the shared trunk, summed loss);
 // decoding with the KV cache equals recomputing the whole prefix; padding is never
 // read; member k of a pack is the model a pack of one builds with the same seed.
-#include "ensemble/multitask_step.h"
-#include "ensemble/optimizers/adam.h"
-#include "ensemble/packed_loss.h"
-#include "ensemble/packed_transformer.h"
+#include "packtrain/ensemble/multitask_step.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_transformer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 

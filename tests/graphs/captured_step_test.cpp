@@ -1,9 +1,9 @@
 // CapturedStep and GraphCache: the same step function eagerly (CPU, capture off)
 // and captured (CUDA), input validation, the refusal of host synchronization, and
 // the bounded cache of graphs by input shape.
-#include "graphs/capture_error.h"
-#include "graphs/captured_step.h"
-#include "graphs/graph_cache.h"
+#include "packtrain/graphs/capture_error.h"
+#include "packtrain/graphs/captured_step.h"
+#include "packtrain/graphs/graph_cache.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -1,7 +1,7 @@
 // DeviceBatcher: each epoch's order is a permutation (or a bootstrap resample)
 // drawn on the device, batches are gathered by the device counter exactly as host
 // indexing of that order would, and reseeding repeats the sequence.
-#include "graphs/device_batcher.h"
+#include "packtrain/graphs/device_batcher.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

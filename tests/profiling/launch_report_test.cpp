@@ -1,7 +1,7 @@
 // The launch-overhead report: its verdict follows the measurements (launch-bound
 // when replaying the same kernels as a graph is much faster than the eager step),
 // the JSON parses, and the measuring helpers count what they claim to.
-#include "profiling/launch_report.h"
+#include "packtrain/profiling/launch_report.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,8 +1,8 @@
 // NVTX ranges reach an NVTX tool: this binary runs with NVTX_INJECTION64_PATH set
 // to tests/profiling/nvtx_recorder.cpp's library (as Nsight Systems injects its
 // own), which records pushes and pops in the `packtrain` domain.
-#include "profiling/nvtx.h"
-#include "runtime/synthetic_workload.h"
+#include "packtrain/profiling/nvtx.h"
+#include "packtrain/runtime/profile/synthetic_workload.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

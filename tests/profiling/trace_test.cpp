@@ -1,7 +1,7 @@
 // The Chrome trace export: ranges and counters recorded while tracing, valid JSON
 // that Perfetto and chrome://tracing read (traceEvents with ph/ts/dur/pid/tid).
-#include "profiling/nvtx.h"
-#include "profiling/trace.h"
+#include "packtrain/profiling/nvtx.h"
+#include "packtrain/profiling/trace.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

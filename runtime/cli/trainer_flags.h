@@ -1,0 +1,29 @@
+// The ensemble trainer's options as command-line flags (and config-file keys),
+// shared by `train` and `active-learn`, and the data flags of every command that
+// loads data. The flags bind onto EnsembleTrainerOptions and DataArgs themselves:
+// the defaults --help shows are the structs' own.
+#pragma once
+
+#include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace packtrain::cli {
+
+// The trainer's flags and the device name they are used with ("auto" by default;
+// the options hold a c10::Device, which has no "auto").
+struct TrainerFlags {
+  runtime::EnsembleTrainerOptions options;
+  std::string device = "auto";
+};
+
+void add_trainer_options(CLI::App* app, TrainerFlags& flags);
+void add_data_options(CLI::App* app, runtime::DataArgs& args);
+
+// The options the flags describe, on the picked device; UsageError naming a bad value.
+runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& flags);
+
+}  // namespace packtrain::cli

@@ -1,0 +1,55 @@
+// The one entry point from a user's data argument to tensors: a bundled data
+// set's name, a UCI-format directory, or a CSV / TSV / whitespace table file.
+#pragma once
+
+#include "packtrain/runtime/data/data_split.h"
+#include "packtrain/runtime/data/table_reader.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace packtrain::runtime {
+
+struct Dataset {
+  std::string name;                        // the directory name ("concrete") or the file stem
+  std::filesystem::path source;            // the directory or file it was read from
+  std::vector<std::string> feature_names;  // (I) header names, else the file's 0-based column numbers
+  std::string target_name;
+  at::Tensor features;                     // (N, I) float64, CPU
+  at::Tensor targets;                      // (N, 1) float64, CPU
+  std::optional<int> uci_splits;           // standard splits of a UCI directory (n_splits.txt)
+};
+
+// The rows `rows` (0-based) of `data`, in that order, with the same names and source.
+Dataset subset(const Dataset& data, const std::vector<int64_t>& rows);
+
+struct DatasetSpec {
+  // A bundled data set's name (concrete, energy, yacht, wine-quality-red), a
+  // UCI-format directory, or a CSV / TSV / whitespace table file.
+  std::string path;
+  TableFormat format;                  // table files only
+  std::vector<std::string> features;  // table files: names or indices; empty = every column but the target
+  std::string target;                  // table files: a name or index; empty = the last column
+};
+
+// Where the bundled data sets are: $PACKTRAIN_DATA_DIR if set; else data/ next to
+// the running executable (<exe dir>/../../data for a build tree,
+// <exe dir>/../share/packtrain/data for an install); else the source tree's data/.
+std::filesystem::path bundled_data_dir();
+
+// Resolves spec.path, an existing file or directory first, else a bundled name,
+// and loads it. A UCI directory takes its columns from its index files, so
+// spec.features / target / format must be left empty there. DataError for an
+// unknown name (listing the bundled sets), a target that is also a feature, a
+// repeated feature, or a table with no feature column left.
+Dataset load_dataset(const DatasetSpec& spec);
+
+// Standard split k of a data set loaded from a UCI directory (train and test; an
+// empty validation set). DataError if it has no standard splits or k is out of range.
+DataSplit uci_split(const Dataset& data, int k);
+
+}  // namespace packtrain::runtime

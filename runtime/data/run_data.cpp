@@ -1,0 +1,121 @@
+#include "packtrain/runtime/data/run_data.h"
+
+#include "packtrain/base/enum_names.h"
+#include "packtrain/runtime/data/data_error.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace packtrain::runtime {
+
+// Each field once: the JSON keys are the member names (from_json throws on a missing key).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataArgs, data, features, target, delimiter, header, split, train_index, val_index,
+                                   test_index, val_fraction, test_fraction, split_seed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunDescription, data, feature_names, target_name)
+
+std::string to_json(const RunDescription& run) { return nlohmann::json(run).dump(); }
+
+RunDescription run_description_from_json(const std::string& text) {
+  const nlohmann::json root = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!root.is_object() || !root.contains("data")) {
+    throw DataError("checkpoint: no description of its data (was it written by `packtrain train`?)");
+  }
+  try {
+    return root.get<RunDescription>();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(std::string("checkpoint: bad data description: ") + e.what());
+  }
+}
+
+namespace {
+// The delimiter names (with the characters themselves accepted too).
+enum class Delimiter { kAuto, kComma, kTab, kSemicolon, kSpace };
+constexpr EnumNames<Delimiter, 5> kDelimiterNames{
+    "delimiter",
+    {{{Delimiter::kAuto, "auto"},
+      {Delimiter::kComma, "comma"},
+      {Delimiter::kTab, "tab"},
+      {Delimiter::kSemicolon, "semicolon"},
+      {Delimiter::kSpace, "space"}}}};
+constexpr EnumNames<HeaderMode, 3> kHeaderModeNames{
+    "header mode", {{{HeaderMode::kDetect, "auto"}, {HeaderMode::kYes, "yes"}, {HeaderMode::kNo, "no"}}}};
+
+char delimiter_char(const std::string& name) {
+  if (name == ",") return ',';
+  if (name == "\\t") return '\t';
+  if (name == ";") return ';';
+  if (name == "whitespace") return ' ';
+  const auto d = kDelimiterNames.find(name);
+  if (!d) throw DataError("unknown delimiter '" + name + "' (expected " + kDelimiterNames.expected() + ")");
+  switch (*d) {
+    case Delimiter::kAuto: return 0;
+    case Delimiter::kComma: return ',';
+    case Delimiter::kTab: return '\t';
+    case Delimiter::kSemicolon: return ';';
+    case Delimiter::kSpace: return ' ';
+  }
+  return 0;
+}
+
+void check_fraction(double f, const char* name) {
+  if (!(f >= 0 && f < 1)) throw DataError(fmt::format("{} must be in [0, 1), got {}", name, f));
+}
+}  // namespace
+
+TableFormat table_format(const DataArgs& a) {
+  TableFormat format;
+  format.delimiter = delimiter_char(a.delimiter);
+  const auto header = kHeaderModeNames.find(a.header);
+  if (!header) throw DataError("unknown header mode '" + a.header + "' (expected " + kHeaderModeNames.expected() + ")");
+  format.header = *header;
+  return format;
+}
+
+DatasetSpec dataset_spec(const DataArgs& a) {
+  DatasetSpec spec;
+  spec.path = a.data;
+  spec.format = table_format(a);
+  for (size_t start = 0; start < a.features.size();) {
+    const size_t comma = a.features.find(',', start);
+    const size_t end = comma == std::string::npos ? a.features.size() : comma;
+    if (end > start) spec.features.push_back(a.features.substr(start, end - start));
+    start = end + 1;
+  }
+  spec.target = a.target;
+  return spec;
+}
+
+SplitData load_split_data(const DataArgs& a) {
+  check_fraction(a.val_fraction, "--val-fraction");
+  check_fraction(a.test_fraction, "--test-fraction");
+  SplitData out;
+  out.all = load_dataset(dataset_spec(a));
+  const int64_t rows = out.all.features.size(0);
+  std::string how;
+  if (!a.train_index.empty() || !a.test_index.empty()) {
+    if (a.train_index.empty() || a.test_index.empty()) {
+      throw DataError("--train-index and --test-index go together (--val-index is optional)");
+    }
+    out.split.train = read_index_file(a.train_index, rows);
+    out.split.test = read_index_file(a.test_index, rows);
+    how = "index files";
+  } else if (out.all.uci_splits) {
+    out.split = uci_split(out.all, a.split);
+    how = fmt::format("split {}", a.split);
+  } else {
+    out.split = split_by_fractions(rows, a.val_fraction, a.test_fraction, a.split_seed);
+    how = fmt::format("random split (seed {})", a.split_seed);
+  }
+  if (!a.val_index.empty()) {
+    out.split.validation = read_index_file(a.val_index, rows);
+  } else if (out.split.validation.empty() && a.val_fraction > 0) {
+    carve_validation(out.split, a.val_fraction, a.split_seed);
+  }
+  check_split(out.split, rows);
+  out.description = fmt::format("{} {} ({} train / {} validation / {} test rows, {} features)", out.all.name, how,
+                                out.split.train.size(), out.split.validation.size(), out.split.test.size(),
+                                out.all.features.size(1));
+  return out;
+}
+
+}  // namespace packtrain::runtime

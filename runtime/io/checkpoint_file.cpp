@@ -1,0 +1,257 @@
+#include "packtrain/runtime/io/checkpoint_file.h"
+
+#include "packtrain/runtime/data/data_error.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fcntl.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace packtrain::runtime {
+
+namespace {
+
+// ---- Atomic writes -------------------------------------------------------------
+
+[[noreturn]] void throw_write_error(const std::filesystem::path& path, const std::string& step, int error) {
+  throw std::runtime_error("cannot write '" + path.string() + "': " + step + ": " +
+                           std::system_category().message(error));
+}
+
+// The temporary a save writes before renaming it over the target. Until commit()
+// the destructor closes and removes it, so a failed save leaves nothing behind.
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(std::filesystem::path target)
+      : target_(std::move(target)), path_(target_.string() + ".tmp." + std::to_string(::getpid())) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw_write_error(target_, "create temporary '" + path_.string() + "'", errno);
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  ~TemporaryFile() {
+    if (fd_ >= 0) ::close(fd_);
+    std::error_code ignored;
+    if (!committed_) std::filesystem::remove(path_, ignored);
+  }
+
+  void write_all(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_write_error(target_, "write '" + path_.string() + "'", errno);
+      bytes.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+  // Data on disk before the rename makes it visible: otherwise a crash right after
+  // the rename could leave `target` naming an empty or partial file.
+  void sync_and_close() {
+    if (::fsync(fd_) != 0) throw_write_error(target_, "fsync '" + path_.string() + "'", errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw_write_error(target_, "close '" + path_.string() + "'", errno);
+  }
+
+  // rename(2) replaces the target atomically within one file system.
+  void commit() {
+    if (::rename(path_.c_str(), target_.c_str()) != 0) {
+      throw_write_error(target_, "rename '" + path_.string() + "' over it", errno);
+    }
+    committed_ = true;
+  }
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// The rename is durable only once the directory entry is on disk.
+void sync_directory_of(const std::filesystem::path& path) {
+  std::filesystem::path dir = path.parent_path();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_write_error(path, "open directory '" + dir.string() + "' to sync it", errno);
+  const int synced = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (synced != 0) throw_write_error(path, "fsync directory '" + dir.string() + "'", error);
+}
+
+// ---- Container format ----------------------------------------------------------
+
+constexpr std::string_view kMagic = "PKTRNCK1";
+constexpr uint32_t kFormatVersion = 1;
+constexpr size_t kVersionAt = 8, kLengthAt = 12, kChecksumAt = 20, kHeaderBytes = 28;
+
+// FNV-1a 64: a few lines with no dependency, enough to catch accidental damage
+// (flipped bits, overwritten blocks); it is not meant to resist tampering.
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// Byte by byte, so the file layout does not depend on the host's endianness.
+void append_le(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+uint64_t read_le(std::string_view in, size_t at, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<unsigned char>(in[at + i])} << (8 * i);
+  return value;
+}
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << "0x" << std::hex << value;
+  return out.str();
+}
+
+// ---- Loading -------------------------------------------------------------------
+
+[[noreturn]] void fail(const std::filesystem::path& path, const std::string& problem) {
+  throw DataError("checkpoint '" + path.string() + "': " + problem);
+}
+
+std::string read_whole_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) fail(path, "no such file");
+  if (!std::filesystem::is_regular_file(status)) fail(path, "not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad() || !in.is_open()) fail(path, "cannot be read");
+  return bytes;
+}
+
+void check_header(const std::filesystem::path& path, std::string_view file) {
+  if (file.empty()) fail(path, "empty file (0 bytes), not a packtrain checkpoint");
+  if (file.substr(0, kMagic.size()) != kMagic.substr(0, std::min(file.size(), kMagic.size()))) {
+    fail(path, "not a packtrain checkpoint (does not start with \"PKTRNCK1\")");
+  }
+  if (file.size() < kHeaderBytes) {
+    fail(path, "truncated: header has " + std::to_string(file.size()) + " of " + std::to_string(kHeaderBytes) +
+                   " bytes");
+  }
+  const uint64_t version = read_le(file, kVersionAt, 4);
+  if (version != kFormatVersion) {
+    fail(path, "unsupported format version " + std::to_string(version) + " (this build reads version " +
+                   std::to_string(kFormatVersion) + ")");
+  }
+}
+
+// The payload, once the header, length and checksum all agree.
+std::string_view checked_payload(const std::filesystem::path& path, std::string_view file) {
+  check_header(path, file);
+  const uint64_t expected = read_le(file, kLengthAt, 8);
+  const std::string_view payload = file.substr(kHeaderBytes);
+  if (payload.size() < expected) {
+    fail(path, "truncated: " + std::to_string(payload.size()) + " of " + std::to_string(expected) +
+                   " payload bytes (was the save interrupted or the copy incomplete?)");
+  }
+  if (payload.size() > expected) {
+    fail(path, "corrupted: " + std::to_string(payload.size() - expected) + " unexpected bytes after the " +
+                   std::to_string(expected) + "-byte payload");
+  }
+  const uint64_t stored = read_le(file, kChecksumAt, 8);
+  const uint64_t actual = fnv1a64(payload);
+  if (stored != actual) {
+    fail(path, "corrupted: payload checksum " + hex(actual) + " does not match the stored " + hex(stored) +
+                   " (the file changed after it was written)");
+  }
+  return payload;
+}
+
+std::string first_line(const char* text) {
+  const std::string s(text);
+  return s.substr(0, s.find('\n'));
+}
+
+// The payload, read in place (torch::jit::StringViewReader is not exported).
+class PayloadReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit PayloadReader(std::string_view data) : data_(data) {}
+  size_t size() const override { return data_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/ = "") const override {
+    if (pos >= data_.size()) return 0;
+    n = std::min<size_t>(n, data_.size() - pos);
+    std::memcpy(buf, data_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  std::string_view data_;
+};
+
+c10::IValue decode_payload(const std::filesystem::path& path, std::string_view payload) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<PayloadReader>(payload));
+    // As torch::jit::pickle_load does, but with every tensor mapped to the CPU: a
+    // checkpoint saved from GPU tensors loads on a machine without one.
+    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                             /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
+                                             c10::Device(c10::kCPU), reader);
+  } catch (const c10::Error& e) {
+    fail(path, "payload cannot be decoded: " + first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    fail(path, "payload cannot be decoded: " + first_line(e.what()));
+  }
+}
+
+}  // namespace
+
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes) {
+  TemporaryFile temporary(path);
+  if (crash_after_bytes >= 0 && static_cast<uint64_t>(crash_after_bytes) <= bytes.size()) {
+    temporary.write_all(bytes.substr(0, static_cast<size_t>(crash_after_bytes)));
+    std::_Exit(70);  // test hook: a crash mid-save (no destructors, no cleanup)
+  }
+  temporary.write_all(bytes);
+  temporary.sync_and_close();
+  temporary.commit();
+  sync_directory_of(path);
+}
+
+void save_checkpoint(const std::filesystem::path& path, const c10::IValue& payload, int64_t crash_after_bytes) {
+  const std::vector<char> pickled = torch::jit::pickle_save(payload);
+  const std::string_view body(pickled.data(), pickled.size());
+  std::string file;
+  file.reserve(kHeaderBytes + body.size());
+  file.append(kMagic);
+  append_le(file, kFormatVersion, 4);
+  append_le(file, body.size(), 8);
+  append_le(file, fnv1a64(body), 8);
+  file.append(body);
+  write_file_atomically(path, file, crash_after_bytes);
+}
+
+c10::IValue load_checkpoint(const std::filesystem::path& path) {
+  const std::string file = read_whole_file(path);
+  return decode_payload(path, checked_payload(path, file));
+}
+
+}  // namespace packtrain::runtime

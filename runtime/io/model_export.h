@@ -1,0 +1,43 @@
+// Export of a trained pack for Python PyTorch: one file that `torch.load(path)`
+// reads with its default weights_only=True, holding each member's
+// torch.nn.Sequential state_dict plus what is needed to reproduce predictions.
+// scripts/load_packtrain_export.py rebuilds the members and predicts.
+#pragma once
+
+#include "packtrain/ensemble/packed_mlp.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace packtrain::runtime {
+
+// What a Python user needs besides the weights to reproduce predictions.
+struct ExportExtras {
+  at::Tensor x_mean, x_std;    // (I) feature standardization: original = standardized * std + mean
+  at::Tensor y_mean, y_std;    // (T) target standardization (regression); undefined for classification
+  std::string head;            // "mean", "gaussian" or "classification"
+  double min_variance = 1e-6;  // gaussian head: variance = softplus(raw) + min_variance (standardized units)
+  std::vector<std::string> feature_names;  // (I) or empty
+  std::vector<double> classes;  // classification: the original label value of each class index (O)
+};
+
+// Writes, atomically (write_file_atomically), a dict torch.load reads with
+// weights_only=True:
+//   "format": "packtrain-export-1"
+//   "members": [state_dict, ...]   one per listed member: name -> CPU float32 tensor,
+//              named as torch.nn.Sequential(...).state_dict() names them ("0.weight" (O, I), "0.bias" (O))
+//   "member_ids": [int, ...]
+//   "architecture": {"in_features", "out_features", "hidden", "depth",
+//                    "activation" ("relu"/"gelu"/"silu"/"tanh"), "layer_norm": bool, "dropout": float}
+//   "x_mean", "x_std", "y_mean", "y_std": float64 tensors ("y_*" omitted when undefined)
+//   "head", "min_variance", "feature_names", "classes"
+// `members` empty exports all. Throws naming the offending value for an unknown
+// head, a member out of range, or extras whose sizes do not match the pack.
+void export_for_pytorch(const std::filesystem::path& path, const ensemble::PackedMLP& pack,
+                        const std::vector<int64_t>& members, const ExportExtras& extras);
+
+}  // namespace packtrain::runtime

@@ -1,0 +1,146 @@
+// EnsembleTrainer::predict and the mixture statistics and metrics of members'
+// predictions (runtime/trainers/ensemble_predictions.h).
+#include "packtrain/runtime/trainers/ensemble_predictions.h"
+
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+namespace packtrain::runtime {
+
+namespace {
+double gaussian_nll(const at::Tensor& mean, const at::Tensor& variance, const at::Tensor& y) {
+  const double half_log_2pi = 0.5 * std::log(2 * std::numbers::pi);
+  const at::Tensor var = variance.clamp_min(1e-12);
+  return (0.5 * (var.log() + (y - mean).square() / var) + half_log_2pi).mean().item<double>();
+}
+
+double rmse(const at::Tensor& mean, const at::Tensor& y) { return (mean - y).square().mean().sqrt().item<double>(); }
+}  // namespace
+
+at::Tensor class_indices(const at::Tensor& y, const std::vector<double>& classes, const char* what) {
+  const at::Tensor values = y.reshape({-1}).to(at::kDouble).contiguous();
+  at::Tensor index = at::empty({values.size(0)}, at::kLong);
+  const auto v = values.accessor<double, 1>();
+  auto out = index.accessor<int64_t, 1>();
+  for (int64_t r = 0; r < values.size(0); ++r) {
+    const auto it = std::lower_bound(classes.begin(), classes.end(), v[r]);
+    if (it == classes.end() || *it != v[r]) {
+      throw DataError(std::string(what) + " data: label " + std::to_string(v[r]) + " (row " + std::to_string(r + 1) +
+                      ") is not one of the " + std::to_string(classes.size()) + " classes seen in training");
+    }
+    out[r] = it - classes.begin();
+  }
+  return index;
+}
+
+EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
+  TORCH_CHECK(model_, "predict: the ensemble has not been trained or loaded");
+  if (x.dim() != 2 || x.size(1) != in_features_) {
+    throw DataError("the model expects " + std::to_string(in_features_) + " features per row, got data shaped " +
+                    c10::str(x.sizes()));
+  }
+  EnsemblePrediction out;
+  for (int64_t k = 0; k < options_.members(); ++k) {
+    if (members_[k].usable) out.included.push_back(k);
+  }
+  if (out.included.empty()) throw std::runtime_error("every member diverged: no usable member to predict with");
+  at::NoGradGuard no_grad;
+  const at::Tensor xs = x_scale_.transform(x).to(at::TensorOptions().dtype(at::kFloat).device(options_.device()));
+  const at::Tensor raw = model_->forward(xs).to(at::kDouble).cpu();  // (K, N, O)
+  const at::Tensor inc = at::tensor(out.included, at::kLong);
+  if (options_.head() == Head::kClassification) {
+    out.member_probabilities = raw.softmax(-1);
+    return combine_members(std::move(out), options_.head(), classes_);
+  }
+  const double y_mean = y_scale_.mean.item<double>(), y_std = y_scale_.std.item<double>();
+  if (options_.head() == Head::kGaussian) {
+    const auto head = ensemble::gaussian_head(raw, options_.min_variance());
+    out.member_mean = head.mean.squeeze(2) * y_std + y_mean;  // (K, N)
+    out.member_variance = head.variance.squeeze(2) * (y_std * y_std);
+  } else {
+    out.member_mean = raw.squeeze(2) * y_std + y_mean;
+  }
+  return combine_members(std::move(out), options_.head());
+}
+
+EnsemblePrediction combine_members(EnsemblePrediction p, Head head, const std::vector<double>& classes) {
+  TORCH_CHECK(!p.included.empty(), "every member diverged: no usable member to predict with");
+  const at::Tensor inc = at::tensor(p.included, at::kLong);
+  if (head == Head::kClassification) {
+    TORCH_CHECK(p.member_probabilities.defined() && p.member_probabilities.size(-1) == static_cast<int64_t>(classes.size()),
+                "combine_members: expected member probabilities over ", classes.size(), " classes");
+    p.probabilities = p.member_probabilities.index_select(0, inc).mean(0);
+    p.predicted = at::tensor(classes, at::kDouble).index_select(0, p.probabilities.argmax(1));
+    return p;
+  }
+  const at::Tensor means = p.member_mean.index_select(0, inc);
+  p.mean = means.mean(0);
+  p.spread = means.std(0, /*unbiased=*/false);
+  const at::Tensor second = p.member_variance.defined()
+                                ? (p.member_variance.index_select(0, inc) + means.square()).mean(0)
+                                : means.square().mean(0);
+  p.variance = (second - p.mean.square()).clamp_min(0);
+  return p;
+}
+
+namespace {
+EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y) {
+  EnsembleMetrics m;
+  const at::Tensor target = y.reshape({-1}).to(at::kDouble);
+  for (int64_t k = 0; k < p.member_mean.size(0); ++k) {
+    Metrics r;
+    r.rmse = rmse(p.member_mean[k], target);
+    if (p.member_variance.defined()) r.nll = gaussian_nll(p.member_mean[k], p.member_variance[k], target);
+    m.members.push_back(r);
+  }
+  m.ensemble.rmse = rmse(p.mean, target);
+  m.ensemble.nll = gaussian_nll(p.mean, p.variance, target);
+  return m;
+}
+}  // namespace
+
+EnsembleMetrics ensemble_metrics(const EnsemblePrediction& p, const at::Tensor& y, Head head,
+                                 const std::vector<double>& classes) {
+  if (head != Head::kClassification) return regression_metrics(p, y);
+  const at::Tensor target = class_indices(y, classes, "evaluation");
+  const auto metrics = [&](const at::Tensor& probs) {
+    Metrics r;
+    r.accuracy = probs.argmax(1).eq(target).to(at::kDouble).mean().item<double>();
+    r.nll = -probs.gather(1, target.unsqueeze(1)).clamp_min(1e-12).log().mean().item<double>();
+    return r;
+  };
+  EnsembleMetrics m;
+  for (int64_t k = 0; k < p.member_probabilities.size(0); ++k) m.members.push_back(metrics(p.member_probabilities[k]));
+  m.ensemble = metrics(p.probabilities);
+  return m;
+}
+
+void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members) {
+  const auto place = [&](at::Tensor& into, const at::Tensor& from) {
+    if (!from.defined()) return;
+    if (!into.defined()) {
+      std::vector<int64_t> shape = from.sizes().vec();
+      shape[0] = members;
+      into = at::zeros(shape, from.options());
+    }
+    into.narrow(0, first_member, from.size(0)).copy_(from);
+  };
+  place(all.member_mean, shard.member_mean);
+  place(all.member_variance, shard.member_variance);
+  place(all.member_probabilities, shard.member_probabilities);
+  for (int64_t k : shard.included) all.included.push_back(first_member + k);
+  std::sort(all.included.begin(), all.included.end());
+}
+
+}  // namespace packtrain::runtime

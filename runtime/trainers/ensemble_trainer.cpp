@@ -1,0 +1,386 @@
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
+
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/optimizers/sgd.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/trainers/ensemble_steps.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+
+// The ensemble trainer's assembly (prepare: standardization, pack, steps) and its
+// epoch loop with the per-member state machine (early stopping, divergence, best
+// weights) and data-parallel hooks. Predictions and metrics: ensemble_predictions.cpp;
+// checkpoints and member selection: ensemble_checkpoint.cpp.
+namespace packtrain::runtime {
+
+namespace {
+
+ensemble::LossKind loss_kind(Head head) {
+  switch (head) {
+    case Head::kMean: return ensemble::LossKind::kMSE;
+    case Head::kGaussian: return ensemble::LossKind::kGaussianNLL;
+    case Head::kClassification: return ensemble::LossKind::kCrossEntropy;
+  }
+  return ensemble::LossKind::kMSE;
+}
+
+// FNV-1a over the bytes of contiguous tensors: identifies the training data a
+// checkpoint was made with, so a resume on other data is refused.
+uint64_t fingerprint(std::initializer_list<at::Tensor> tensors) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor c = t.contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Copies the parameter rows of `members` from the flat buffer `from` into `to`
+// (both in `parameters`' layout), in place.
+void copy_members(const ensemble::PackedParameters& parameters, const at::Tensor& to, const at::Tensor& from,
+                  const std::vector<int64_t>& members) {
+  if (members.empty()) return;
+  const at::Tensor idx = at::tensor(members, at::kLong).to(to.device());
+  const std::vector<at::Tensor> dst = parameters.blocks(to), src = parameters.blocks(from);
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].index_copy_(0, idx, src[i].index_select(0, idx));
+}
+
+void check_xy(const at::Tensor& x, const at::Tensor& y, const char* what) {
+  TORCH_CHECK(x.defined() && y.defined() && x.dim() == 2 && y.dim() == 2 && y.size(1) == 1 && x.size(0) == y.size(0),
+              what, ": expected x (N, I) and y (N, 1), got ", x.defined() ? x.sizes() : c10::IntArrayRef{}, " and ",
+              y.defined() ? y.sizes() : c10::IntArrayRef{});
+}
+
+}  // namespace
+
+EnsembleTrainer::EnsembleTrainer(EnsembleTrainerOptions options) : options_(std::move(options)) {
+  options_.validate();
+}
+
+EnsembleTrainer::~EnsembleTrainer() = default;
+
+int64_t EnsembleTrainer::out_features() const {
+  switch (options_.head()) {
+    case Head::kMean: return 1;
+    case Head::kGaussian: return 2;
+    case Head::kClassification: return static_cast<int64_t>(classes_.size());
+  }
+  return 1;
+}
+
+void EnsembleTrainer::build_model(int64_t in_features) {
+  in_features_ = in_features;
+  model_ = std::make_unique<ensemble::PackedMLP>(ensemble::PackedMLPOptions(in_features, out_features())
+                                                     .members(options_.members())
+                                                     .hidden(options_.hidden())
+                                                     .depth(options_.depth())
+                                                     .activation(options_.activation())
+                                                     .layer_norm(options_.layer_norm())
+                                                     .dropout(options_.dropout())
+                                                     .seed(options_.seed())
+                                                     .first_member(options_.first_member())
+                                                     .device(options_.device()));
+  model_->train(false);
+  members_.assign(options_.members(), MemberState{});
+}
+
+at::Tensor EnsembleTrainer::encode_targets(const at::Tensor& y, const char* what) const {
+  if (options_.head() != Head::kClassification) {
+    return y_scale_.transform(y).to(at::TensorOptions().dtype(at::kFloat).device(options_.device()));
+  }
+  return class_indices(y, classes_, what).to(options_.device());
+}
+
+void EnsembleTrainer::fit(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x, const at::Tensor& val_y,
+                          const EpochCallback& on_epoch) {
+  prepare(x, y, val_x, val_y);
+  train(on_epoch);
+}
+
+void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
+                              const at::Tensor& val_y, const at::Tensor& fit_rows) {
+  check_xy(x, y, "training data");
+  if (val_x.defined() || val_y.defined()) {
+    check_xy(val_x, val_y, "validation data");
+    TORCH_CHECK(val_x.size(1) == x.size(1), "validation data have ", val_x.size(1), " features, training data ",
+                x.size(1));
+  }
+  const int64_t N = x.size(0);
+  if (options_.batch_size() > N) {
+    throw DataError("batch size " + std::to_string(options_.batch_size()) + " is larger than the training set (" +
+                    std::to_string(N) + " rows)");
+  }
+  const at::Tensor fx = fit_rows.defined() ? x.index_select(0, fit_rows) : x;
+  const at::Tensor fy = fit_rows.defined() ? y.index_select(0, fit_rows) : y;
+  x_scale_ = Standardizer::fit(fx);
+  if (options_.head() == Head::kClassification) {
+    const at::Tensor labels = std::get<0>(at::_unique(fy.reshape({-1}), /*sorted=*/true)).contiguous();
+    classes_.assign(labels.data_ptr<double>(), labels.data_ptr<double>() + labels.numel());
+    if (classes_.size() < 2) throw DataError("classification needs at least 2 classes in the training data, got " +
+                                             std::to_string(classes_.size()));
+  } else {
+    y_scale_ = Standardizer::fit(fy);
+  }
+  const int64_t world = group_ != nullptr ? group_->world_size() : 1;
+  if (group_ != nullptr) {
+    if (options_.device().is_cuda() && group_->device() != options_.device()) {
+      throw DataError("data-parallel training on " + options_.device().str() + " needs the process group joined on " +
+                      "that device (its gradients go over NCCL there); it was joined on " + group_->device().str());
+    }
+    if (options_.batch_size() % world != 0) {
+      throw DataError("the global batch " + std::to_string(options_.batch_size()) + " does not split into " +
+                      std::to_string(world) + " equal per-rank batches");
+    }
+  }
+  steps_.reset();  // its graphs refer to the previous model and optimizer
+  build_model(x.size(1));
+  if (group_ != nullptr) {
+    at::Tensor flat = model_->parameters().flat();
+    group_->broadcast_(flat, 0, "initial-weights broadcast");  // every rank starts from rank 0's weights
+  }
+  data_fingerprint_ = fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options_.device());
+  const at::Tensor xs = x_scale_.transform(x).to(f32);  // the whole set lives on the device
+  const at::Tensor ys = encode_targets(y, "training");
+  val_x_ = val_x.defined() ? x_scale_.transform(val_x).to(f32) : at::Tensor();
+  val_y_ = val_x.defined() ? encode_targets(val_y, "validation") : at::Tensor();
+
+  ensemble::PackedParameters& params = model_->parameters();
+  switch (options_.optimizer()) {
+    case OptimizerKind::kAdamW:
+      optimizer_ = std::make_unique<ensemble::PackedAdam>(
+          params, ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
+      break;
+    case OptimizerKind::kAdam:
+      optimizer_ = std::make_unique<ensemble::PackedAdam>(
+          params, ensemble::AdamOptions().lr(options_.lr()).weight_decay(options_.weight_decay()));
+      break;
+    case OptimizerKind::kSGD:
+      optimizer_ = std::make_unique<ensemble::PackedSGD>(
+          params, ensemble::SGDOptions(options_.lr()).momentum(options_.momentum()).weight_decay(options_.weight_decay()));
+      break;
+  }
+  steps_ = std::make_unique<EnsembleSteps>(
+      *model_, *optimizer_, std::vector<at::Tensor>{xs, ys},
+      EnsembleStepsOptions()
+          .batch_size(options_.batch_size())
+          .order(options_.order())
+          .loss(loss_kind(options_.head()))
+          .min_variance(options_.min_variance())
+          .unroll(options_.unroll())
+          .seed(options_.seed() ^ 0x5DEECE66Dull)
+          .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
+          .shard_index(group_ != nullptr ? group_->rank() : 0)
+          .shard_count(world)
+          .gradient_hook(group_ != nullptr ? ensemble::GradientHook([this] {
+            at::Tensor gradients = model_->parameters().flat_grad();
+            // One all-reduce of the flat buffer per step: Gloo on CPU (a dead or stuck
+            // peer ends it with an error naming the step, after the group's timeout at
+            // most), NCCL on the capture stream on CUDA (recorded into the graph).
+            group_->all_reduce_mean_(gradients, "gradient all-reduce", steps_->steps_taken() + step_offset_ + 1);
+          })
+                                           : ensemble::GradientHook())
+          .after_launch(group_ != nullptr && options_.device().is_cuda()
+                            ? std::function<void(int64_t, int64_t)>([this](int64_t first, int64_t last) {
+                                // The replay's all-reduces get the group's deadline.
+                                group_->watch_device("gradient all-reduce", first + step_offset_, last + step_offset_);
+                              })
+                            : std::function<void(int64_t, int64_t)>()));
+  if (options_.schedule() != ensemble::LrScheduleKind::kConstant) {
+    optimizer_->set_schedule(ensemble::LrSchedule()
+                                 .kind(options_.schedule())
+                                 .warmup_steps(options_.warmup_steps())
+                                 .total_steps(options_.epochs() * steps_->steps_per_epoch())
+                                 .min_factor(options_.min_lr_factor()));
+  }
+  best_params_ = val_x_.defined() ? model_->parameters().flat().detach().clone() : at::Tensor();
+  resume_params_ = at::Tensor();
+  epoch_ = 0;
+  steps_taken_ = 0;
+  train_history_.clear();
+  val_history_.clear();
+}
+
+void EnsembleTrainer::check_ranks_agree(int64_t step) const {
+  // All ranks learn whether any differs, so they fail together instead of hanging.
+  group_->check_same(model_->parameters().flat(), "parameters",
+                     "after step " + std::to_string(step) + " (epoch " + std::to_string(epoch_ + 1) + ")");
+}
+
+int64_t EnsembleTrainer::per_rank_batch() const {
+  return options_.batch_size() / (group_ != nullptr ? group_->world_size() : 1);
+}
+
+void EnsembleTrainer::set_training_rows(const at::Tensor& rows) {
+  TORCH_CHECK(prepared(), "set_training_rows: call prepare() first");
+  if (rows.size(-1) < options_.batch_size()) {
+    throw DataError("batch size " + std::to_string(options_.batch_size()) + " is larger than the training set (" +
+                    std::to_string(rows.size(-1)) + " rows)");
+  }
+  steps_->batcher().set_active_rows(rows);
+}
+
+void EnsembleTrainer::reinitialize(uint64_t seed) {
+  TORCH_CHECK(prepared(), "reinitialize: call prepare() first");
+  steps_->reinitialize(seed);
+  steps_->reseed_order(seed ^ 0x5DEECE66Dull);
+  optimizer_->set_mask(at::ones({options_.members()}, at::kBool));
+  members_.assign(options_.members(), MemberState{});
+  if (best_params_.defined()) best_params_.copy_(model_->parameters().flat().detach());
+  resume_params_ = at::Tensor();
+  epoch_ = 0;
+  steps_taken_ = 0;
+  train_history_.clear();
+  val_history_.clear();
+}
+
+bool EnsembleTrainer::train(const EpochCallback& on_epoch, bool stop_when_idle) {
+  TORCH_CHECK(prepared(), "train: call prepare() first");
+  bool go_on = true;
+  if (resume_params_.defined()) {  // continue from the last trained weights, not the restored best
+    at::NoGradGuard no_grad;
+    model_->parameters().flat().detach().copy_(resume_params_);
+    resume_params_ = at::Tensor();
+  }
+  model_->train(true);
+  while (go_on && epoch_ < options_.epochs()) {
+    const EpochReport report = run_epoch();
+    if (on_epoch) go_on = on_epoch(report);
+    if (report.active == 0 && stop_when_idle) break;
+  }
+  model_->train(false);
+  const bool finished = go_on;
+  if (finished && options_.restore_best() && options_.patience() > 0) restore_best_weights();
+  return finished;
+}
+
+EpochReport EnsembleTrainer::run_epoch() {
+  EpochReport report;
+  report.steps = steps_->steps_per_epoch();
+  step_offset_ = steps_taken_ - steps_->steps_taken();  // steps of earlier sessions (resume)
+  const bool data_parallel = group_ != nullptr && group_->world_size() > 1;
+  if (data_parallel && check_every_steps_ > 0) {
+    // The epoch in pieces that end where a checksum comparison is due.
+    steps_->start_epoch();
+    for (int64_t done = 0; done < report.steps;) {
+      const int64_t step = steps_taken_ + done;
+      const int64_t n = std::min(check_every_steps_ - step % check_every_steps_, report.steps - done);
+      steps_->run_steps(n);
+      done += n;
+      if ((steps_taken_ + done) % check_every_steps_ == 0) {
+        group_->wait_device("gradient all-reduce");
+        check_ranks_agree(steps_taken_ + done);
+      }
+    }
+  } else {
+    steps_->run_epoch();
+  }
+  // Data parallel on CUDA: the epoch's all-reduces completed, or an error naming the
+  // steps that missed the deadline (a blocking read below would wait forever).
+  if (group_ != nullptr) group_->wait_device("gradient all-reduce");
+  // One loss report per epoch (readback every epoch); waiting here costs one
+  // synchronization per epoch, which the per-member decisions below need anyway.
+  const std::vector<LossReport> losses = steps_->wait_losses();
+  TORCH_CHECK(!losses.empty(), "internal: no loss report after an epoch");
+  if (data_parallel) {
+    at::Tensor mean = losses.back().mean.contiguous();
+    group_->all_reduce_mean_(mean, "training-loss all-reduce", steps_taken_ + report.steps);  // each rank saw its shard
+    check_ranks_agree(steps_taken_ + report.steps);
+  }
+  const at::Tensor val = val_x_.defined() ? steps_->evaluate(val_x_, val_y_).cpu() : at::Tensor();
+  ++epoch_;
+  steps_taken_ += report.steps;
+  report.epoch = epoch_;
+  report.epochs = options_.epochs();
+  update_members(losses.back().mean, val, report);
+  return report;
+}
+
+void EnsembleTrainer::update_members(const at::Tensor& train_loss, const at::Tensor& val_loss, EpochReport& report) {
+  const auto train = train_loss.accessor<double, 1>();
+  double train_sum = 0, val_sum = 0;
+  int64_t trained = 0, validated = 0;
+  std::vector<int64_t> improved, to_restore;
+  for (int64_t k = 0; k < options_.members(); ++k) {
+    MemberState& m = members_[k];
+    const double v = val_loss.defined() ? val_loss[k].item<double>() : 0.0;
+    if (m.status != MemberStatus::kTraining) {
+      if (m.usable && val_loss.defined() && std::isfinite(v)) {
+        val_sum += v;
+        ++validated;
+      }
+      continue;
+    }
+    if (!std::isfinite(train[k]) || !std::isfinite(v)) {
+      m.status = MemberStatus::kDiverged;
+      m.ended_epoch = epoch_;
+      m.usable = m.best_epoch > 0;
+      if (m.usable) to_restore.push_back(k);
+      report.events.push_back("member " + std::to_string(k) + " diverged (non-finite " +
+                              (std::isfinite(train[k]) ? "validation" : "training") + " loss) at epoch " +
+                              std::to_string(epoch_) + ": frozen" +
+                              (m.usable ? ", best weights (epoch " + std::to_string(m.best_epoch) + ") restored"
+                                        : ", left out of predictions"));
+      continue;
+    }
+    train_sum += train[k];
+    ++trained;
+    if (!val_loss.defined()) continue;
+    val_sum += v;
+    ++validated;
+    if (v < m.best_loss) {
+      m.best_loss = v;
+      m.best_epoch = epoch_;
+      improved.push_back(k);
+    } else if (options_.patience() > 0 && epoch_ - m.best_epoch >= options_.patience()) {
+      m.status = MemberStatus::kStopped;
+      m.ended_epoch = epoch_;
+      report.events.push_back("member " + std::to_string(k) + " stopped early at epoch " + std::to_string(epoch_) +
+                              " (best validation loss " + std::to_string(m.best_loss) + " at epoch " +
+                              std::to_string(m.best_epoch) + ")");
+    }
+  }
+  const at::Tensor flat = model_->parameters().flat().detach();
+  if (best_params_.defined()) {
+    copy_members(model_->parameters(), best_params_, flat, improved);
+    copy_members(model_->parameters(), flat, best_params_, to_restore);
+  }
+  at::Tensor mask = at::empty({options_.members()}, at::kLong);
+  for (int64_t k = 0; k < options_.members(); ++k) mask[k] = members_[k].status == MemberStatus::kTraining ? 1 : 0;
+  optimizer_->set_mask(mask.to(at::kBool));
+  report.active = mask.sum().item<int64_t>();
+  report.train_loss = trained > 0 ? train_sum / static_cast<double>(trained) : std::nan("");
+  if (val_loss.defined()) report.val_loss = validated > 0 ? val_sum / static_cast<double>(validated) : std::nan("");
+  train_history_.push_back(report.train_loss);
+  val_history_.push_back(report.val_loss);
+}
+
+void EnsembleTrainer::restore_best_weights() {
+  if (!best_params_.defined()) return;
+  std::vector<int64_t> with_best;
+  for (int64_t k = 0; k < options_.members(); ++k) {
+    if (members_[k].best_epoch > 0) with_best.push_back(k);
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor flat = model_->parameters().flat().detach();
+  resume_params_ = flat.clone();
+  copy_members(model_->parameters(), flat, best_params_, with_best);
+}
+
+EnsembleMetrics EnsembleTrainer::evaluate(const at::Tensor& x, const at::Tensor& y) const {
+  check_xy(x, y, "evaluation data");
+  return ensemble_metrics(predict(x), y, options_.head(), classes_);
+}
+
+}  // namespace packtrain::runtime

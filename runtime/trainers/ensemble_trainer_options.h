@@ -1,0 +1,83 @@
+// What an EnsembleTrainer trains: model shape, head, optimizer and schedule,
+// epochs, data order, early stopping, device. Serializes to JSON (stored in every
+// checkpoint, so `packtrain resume` and `predict` rebuild the same trainer).
+#pragma once
+
+#include "packtrain/base/enum_names.h"
+
+#include "packtrain/ensemble/optimizers/lr_schedule.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/graphs/device_batcher.h"
+#include "packtrain/graphs/graph_log.h"
+#include "packtrain/runtime/trainers/ensemble_steps.h"
+
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <string>
+#include <string_view>
+
+namespace packtrain::runtime {
+
+enum class Head {
+  kMean,            // regression, one output per member, MSE
+  kGaussian,        // regression, mean and variance per member, Gaussian NLL (deep ensembles)
+  kClassification,  // logits per class, cross-entropy
+};
+inline constexpr EnumNames<Head, 3> kHeadNames{
+    "head", {{{Head::kMean, "mean"}, {Head::kGaussian, "gaussian"}, {Head::kClassification, "classification"}}}};
+inline std::string_view to_string(Head head) { return kHeadNames.name(head); }
+// Throws naming the value and the accepted names.
+inline Head parse_head(std::string_view name) { return kHeadNames.parse(name); }
+
+enum class OptimizerKind { kAdamW, kAdam, kSGD };
+inline constexpr EnumNames<OptimizerKind, 3> kOptimizerKindNames{
+    "optimizer", {{{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kSGD, "sgd"}}}};
+inline std::string_view to_string(OptimizerKind kind) { return kOptimizerKindNames.name(kind); }
+// Throws naming the value and the accepted names.
+inline OptimizerKind parse_optimizer(std::string_view name) { return kOptimizerKindNames.parse(name); }
+
+struct EnsembleTrainerOptions {
+  /// Example: EnsembleTrainerOptions().members(16).epochs(200).batch_size(64).patience(20)
+  TORCH_ARG(int64_t, members) = 16;
+  TORCH_ARG(int64_t, hidden) = 64;
+  TORCH_ARG(int64_t, depth) = 2;
+  TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
+  TORCH_ARG(bool, layer_norm) = false;
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(Head, head) = Head::kGaussian;
+  TORCH_ARG(OptimizerKind, optimizer) = OptimizerKind::kAdamW;
+  TORCH_ARG(double, lr) = 3e-3;
+  TORCH_ARG(double, weight_decay) = 1e-4;
+  TORCH_ARG(double, momentum) = 0.9;  // SGD only (Nesterov off)
+  TORCH_ARG(ensemble::LrScheduleKind, schedule) = ensemble::LrScheduleKind::kConstant;
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  TORCH_ARG(double, min_lr_factor) = 0.0;  // cosine: the final fraction of lr (decays over all epochs)
+  TORCH_ARG(int64_t, epochs) = 200;
+  TORCH_ARG(int64_t, batch_size) = 64;
+  TORCH_ARG(graphs::BatchOrder, order) = graphs::BatchOrder::kShared;
+  // Epochs without a better validation loss before a member stops (0: never). The
+  // member's mask goes off, so the captured step stays the same graph.
+  TORCH_ARG(int64_t, patience) = 0;
+  // With early stopping (patience > 0): each member ends with the weights of its
+  // best validation epoch. (Without it, training runs its epochs and keeps the last.)
+  TORCH_ARG(bool, restore_best) = true;
+  TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
+  TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too
+  TORCH_ARG(int64_t, first_member) = 0;    // member parallel: this shard's members start at this global index
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+  TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
+  TORCH_ARG(int64_t, unroll) = kDefaultUnroll;  // training steps per graph replay
+  TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
+
+ public:
+  // Throws c10::Error naming the offending field and value.
+  void validate() const;
+};
+
+// Every field but `log`, as a JSON object.
+std::string to_json(const EnsembleTrainerOptions& options);
+// The inverse; an unknown key, a missing key or a wrong type throws naming it.
+EnsembleTrainerOptions options_from_json(const std::string& json);
+
+}  // namespace packtrain::runtime

@@ -1,0 +1,508 @@
+#include "packtrain/runtime/trainers/multitask_trainer.h"
+
+#include "packtrain/graphs/captured_step.h"
+#include "packtrain/profiling/nvtx.h"
+#include "packtrain/runtime/data/byte_tokenizer.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/trainers/multitask_steps.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+namespace packtrain::runtime {
+
+namespace {
+
+constexpr const char* kMultiTaskFormat = "packtrain-multitask-1";
+
+std::string dtype_name(c10::ScalarType t) { return t == at::kDouble ? "float64" : "float32"; }
+
+// Whether a JSON value may stand where the defaults hold `like`: any number for a
+// fractional default, a whole number for a whole one, an array of whole numbers for
+// an array (the buckets), otherwise the same JSON type.
+bool same_kind(const nlohmann::json& value, const nlohmann::json& like) {
+  if (like.is_number_float()) return value.is_number();
+  if (like.is_number_integer()) return value.is_number_integer();
+  if (like.is_array()) {
+    return value.is_array() &&
+           std::all_of(value.begin(), value.end(), [](const nlohmann::json& v) { return v.is_number_integer(); });
+  }
+  return value.type() == like.type();
+}
+
+}  // namespace
+
+struct MultiTaskTrainer::Bucket {
+  int64_t length = 0;
+  at::Tensor tokens, lengths, labels;  // (N, length), (N), (N) int64 on the device
+  std::vector<int64_t> index;          // row i is example index[i] of the source
+  int64_t size() const { return static_cast<int64_t>(index.size()); }
+};
+
+void MultiTaskTrainerOptions::validate() const {
+  model().validate();  // "transformer: <field> must be ..., got <value>"
+  TORCH_CHECK(batch_size() > 0, "batch_size must be positive, got batch_size=", batch_size());
+  TORCH_CHECK(eval_batch_size() > 0, "eval_batch_size must be positive, got eval_batch_size=", eval_batch_size());
+  TORCH_CHECK(!buckets().empty(), "buckets must name at least one padded length, got buckets=[]");
+  for (size_t i = 0; i < buckets().size(); ++i) {
+    TORCH_CHECK(buckets()[i] >= 3, "bucket lengths must be >= 3 (BOS, a token, EOS), got buckets[", i,
+                "]=", buckets()[i]);
+    TORCH_CHECK(i == 0 || buckets()[i] > buckets()[i - 1], "bucket lengths must be strictly ascending, got buckets[",
+                i - 1, "]=", buckets()[i - 1], " then buckets[", i, "]=", buckets()[i]);
+  }
+  TORCH_CHECK(buckets().back() <= model().max_length(), "the longest bucket (buckets[", buckets().size() - 1,
+              "]=", buckets().back(), ") exceeds the model's max_length (model.max_length=", model().max_length(),
+              ")");
+  TORCH_CHECK(lr() >= 0, "lr must be >= 0, got lr=", lr());
+  TORCH_CHECK(weight_decay() >= 0, "weight_decay must be >= 0, got weight_decay=", weight_decay());
+  TORCH_CHECK(warmup_steps() >= 0, "warmup_steps must be >= 0, got warmup_steps=", warmup_steps());
+  TORCH_CHECK(classification_weight() >= 0 && lm_weight() >= 0 && classification_weight() + lm_weight() > 0,
+              "task weights must be >= 0 and not both 0, got classification_weight=", classification_weight(),
+              ", lm_weight=", lm_weight());
+}
+
+std::string to_json(const MultiTaskTrainerOptions& o) {
+  const auto& m = o.model();
+  nlohmann::json j = {
+      {"members", m.members()}, {"vocab", m.vocab()}, {"width", m.width()}, {"layers", m.layers()},
+      {"heads", m.heads()}, {"mlp_ratio", m.mlp_ratio()}, {"max_length", m.max_length()},
+      {"classes", m.classes()}, {"tie_lm_head", m.tie_lm_head()}, {"dtype", dtype_name(m.dtype())},
+      {"batch_size", o.batch_size()}, {"buckets", o.buckets()}, {"lr", o.lr()}, {"weight_decay", o.weight_decay()},
+      {"warmup_steps", o.warmup_steps()}, {"classification_weight", o.classification_weight()},
+      {"lm_weight", o.lm_weight()}, {"shared_inputs", o.shared_inputs()}, {"eval_batch_size", o.eval_batch_size()},
+      {"seed", o.seed()}, {"capture", o.capture()}};
+  return j.dump();
+}
+
+MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TORCH_CHECK(j.is_object(), "multi-task options: not a JSON object");
+  // The defaults' keys and values, each replaced by the given value where there is one.
+  nlohmann::json merged = nlohmann::json::parse(to_json(MultiTaskTrainerOptions()));
+  for (const auto& [key, value] : j.items()) {
+    TORCH_CHECK(merged.contains(key), "multi-task options: unknown key '", key, "'");
+    TORCH_CHECK(same_kind(value, merged.at(key)), "multi-task options: key '", key, "' has the wrong type: ",
+                value.dump(), " (its default is ", merged.at(key).dump(), ")");
+    merged[key] = value;
+  }
+  TORCH_CHECK(merged.at("seed").is_number_unsigned(), "multi-task options: seed must be >= 0, got seed=",
+              merged.at("seed").dump());
+  const std::string dtype = merged.at("dtype").get<std::string>();
+  TORCH_CHECK(dtype == "float32" || dtype == "float64",
+              "multi-task options: dtype must be float32 or float64, got dtype=", dtype);
+  const auto i64 = [&](const char* key) { return merged.at(key).get<int64_t>(); };
+  const auto f64 = [&](const char* key) { return merged.at(key).get<double>(); };
+  const auto flag = [&](const char* key) { return merged.at(key).get<bool>(); };
+  MultiTaskTrainerOptions o;
+  o.model(ensemble::PackedTransformerOptions()
+              .members(i64("members"))
+              .vocab(i64("vocab"))
+              .width(i64("width"))
+              .layers(i64("layers"))
+              .heads(i64("heads"))
+              .mlp_ratio(i64("mlp_ratio"))
+              .max_length(i64("max_length"))
+              .classes(i64("classes"))
+              .tie_lm_head(flag("tie_lm_head"))
+              .dtype(dtype == "float64" ? at::kDouble : at::kFloat));
+  o.batch_size(i64("batch_size")).buckets(merged.at("buckets").get<std::vector<int64_t>>());
+  o.lr(f64("lr")).weight_decay(f64("weight_decay")).warmup_steps(i64("warmup_steps"));
+  o.classification_weight(f64("classification_weight")).lm_weight(f64("lm_weight"));
+  o.shared_inputs(flag("shared_inputs")).eval_batch_size(i64("eval_batch_size"));
+  o.seed(merged.at("seed").get<uint64_t>()).capture(flag("capture"));
+  o.validate();
+  return o;
+}
+
+MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
+    : options_(std::move(options)), device_(options_.model().device()) {
+  options_.validate();
+  if (!options_.log()) options_.log(graphs::log_to_stderr);  // never silent, as in graphs/
+  // "cuda" means the first device: graph caches and pools compare devices with their index.
+  if (device_.is_cuda() && device_.index() < 0) {
+    device_ = c10::Device(c10::kCUDA, 0);
+    options_.model(ensemble::PackedTransformerOptions(options_.model()).device(device_));
+  }
+  ensemble::PackedTransformerOptions model_options = options_.model();
+  model_options.seed(options_.seed()).device(device_);
+  model_ = std::make_unique<ensemble::PackedTransformer>(model_options);
+  optimizer_ = std::make_unique<ensemble::PackedAdam>(
+      model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
+  if (options_.warmup_steps() > 0) {
+    optimizer_->set_schedule(
+        ensemble::LrSchedule().kind(ensemble::LrScheduleKind::kLinearWarmup).warmup_steps(options_.warmup_steps()));
+  }
+  steps_ = std::make_unique<MultiTaskSteps>(
+      *model_, *optimizer_,
+      MultiTaskStepsOptions()
+          .weights(ensemble::TaskWeights{options_.classification_weight(), options_.lm_weight()})
+          .shared_inputs(options_.shared_inputs())
+          .eval_batch_size(options_.eval_batch_size())
+          .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
+          .capacity(8));
+}
+
+MultiTaskTrainer::~MultiTaskTrainer() = default;
+
+std::vector<MultiTaskTrainer::Bucket> MultiTaskTrainer::tokenize(const LabelledTexts& data,
+                                                                  int64_t* truncated) const {
+  const ByteTokenizer tokenizer;
+  const std::vector<int64_t>& lengths = options_.buckets();
+  std::vector<std::vector<std::vector<int64_t>>> sequences(lengths.size());
+  std::vector<std::vector<int64_t>> labels(lengths.size()), index(lengths.size());
+  *truncated = 0;
+  for (size_t i = 0; i < data.texts.size(); ++i) {
+    bool cut = false;
+    std::vector<int64_t> ids = tokenizer.encode(data.texts[i], lengths.back(), &cut);
+    *truncated += cut ? 1 : 0;
+    const auto b = static_cast<size_t>(
+        std::lower_bound(lengths.begin(), lengths.end(), static_cast<int64_t>(ids.size())) - lengths.begin());
+    if (data.labels[i] < 0 || data.labels[i] >= options_.model().classes()) {
+      throw DataError(fmt::format("{}: example {} has label {}, the model has {} classes", data.source, i + 1,
+                                  data.labels[i], options_.model().classes()));
+    }
+    sequences[b].push_back(std::move(ids));
+    labels[b].push_back(data.labels[i]);
+    index[b].push_back(static_cast<int64_t>(i));
+  }
+  std::vector<Bucket> out;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    if (sequences[b].empty()) continue;
+    const PaddedTokens padded = pad_sequences(sequences[b], lengths[b]);
+    out.push_back({lengths[b], padded.tokens.to(device_), padded.lengths.to(device_),
+                   at::tensor(labels[b], at::kLong).to(device_), index[b]});
+  }
+  return out;
+}
+
+int64_t MultiTaskTrainer::set_training_data(const LabelledTexts& train) {
+  int64_t truncated = 0;
+  train_buckets_ = tokenize(train, &truncated);
+  training_examples_ = static_cast<int64_t>(train.size());
+  return truncated;
+}
+
+int64_t MultiTaskTrainer::steps_per_epoch() const {
+  int64_t steps = 0;
+  for (const Bucket& b : train_buckets_) steps += (b.size() + options_.batch_size() - 1) / options_.batch_size();
+  return steps;
+}
+
+size_t MultiTaskTrainer::training_graphs() const { return steps_->training_graphs(); }
+size_t MultiTaskTrainer::evaluation_graphs() const { return steps_->evaluation_graphs(); }
+
+void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
+  if (group == nullptr) {
+    group_ = nullptr;
+    steps_->set_gradient_hook({});
+    return;
+  }
+  if (device_.is_cuda() && group->device() != device_) {
+    throw DataError(fmt::format("data-parallel training on {} needs the process group joined on that device (its "
+                                "gradients go over NCCL there); it was joined on {}",
+                                device_.str(), group->device().str()));
+  }
+  if (options_.batch_size() % group->world_size() != 0) {
+    throw DataError(fmt::format("the global batch {} does not split into {} equal per-rank batches",
+                                options_.batch_size(), group->world_size()));
+  }
+  group_ = group;
+  steps_->set_gradient_hook([this] {
+    at::Tensor gradients = model_->parameters().flat_grad();
+    group_->all_reduce_mean_(gradients, "gradient all-reduce", steps_done_ + 1);
+  });
+  at::Tensor flat = model_->parameters().flat();
+  group_->broadcast_(flat, 0, "initial-weights broadcast");
+}
+
+void MultiTaskTrainer::run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows) {
+  // rows, lm_rows (B / world) int64 on the device: the step's rows of this bucket.
+  if (options_.shared_inputs()) {
+    steps_->train_step(bucket.tokens.index_select(0, rows), bucket.lengths.index_select(0, rows),
+                       bucket.labels.index_select(0, rows));
+  } else {
+    steps_->train_step(bucket.tokens.index_select(0, rows), bucket.lengths.index_select(0, rows),
+                       bucket.labels.index_select(0, rows), bucket.tokens.index_select(0, lm_rows),
+                       bucket.lengths.index_select(0, lm_rows));
+  }
+  // Data parallel on CUDA: the step's all-reduce (in its graph) gets the group's deadline.
+  if (group_ != nullptr) group_->watch_device("gradient all-reduce", steps_done_ + 1, steps_done_ + 1);
+}
+
+MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
+  if (train_buckets_.empty()) throw std::logic_error("train_epoch: no training data (call set_training_data)");
+  PACKTRAIN_NVTX_RANGE("epoch");
+  const auto start = std::chrono::steady_clock::now();
+  // The order depends on the seed and the epoch only, so a run resumed from a
+  // checkpoint at an epoch boundary continues with the same batches.
+  std::mt19937_64 rng(options_.seed() * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epochs_done_) + 1);
+  const int64_t B = options_.batch_size();
+  // One batch: a bucket and B rows of it (the last batch of a bucket wraps around to
+  // its first rows, so every batch has the same static shape).
+  struct Plan {
+    size_t bucket;
+    std::vector<int64_t> rows, lm_rows;
+  };
+  std::vector<Plan> plan;
+  const auto order = [&](int64_t n) {
+    std::vector<int64_t> p(static_cast<size_t>(n));
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng);
+    return p;
+  };
+  for (size_t b = 0; b < train_buckets_.size(); ++b) {
+    const int64_t n = train_buckets_[b].size();
+    const std::vector<int64_t> p = order(n);
+    const std::vector<int64_t> q = options_.shared_inputs() ? std::vector<int64_t>{} : order(n);
+    for (int64_t first = 0; first < n; first += B) {
+      Plan batch{b, {}, {}};
+      for (int64_t i = 0; i < B; ++i) {
+        batch.rows.push_back(p[static_cast<size_t>((first + i) % n)]);
+        if (!q.empty()) batch.lm_rows.push_back(q[static_cast<size_t>((first + i) % n)]);
+      }
+      plan.push_back(std::move(batch));
+    }
+  }
+  std::shuffle(plan.begin(), plan.end(), rng);
+
+  // Every step's rows go to the device in one copy per epoch: a copy per step from
+  // pageable host memory would make the host wait for the device at every step.
+  std::vector<int64_t> all_rows, all_lm_rows;
+  for (const Plan& batch : plan) {
+    all_rows.insert(all_rows.end(), batch.rows.begin(), batch.rows.end());
+    all_lm_rows.insert(all_lm_rows.end(), batch.lm_rows.begin(), batch.lm_rows.end());
+  }
+  const auto steps_in_plan = static_cast<int64_t>(plan.size());
+  const at::Tensor rows = at::tensor(all_rows, at::kLong).view({steps_in_plan, B}).to(device_);
+  const at::Tensor lm_rows =
+      all_lm_rows.empty() ? at::Tensor() : at::tensor(all_lm_rows, at::kLong).view({steps_in_plan, B}).to(device_);
+  steps_->start_epoch();
+  // Data parallel: this rank's equal share of every global batch.
+  const int64_t world = group_ != nullptr ? group_->world_size() : 1;
+  const int64_t share = B / world, first_row = group_ != nullptr ? group_->rank() * share : 0;
+  for (int64_t i = 0; i < steps_in_plan; ++i) {
+    run_train_batch(train_buckets_[plan[static_cast<size_t>(i)].bucket], rows[i].narrow(0, first_row, share),
+                    lm_rows.defined() ? lm_rows[i].narrow(0, first_row, share) : at::Tensor());
+    ++steps_done_;
+  }
+  if (group_ != nullptr) {
+    // In place: the handles share the steps' accumulators.
+    at::Tensor classification_sum = steps_->classification_loss_sum(), lm_sum = steps_->lm_loss_sum();
+    group_->all_reduce_mean_(classification_sum, "training-loss all-reduce", steps_done_);
+    group_->all_reduce_mean_(lm_sum, "training-loss all-reduce", steps_done_);
+    group_->wait_device("training-loss all-reduce");  // CUDA: before the reads below
+    if (group_->world_size() > 1) {
+      group_->check_same(model_->parameters().flat(), "parameters",
+                         fmt::format("after step {} (epoch {})", steps_done_, epochs_done_ + 1));
+    }
+  }
+  ++epochs_done_;
+  MultiTaskEpochReport report;
+  report.epoch = epochs_done_;
+  report.steps = static_cast<int64_t>(plan.size());
+  const double steps = static_cast<double>(std::max<int64_t>(report.steps, 1));
+  report.classification_loss = steps_->classification_loss_sum().mean().item<double>() / steps;
+  report.lm_loss = steps_->lm_loss_sum().mean().item<double>() / steps;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+TaskMetrics MultiTaskTrainer::evaluate(const LabelledTexts& data) {
+  int64_t truncated = 0;
+  const std::vector<Bucket> buckets = tokenize(data, &truncated);
+  steps_->start_evaluation();
+  for (const Bucket& b : buckets) steps_->evaluate(b.tokens, b.lengths, b.labels);
+  const at::Tensor confusion = steps_->confusion().to(at::kCPU, at::kDouble);  // (C, C): truth, predicted
+  const double total = confusion.sum().item<double>();
+  const double correct = confusion.trace().item<double>();
+  const at::Tensor truth = confusion.sum(1), predicted = confusion.sum(0);
+  // Matthews correlation for any number of classes (Gorodkin's R_K); 0 when undefined.
+  const double covariance = correct * total - (truth * predicted).sum().item<double>();
+  const double spread = (total * total - (predicted * predicted).sum().item<double>()) *
+                        (total * total - (truth * truth).sum().item<double>());
+  TaskMetrics m;
+  m.examples = static_cast<int64_t>(total);
+  m.accuracy = total > 0 ? correct / total : 0;
+  m.mcc = spread > 0 ? covariance / std::sqrt(spread) : 0;
+  m.tokens = steps_->lm_tokens().item<int64_t>();
+  m.lm_loss = m.tokens > 0 ? (steps_->lm_nll_sum().mean().item<double>() / static_cast<double>(m.tokens)) : 0;
+  m.perplexity = std::exp(m.lm_loss);
+  return m;
+}
+
+at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
+  LabelledTexts data;
+  data.texts = texts;
+  data.labels.assign(texts.size(), 0);
+  data.source = "score";
+  int64_t truncated = 0;
+  const std::vector<Bucket> buckets = tokenize(data, &truncated);
+  at::Tensor out = at::zeros({static_cast<int64_t>(texts.size()), options_.model().classes()}, at::kDouble);
+  at::NoGradGuard no_grad;
+  const int64_t E = options_.eval_batch_size();
+  for (const Bucket& b : buckets) {
+    for (int64_t first = 0; first < b.size(); first += E) {
+      const int64_t n = std::min(E, b.size() - first);
+      const at::Tensor tokens = b.tokens.narrow(0, first, n);
+      const at::Tensor probabilities =
+          at::softmax(model_->classify(model_->trunk(tokens), b.lengths.narrow(0, first, n)), -1).mean(0);
+      const at::Tensor host = probabilities.to(at::kCPU, at::kDouble);
+      for (int64_t i = 0; i < n; ++i) out[b.index[static_cast<size_t>(first + i)]].copy_(host[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, const GenerateOptions& g) {
+  if (g.max_new_tokens < 1) throw std::invalid_argument("generate: max_new_tokens must be >= 1");
+  if (!(g.temperature >= 0)) throw std::invalid_argument("generate: temperature must be >= 0");
+  if (g.top_k < 0) throw std::invalid_argument("generate: top_k must be >= 0");
+  const ByteTokenizer tokenizer;
+  const int64_t max_length = options_.model().max_length(), V = options_.model().vocab(), K = model_->members();
+  std::vector<int64_t> ids;
+  try {
+    ids = tokenizer.encode_prompt(prompt, max_length);
+  } catch (const c10::Error& e) {
+    throw std::invalid_argument(e.what_without_backtrace());
+  }
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t steps = std::min(g.max_new_tokens, max_length - n + 1);
+  at::NoGradGuard no_grad;
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
+  ensemble::KvCache cache = model_->make_cache(1);
+  // The prompt but its last token fills the cache; the last one is the first input
+  // of the sampling steps.
+  at::Tensor position = at::zeros({1}, longs);
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    position.fill_(i);
+    model_->decode_step(at::full({K, 1}, ids[static_cast<size_t>(i)], longs), position, cache);
+  }
+  at::Tensor token = at::full({K, 1}, ids.back(), longs);
+  position.fill_(n - 1);
+  at::Tensor step_index = at::zeros({1}, longs);
+  at::Tensor generated = at::full({steps, K}, ByteTokenizer::kEos, longs);
+  at::Tensor noise;
+  if (g.temperature > 0) {
+    // Gumbel-max: argmax(logits / T + Gumbel noise) samples softmax(logits / T).
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(g.seed);
+    const at::Tensor u = at::rand({steps, K, V}, generator, at::kDouble).clamp_min(1e-300);
+    noise = (-(-u.log()).log()).to(device_, options_.model().dtype());
+  }
+  const auto step = [&](const std::vector<at::Tensor>&) {
+    const at::Tensor hidden = model_->decode_step(token, position, cache);  // (K, 1, d)
+    at::Tensor logits = model_->lm_logits(hidden.unsqueeze(2)).view({K, V});
+    at::Tensor next;
+    if (g.temperature <= 0) {
+      next = logits.argmax(-1);
+    } else {
+      at::Tensor z = logits / g.temperature;
+      if (g.top_k > 0 && g.top_k < V) {
+        const at::Tensor kth = std::get<0>(z.topk(g.top_k, -1)).narrow(-1, g.top_k - 1, 1);
+        z = z.masked_fill(z < kth, -std::numeric_limits<double>::infinity());
+      }
+      next = (z + noise.index_select(0, step_index).view({K, V})).argmax(-1);
+    }
+    generated.index_copy_(0, step_index, next.view({1, K}));
+    token.copy_(next.view({K, 1}));
+    position.add_(1);
+    step_index.add_(1);
+  };
+  // An eager decode step (CPU, capture off, a failed capture) says why in the log.
+  const graphs::CaptureOptions capture = graphs::CaptureOptions().capture(g.capture).log(options_.log());
+  graphs::CapturedStep decode("decode", device_, {}, step, capture);
+  {
+    PACKTRAIN_NVTX_RANGE("generate");
+    for (int64_t i = 0; i < steps; ++i) decode.run();
+  }
+  if (decode.mode() == graphs::StepMode::kWarmingUp) {
+    // Not a fallback, but no graph either: every call was an eager warm-up call.
+    options_.log()(fmt::format("step 'decode' ran eagerly: {} new tokens are fewer than the {} calls a graph needs "
+                               "({} warm-up calls, then the capture)",
+                               steps, capture.warmup_steps() + 1, capture.warmup_steps()));
+  }
+  last_decode_mode_ = graphs::to_string(decode.mode());
+  const at::Tensor host = generated.cpu();
+  const auto tokens = host.accessor<int64_t, 2>();
+  std::vector<std::string> out;
+  for (int64_t k = 0; k < K; ++k) {
+    std::vector<int64_t> member;
+    for (int64_t i = 0; i < steps; ++i) member.push_back(tokens[i][k]);
+    out.push_back(tokenizer.decode(member));
+  }
+  return out;
+}
+
+MultiTaskTrainer::ScoredGeneration MultiTaskTrainer::score_and_generate(const std::string& text,
+                                                                        const GenerateOptions& options) {
+  return {score({text})[0], generate(text, options)};
+}
+
+void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string& extra) const {
+  PACKTRAIN_NVTX_RANGE("checkpoint");
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kMultiTaskFormat));
+  d.insert("options", to_json(options_));
+  d.insert("extra", extra);
+  d.insert("params", model_->parameters().flat().to(at::kCPU).clone());
+  c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, tensor] : optimizer_->state()) optimizer.insert(name, tensor.to(at::kCPU).clone());
+  d.insert("optimizer", optimizer);
+  d.insert("epochs", epochs_done_);
+  d.insert("steps", steps_done_);
+  save_checkpoint(path, d);
+}
+
+std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::path& path, c10::Device device,
+                                                         std::string* extra, graphs::GraphLog log) {
+  const c10::IValue payload = load_checkpoint(path);
+  if (!payload.isGenericDict() || !payload.toGenericDict().contains("format") ||
+      !payload.toGenericDict().at("format").isString() ||
+      payload.toGenericDict().at("format").toStringRef() != kMultiTaskFormat) {
+    throw DataError(path.string() + ": not a packtrain multi-task checkpoint");
+  }
+  const c10::impl::GenericDict d = payload.toGenericDict();
+  MultiTaskTrainerOptions options;
+  try {
+    options = multitask_options_from_json(d.at("options").toStringRef());
+    options.model(ensemble::PackedTransformerOptions(options.model()).device(device)).log(std::move(log));
+  } catch (const c10::Error& e) {
+    throw DataError(path.string() + ": unreadable options: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw DataError(path.string() + ": unreadable options: " + e.what());
+  }
+  auto trainer = std::make_unique<MultiTaskTrainer>(options);
+  at::NoGradGuard no_grad;
+  const at::Tensor params = d.at("params").toTensor();
+  if (params.numel() != trainer->model_->parameters().flat().numel()) {
+    throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", path.string(),
+                                params.numel(), trainer->model_->parameters().flat().numel()));
+  }
+  trainer->model_->parameters().flat().copy_(params);
+  const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+  for (const auto& [name, tensor] : trainer->optimizer_->state()) {
+    if (!optimizer.contains(name)) throw DataError(path.string() + ": optimizer state '" + name + "' missing");
+    const at::Tensor stored = optimizer.at(name).toTensor();
+    if (stored.sizes() != tensor.sizes()) throw DataError(path.string() + ": optimizer state '" + name + "' mismatched");
+    at::Tensor target = tensor;
+    target.copy_(stored);
+  }
+  trainer->epochs_done_ = d.at("epochs").toInt();
+  trainer->steps_done_ = d.at("steps").toInt();
+  if (extra != nullptr) *extra = d.at("extra").toStringRef();
+  return trainer;
+}
+
+}  // namespace packtrain::runtime

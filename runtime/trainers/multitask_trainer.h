@@ -1,0 +1,164 @@
+// MultiTaskTrainer: trains a PackedTransformer on labelled sentences for two tasks
+// at once — classification (e.g. CoLA acceptability) and causal language modelling
+// — with one trunk forward per distinct input and one backward per step
+// (ensemble/multitask_step.h), then scores texts and generates continuations.
+//
+// Static shapes: sentences are tokenized once (runtime/byte_tokenizer.h), grouped
+// into length buckets and uploaded to the device; every batch is one bucket's
+// padded length, so each bucket has one captured training graph and one eval graph
+// (MultiTaskSteps, runtime/trainers/multitask_steps.h). Texts longer than the
+// longest bucket are truncated to it and counted (the stated policy). Losses and
+// eval counts accumulate on the device and are read once per epoch. A step that
+// runs eagerly (CPU, capture off, a failed capture) says why in options().log().
+//
+// Generation: the prompt fills a preallocated KV cache, then one decode-and-sample
+// step per token — Gumbel-max sampling with noise drawn up front from the seed, so
+// the step holds no host state — captured as a CUDA graph on a GPU and replayed.
+#pragma once
+
+#include "packtrain/ensemble/multitask_step.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/graphs/graph_log.h"
+#include "packtrain/runtime/data/labelled_texts.h"
+
+#include <torch/arg.h>
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace packtrain::runtime {
+
+class MultiTaskSteps;
+namespace distributed {
+class ProcessGroup;
+}
+
+struct MultiTaskTrainerOptions {
+  /// Example: MultiTaskTrainerOptions().model(PackedTransformerOptions().width(256)).batch_size(32)
+  TORCH_ARG(ensemble::PackedTransformerOptions, model) = {};
+  TORCH_ARG(int64_t, batch_size) = 32;
+  // Padded lengths in tokens (BOS and EOS included), ascending; the last must not
+  // exceed the model's max_length and is where longer texts are cut.
+  TORCH_ARG(std::vector<int64_t>, buckets) = std::vector<int64_t>{32, 64, 128};
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 0.01;
+  TORCH_ARG(int64_t, warmup_steps) = 100;
+  TORCH_ARG(double, classification_weight) = 1.0;
+  TORCH_ARG(double, lm_weight) = 1.0;
+  // true: both tasks read the same sentences (one trunk forward); false: the LM task
+  // reads another order of the training sentences (two forwards, still one backward).
+  TORCH_ARG(bool, shared_inputs) = true;
+  TORCH_ARG(int64_t, eval_batch_size) = 64;
+  TORCH_ARG(uint64_t, seed) = 0;  // model initialization and batch order
+  TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
+  TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
+
+ public:
+  // Throws c10::Error naming the offending field and value.
+  void validate() const;
+};
+
+// Every field but `log` (and the model's device and seed: the device is chosen at
+// load, the seed is the trainer's), as a JSON object.
+std::string to_json(const MultiTaskTrainerOptions& options);
+// The inverse, compared against the defaults' JSON: an unknown key, a wrong type or
+// a bad value throws c10::Error naming it; a missing key takes the default.
+MultiTaskTrainerOptions multitask_options_from_json(const std::string& json);
+
+// Classification accuracy and Matthews correlation (of the members' mean
+// probabilities), LM loss per real token and its perplexity.
+struct TaskMetrics {
+  double accuracy = 0, mcc = 0, lm_loss = 0, perplexity = 0;
+  int64_t examples = 0, tokens = 0;
+};
+
+struct MultiTaskEpochReport {
+  int64_t epoch = 0;          // 1-based
+  int64_t steps = 0;          // this epoch
+  double classification_loss = 0, lm_loss = 0;  // training means over the epoch (members averaged)
+  double seconds = 0;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 0.8;  // 0: greedy
+  int64_t top_k = 20;        // 0: all tokens
+  uint64_t seed = 0;
+  bool capture = true;       // decode step as a CUDA graph (on a GPU); eager decoding says why in the log
+};
+
+class MultiTaskTrainer {
+ public:
+  explicit MultiTaskTrainer(MultiTaskTrainerOptions options);
+  ~MultiTaskTrainer();
+
+  const MultiTaskTrainerOptions& options() const { return options_; }
+  ensemble::PackedTransformer& model() { return *model_; }
+  ensemble::PackedAdam& optimizer() { return *optimizer_; }
+  int64_t epochs_done() const { return epochs_done_; }
+  int64_t steps_done() const { return steps_done_; }
+
+  // Data parallel (call before training): batch_size() is the global batch, each
+  // rank trains on its equal share of every batch, the flat gradients are averaged
+  // across ranks before each update (Gloo on CPU; NCCL inside the captured step on
+  // CUDA, the group joined on this device), rank 0's weights are broadcast now.
+  // The group must outlive the trainer.
+  void set_process_group(distributed::ProcessGroup* group);
+
+  // Tokenizes and uploads the training sentences (once); returns how many were
+  // truncated to the longest bucket.
+  int64_t set_training_data(const LabelledTexts& train);
+  int64_t training_examples() const { return training_examples_; }
+  int64_t steps_per_epoch() const;
+
+  // One epoch over the training data in a seeded order.
+  MultiTaskEpochReport train_epoch();
+  TaskMetrics evaluate(const LabelledTexts& data);
+
+  // (N, C) class probabilities, the mean over members (float64, CPU).
+  at::Tensor score(const std::vector<std::string>& texts);
+  // One continuation per member (without the prompt), cut at EOS.
+  std::vector<std::string> generate(const std::string& prompt, const GenerateOptions& options);
+  // The call a user asked for: score `text` and generate a response to it.
+  struct ScoredGeneration {
+    at::Tensor probabilities;                // (C) float64: the members' mean
+    std::vector<std::string> continuations;  // one per member
+  };
+  ScoredGeneration score_and_generate(const std::string& text, const GenerateOptions& options);
+  // The decode step of the last generate(): graph or eager (for tests and reports).
+  std::string last_decode_mode() const { return last_decode_mode_; }
+  // Step graphs made so far (one per bucket seen) for training and for evaluation.
+  size_t training_graphs() const;
+  size_t evaluation_graphs() const;
+
+  // Checkpoint: options, parameters, optimizer state, epochs and steps, and the
+  // caller's `extra` JSON; atomic and checksummed (runtime/checkpoint_file.h).
+  // load() rebuilds the trainer on `device`, its graph decisions going to `log` (the
+  // log is not stored).
+  void save(const std::filesystem::path& path, const std::string& extra = "{}") const;
+  static std::unique_ptr<MultiTaskTrainer> load(const std::filesystem::path& path, c10::Device device,
+                                                std::string* extra = nullptr,
+                                                graphs::GraphLog log = graphs::log_to_stderr);
+
+ private:
+  struct Bucket;
+  void run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows);
+  std::vector<Bucket> tokenize(const LabelledTexts& data, int64_t* truncated) const;
+
+  MultiTaskTrainerOptions options_;
+  c10::Device device_;
+  std::unique_ptr<ensemble::PackedTransformer> model_;
+  std::unique_ptr<ensemble::PackedAdam> optimizer_;
+  std::unique_ptr<MultiTaskSteps> steps_;  // graph pool, training and eval graph caches, accumulators
+  std::vector<Bucket> train_buckets_;
+  int64_t training_examples_ = 0;
+  int64_t epochs_done_ = 0, steps_done_ = 0;
+  std::string last_decode_mode_;
+  distributed::ProcessGroup* group_ = nullptr;
+};
+
+}  // namespace packtrain::runtime

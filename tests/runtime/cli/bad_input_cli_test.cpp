@@ -1,0 +1,137 @@
+// Bad input end to end: exit status 2 with a one-line message naming the file (and
+// line:column) for each kind of bad data, flag, checkpoint or multi-task input, and
+// outputs left untouched.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/runtime/cli/cli_harness.h"
+
+namespace packtrain::cli_testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// --- bad input: exit 2, one line naming the file (and line:column), outputs untouched
+
+struct BadCase {
+  std::string name;
+  std::string file_text;  // written to bad.csv when not empty
+  std::string args;       // {f} = that file's path
+  std::string expect;     // in the message
+};
+
+TEST_F(Cli, BadInputExitsTwoWithOneLineNamingTheFile) {
+  const std::string good = "a,b,y\n1,2,3\n4,5,6\n7,8,9\n1,1,1\n2,2,2\n";
+  const std::vector<BadCase> cases = {
+      {"missing file", "", "train --data " + path("nope.csv"), "nope.csv"},
+      {"empty file", " ", "train --data {f}", "bad.csv"},
+      {"ragged row", "a,b,y\n1,2,3\n4,5\n6,7,8\n", "train --data {f}", "bad.csv:3"},
+      {"non-numeric cell", "a,b,y\n1,2,3\n4,x5,6\n", "train --data {f}", "bad.csv:3:2"},
+      {"NaN", "a,b,y\n1,2,3\n4,nan,6\n", "train --data {f}", "bad.csv:3:2"},
+      {"Inf", "a,b,y\n1,2,3\n4,5,inf\n", "train --data {f}", "bad.csv:3:3"},
+      {"unknown column", good, "train --data {f} --target zz", "unknown column 'zz'"},
+      {"members <= 0", "", "train --members 0", "--members"},
+      {"batch larger than the training set", good, "train --data {f} --batch 64 --test-fraction 0.2", "batch size 64"},
+      {"unknown data set", "", "train --data no_such_set", "no_such_set"},
+      {"bad split", "", "train --split 99", "split 99"},
+      {"unknown activation", "", "train --activation swish", "swish"},
+  };
+  for (const BadCase& c : cases) {
+    std::string args = c.args;
+    if (!c.file_text.empty()) {
+      write_file(path("bad.csv"), c.file_text);
+      args.replace(args.find("{f}"), 3, path("bad.csv"));
+    }
+    const Result r = run(args + " --epochs 1 --device cpu --checkpoint " + path("never.ckpt"));
+    EXPECT_EQ(r.status, 2) << c.name << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expect)) << c.name;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.name << ": one line: " << r.out;
+    EXPECT_FALSE(fs::exists(path("never.ckpt"))) << c.name << ": nothing written";
+  }
+}
+
+TEST_F(Cli, BadCheckpointsExitTwoAndLeaveOutputsUntouched) {
+  const std::string ckpt = path("ok.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const std::string bytes = read_file(ckpt);
+  write_file(path("truncated.ckpt"), bytes.substr(0, bytes.size() / 2));
+  std::string flipped = bytes;
+  flipped[flipped.size() - 100] ^= 0x5a;
+  write_file(path("corrupted.ckpt"), flipped);
+  write_file(path("out.csv"), "precious\n");
+  const std::string input = concrete_csv("in.csv", 5, false);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"predict " + path("truncated.ckpt") + " " + input + " -o " + path("out.csv"), "truncated"},
+      {"predict " + path("corrupted.ckpt") + " " + input + " -o " + path("out.csv"), "checksum"},
+      {"predict " + path("missing.ckpt") + " " + input + " -o " + path("out.csv"), "missing.ckpt"},
+      // another model shape: 9 columns where the model takes 8 features
+      {"predict " + ckpt + " " + concrete_csv("nine.csv", 5, true) + " --header no -o " + path("out.csv"),
+       "the model takes 8 feature columns"},
+      {"resume " + path("truncated.ckpt") + " --device cpu", "truncated"},
+      {"evaluate " + path("corrupted.ckpt"), "checksum"},
+  };
+  for (const auto& [args, expect] : cases) {
+    const Result r = run(args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(expect)) << args;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << ": " << r.out;
+  }
+  EXPECT_EQ(read_file(path("out.csv")), "precious\n") << "a failed predict leaves the output alone";
+  EXPECT_EQ(read_file(ckpt), bytes) << "and the checkpoint";
+}
+
+TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
+  write_file(path("good.tsv"), yes_no_tsv(8));
+  write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");
+  write_file(path("cols.tsv"), "src\t1\t\tfine.\nsrc\t1\tthree columns\n");
+  write_file(path("empty.tsv"), "src\t1\t\tfine.\nsrc\t0\t*\t \n");
+  const std::string tiny = kTinyMultitask + " -o " + path("bad.ckpt");
+  const std::string model = std::string(kTinyModel) + " --epochs 2 -o " + path("bad.ckpt");
+  const struct {
+    std::string args, expected;
+  } cases[] = {
+      {"multitask train --train " + path("label.tsv") + " --dev " + path("good.tsv") + " " + tiny,
+       "label.tsv:2: unknown label 'maybe'"},
+      {"multitask train --train " + path("cols.tsv") + " --dev " + path("good.tsv") + " " + tiny,
+       "cols.tsv:2: expected 4 tab-separated columns"},
+      {"multitask train --train " + path("empty.tsv") + " --dev " + path("good.tsv") + " " + tiny,
+       "empty.tsv:2: the sentence is empty"},
+      {"multitask train --train " + path("good.tsv") + " --dev " + path("good.tsv") + " " + model +
+           " --heads 3 --buckets 16,32",
+       "multiple of heads"},
+      {"multitask train --train " + path("good.tsv") + " --dev " + path("good.tsv") + " " + model +
+           " --heads 2 --buckets 16,64",
+       "exceeds the model's max_length"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expected)) << c.args;
+  }
+  EXPECT_FALSE(fs::exists(path("bad.ckpt")));
+  ASSERT_EQ(run("multitask train --train " + path("good.tsv") + " --dev " + path("good.tsv") + " " + tiny).status, 0);
+  const Result empty = run("multitask score " + path("bad.ckpt") + " 'fine.' ' ' --device cpu");
+  EXPECT_EQ(empty.status, 2);
+  EXPECT_THAT(empty.out, HasSubstr("text 2 is empty"));
+  const Result long_prompt =
+      run("multitask generate " + path("bad.ckpt") + " --prompt '" + std::string(40, 'x') + "' --device cpu");
+  EXPECT_EQ(long_prompt.status, 2);
+  EXPECT_THAT(long_prompt.out, HasSubstr("the model has 32 positions"));
+  const Result not_multitask = run("multitask score " + path("good.tsv") + " 'fine.' --device cpu");
+  EXPECT_EQ(not_multitask.status, 2) << not_multitask.out;
+  for (const std::string sub : {"train", "resume", "score", "generate"}) {
+    const Result help = run("multitask " + sub + " --help");
+    EXPECT_EQ(help.status, 0);
+    EXPECT_THAT(help.out, HasSubstr("Usage"));
+  }
+}
+
+}  // namespace
+}  // namespace packtrain::cli_testing

@@ -1,0 +1,149 @@
+// The CLI tests' shared harness (see cli_harness.h).
+#include "tests/runtime/cli/cli_harness.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace packtrain::cli_testing {
+
+Result run_command(const std::string& command) {
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) out += buffer.data();
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Result run(const std::string& args) { return run_command(std::string(PACKTRAIN_BINARY) + " " + args); }
+
+nlohmann::json run_json(const std::string& args) {
+  std::FILE* pipe = ::popen((std::string(PACKTRAIN_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) out += buffer.data();
+  EXPECT_EQ(::pclose(pipe), 0) << args;
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+std::string with_env(const Env& env, const std::string& args) {
+  std::string line = "env";
+  for (const auto& [name, value] : env) line += " " + name + "=" + value;
+  return line + " " + PACKTRAIN_BINARY + " " + args;
+}
+
+Result run_with_env(const Env& env, const std::string& args) { return run_command(with_env(env, args)); }
+
+Result launch(int nproc, const std::string& command, const std::string& launch_flags) {
+  return run("launch --nproc " + std::to_string(nproc) + (launch_flags.empty() ? "" : " " + launch_flags) + " -- " +
+             command);
+}
+
+Result run_ranks_by_hand(const HandStartedRanks& ranks, const std::function<std::string(int rank)>& args) {
+  const std::string port = std::to_string(free_port());
+  const auto rank_line = [&](int rank) {
+    Env env = {{"WORLD_SIZE", std::to_string(ranks.nproc)}, {"MASTER_ADDR", "127.0.0.1"}};
+    env.insert(env.end(), ranks.env.begin(), ranks.env.end());
+    env.push_back({"MASTER_PORT", port});
+    env.push_back({"RANK", std::to_string(rank)});
+    return with_env(env, args(rank));
+  };
+  std::string shell = "(";
+  for (int rank = 1; rank < ranks.nproc; ++rank) shell += rank_line(rank) + " >/dev/null 2>&1 & pid=$!; ";
+  if (!ranks.meanwhile.empty()) shell += ranks.meanwhile + " & ";
+  shell += rank_line(0) + "; echo \"rank0 exit $?\"";
+  if (!ranks.afterwards.empty()) shell += "; " + ranks.afterwards;
+  return run_command(shell + ")");
+}
+
+Result run_ranks_by_hand(const HandStartedRanks& ranks, const std::string& args) {
+  return run_ranks_by_hand(ranks, [&args](int) { return args; });
+}
+
+std::string wait_then_kill(const std::string& checkpoint) {
+  return "(while [ ! -e '" + checkpoint + "' ]; do sleep 0.1; done; sleep 0.5; kill -9 $pid)";
+}
+
+std::string kill_after(int seconds, const std::string& signal) {
+  return "(sleep " + std::to_string(seconds) + "; kill " + signal + " $pid)";
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  EXPECT_GT(port, 0) << "no free port";
+  return port;
+}
+
+nlohmann::json rank0_json(const std::string& out) {
+  std::string json;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[rank 0] ", 0) == 0) json += line.substr(9) + "\n";
+  }
+  return nlohmann::json::parse(json, nullptr, false);
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::vector<std::string> shard_files(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().find(".shard-") != std::string::npos) names.push_back(e.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string yes_no_tsv(int rows) {
+  std::string out;
+  const char* words[] = {"the cat", "a dog ran", "on the mat", "it sat"};
+  for (int i = 0; i < rows; ++i) out += std::string("src\t") + (i % 2 ? "1\t\tyes " : "0\t*\tno ") + words[i % 4] + ".\n";
+  return out;
+}
+
+Cli::Cli()
+    : temp_(std::string("packtrain_cli_test_") + ::testing::UnitTest::GetInstance()->current_test_info()->name()) {}
+
+std::string Cli::concrete_csv(const std::string& name, int rows, bool with_target) const {
+  std::ifstream in(std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/concrete/data.txt");
+  std::string out = "cement,slag,ash,water,plasticizer,coarse,fine,age";
+  out += with_target ? ",strength\n" : "\n";
+  std::string line;
+  for (int r = 0; r < rows && std::getline(in, line); ++r) {
+    std::istringstream fields(line);
+    std::string cell, row;
+    for (int c = 0; c < (with_target ? 9 : 8) && fields >> cell; ++c) row += (c ? "," : "") + cell;
+    out += row + "\n";
+  }
+  write_file(path(name), out);
+  return path(name);
+}
+
+}  // namespace packtrain::cli_testing

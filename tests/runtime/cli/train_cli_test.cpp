@@ -1,0 +1,184 @@
+// The packtrain binary end to end, as a user runs it: train -> predict -> evaluate
+// -> resume on bundled data, a resumed run equal to an uninterrupted one, Ctrl-C
+// saving a checkpoint, the Python load of an export, config files, --help, and
+// active learning's learning-curve files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+#include "tests/runtime/cli/cli_harness.h"
+
+namespace packtrain::cli_testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST_F(Cli, TrainJsonReportsEveryMemberAndAnEnsembleBetterThanTheAverageMember) {
+  const nlohmann::json json = run_json("train --members 6 --epochs 60 --json --device cpu");
+  ASSERT_EQ(json["members"].size(), 6u) << json.dump();
+  double mean_rmse = 0;
+  for (const auto& m : json["members"]) mean_rmse += m["rmse"].get<double>() / 6;
+  const double ensemble_rmse = json["ensemble"]["rmse"].get<double>();
+  // Concrete's target spans 2-83 MPa (std ~16.7): far better than the mean, and
+  // averaging members does not hurt.
+  EXPECT_LT(ensemble_rmse, 10.0);
+  EXPECT_LE(ensemble_rmse, mean_rmse + 1e-9);
+  EXPECT_EQ(json["test_rows"], 103);
+  EXPECT_THAT(json["data"].get<std::string>(), HasSubstr("834 train / 93 validation / 103 test"));
+}
+
+TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
+  const std::string ckpt = path("run.ckpt");
+  const nlohmann::json trained = run_json(std::string("train ") + kSmall + " --json --checkpoint " + ckpt);
+  ASSERT_TRUE(fs::exists(ckpt));
+  // evaluate: the same test rows, the same metrics as train printed.
+  const nlohmann::json evaluated = run_json("evaluate " + ckpt + " --json --device cpu");
+  EXPECT_EQ(evaluated["ensemble"]["rmse"], trained["ensemble"]["rmse"]);
+  EXPECT_EQ(evaluated["members"].size(), 4u);
+  // predict: one row per input row, mean and std, per-member columns on request.
+  const std::string input = concrete_csv("in.csv", 25, false);
+  const Result predicted = run("predict " + ckpt + " " + input + " --members -o " + path("out.csv"));
+  ASSERT_EQ(predicted.status, 0) << predicted.out;
+  std::istringstream lines(read_file(path("out.csv")));
+  std::string header, line;
+  std::getline(lines, header);
+  EXPECT_EQ(header, "mean,std,member_0,member_1,member_2,member_3");
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    ++rows;
+    double mean = 0, std = 0, member_sum = 0;
+    char comma = 0;
+    std::istringstream cells(line);
+    cells >> mean >> comma >> std;
+    for (int k = 0; k < 4; ++k) {
+      double m = 0;
+      cells >> comma >> m;
+      member_sum += m;
+    }
+    EXPECT_NEAR(mean, member_sum / 4, 1e-6 * std::abs(mean)) << "the mean of the member columns";
+    EXPECT_GT(std, 0);
+    EXPECT_GT(mean, 0) << "MPa, original units";
+  }
+  EXPECT_EQ(rows, 25);
+  // evaluate on a table with features and target.
+  const nlohmann::json on_table = run_json("evaluate " + ckpt + " " + concrete_csv("xy.csv", 50, true) + " --json");
+  EXPECT_EQ(on_table["rows"], 50);
+  // resume to 12 epochs == train 12 epochs straight.
+  const nlohmann::json resumed = run_json("resume " + ckpt + " --epochs 12 --json --device cpu --checkpoint " + path("r.ckpt"));
+  const nlohmann::json straight = run_json("train --members 4 --epochs 12 --hidden 32 --device cpu --json");
+  EXPECT_EQ(resumed["epochs_run"], 12);
+  EXPECT_EQ(resumed["ensemble"]["rmse"], straight["ensemble"]["rmse"]) << "resume continues exactly";
+  EXPECT_EQ(resumed["members"][3]["nll"], straight["members"][3]["nll"]);
+}
+
+TEST_F(Cli, CtrlCSavesACheckpointThatResumes) {
+  const std::string ckpt = path("int.ckpt"), log = path("progress.log");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl(PACKTRAIN_BINARY, PACKTRAIN_BINARY, "train", "--epochs", "100000", "--members", "2", "--device", "cpu",
+          "--quiet", "--checkpoint", ckpt.c_str(), "--log", log.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 600 && read_file(log).find("epoch    3/") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_THAT(read_file(log), HasSubstr("epoch    3/100000")) << "training made progress";
+  kill(child, SIGINT);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  ASSERT_TRUE(fs::exists(ckpt));
+  // The last epoch the log recorded is where the checkpoint stands (a fast machine
+  // gets well past epoch 3 before the signal lands): resume 10 epochs beyond it.
+  const std::string text = read_file(log);
+  const size_t at = text.rfind("epoch ");
+  ASSERT_NE(at, std::string::npos);
+  const int interrupted = std::stoi(text.substr(text.find_first_not_of(' ', at + 6)));
+  const nlohmann::json resumed =
+      run_json("resume " + ckpt + " --epochs " + std::to_string(interrupted + 10) + " --json --device cpu");
+  EXPECT_EQ(resumed["epochs_run"], interrupted + 10) << "interrupted after epoch " << interrupted;
+}
+
+TEST_F(Cli, PythonLoadsAnExportAndPredictsTheSame) {
+#ifndef PACKTRAIN_TEST_PYTHON
+  GTEST_SKIP() << "no Python with torch and numpy was found at configure time";
+#else
+  const std::string ckpt = path("m.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const Result exported = run("export " + ckpt + " " + path("m.pt"));
+  ASSERT_EQ(exported.status, 0) << exported.out;
+  const std::string input = concrete_csv("in.csv", 30, false);
+  ASSERT_EQ(run("predict " + ckpt + " " + input + " -o " + path("cpp.csv")).status, 0);
+  const Result py = run_command(std::string(PACKTRAIN_TEST_PYTHON) + " " + PACKTRAIN_SOURCE_DIR +
+                                "/scripts/load_packtrain_export.py " + path("m.pt") + " " + input + " > " +
+                                path("py.csv"));
+  ASSERT_EQ(py.status, 0) << py.out;
+  std::istringstream cpp(read_file(path("cpp.csv"))), python(read_file(path("py.csv")));
+  std::string a, b;
+  std::getline(cpp, a);
+  std::getline(python, b);
+  int rows = 0;
+  while (std::getline(cpp, a) && std::getline(python, b)) {
+    double cm = 0, cs = 0, pm = 0, ps = 0;
+    char comma = 0;
+    std::istringstream(a) >> cm >> comma >> cs;
+    std::istringstream(b) >> pm >> comma >> ps;
+    EXPECT_NEAR(pm, cm, 1e-4 * std::abs(cm)) << "row " << rows;
+    EXPECT_NEAR(ps, cs, 1e-4 * std::abs(cs)) << "row " << rows;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 30);
+#endif
+}
+
+TEST_F(Cli, ConfigFileGivesFlagsAndRejectsUnknownKeys) {
+  write_file(path("run.toml"), "members = 3\nepochs = 2\nhidden = 16\ndevice = \"cpu\"\n");
+  const nlohmann::json json = run_json("train --config " + path("run.toml") + " --json");
+  EXPECT_EQ(json["members"].size(), 3u);
+  EXPECT_EQ(json["options"]["epochs"], 2);
+  EXPECT_EQ(run_json("train --config " + path("run.toml") + " --epochs 3 --json")["options"]["epochs"], 3)
+      << "the command line wins";
+  write_file(path("bad.toml"), "members = 3\nmembrs = 4\n");
+  const Result bad = run("train --config " + path("bad.toml") + " --device cpu");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("membrs"));
+}
+
+TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
+  for (const std::string sub : {"train", "resume", "predict", "evaluate", "export", "active-learn", "profile", "info"}) {
+    const Result r = run(sub + " --help");
+    EXPECT_EQ(r.status, 0) << sub;
+    EXPECT_THAT(r.out, HasSubstr("Usage")) << sub;
+  }
+  EXPECT_THAT(run("train --help").out, HasSubstr("bundled UCI concrete"));
+  EXPECT_THAT(run("active-learn --help").out, HasSubstr("--acquire"));
+  const nlohmann::json info = run_json("info --json");
+  EXPECT_EQ(info["devices"][0]["device"], "cpu");
+  EXPECT_THAT(info["libtorch"].get<std::string>(), HasSubstr("2.11"));
+}
+
+TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
+  const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
+                       "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string csv = read_file(path("curve.csv"));
+  EXPECT_THAT(csv, HasSubstr("labelled"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;  // header + 3 rounds
+  EXPECT_EQ(read_file(path("curve.svg")).rfind("<svg", 0), 0u);
+}
+
+}  // namespace
+}  // namespace packtrain::cli_testing

@@ -1,0 +1,238 @@
+// EnsembleTrainer end to end on small data: early stopping per member with best
+// weights restored, a diverging member frozen while the others train, resume from
+// a checkpoint equal to an uninterrupted run, classification, bad checkpoints.
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/uci_dataset.h"
+#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "tests/support/test_support.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <unistd.h>
+
+namespace packtrain::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using packtrain::testing::all_close;
+using packtrain::testing::DeviceTest;
+
+// CPU runs the same arithmetic in the same order: resumed == uninterrupted exactly.
+double tolerance(const c10::Device& d) { return d.is_cuda() ? 1e-6 : 0.0; }
+
+struct Data {
+  at::Tensor x, y, val_x, val_y;
+};
+
+// y = sin(x0) + x1^2 + noise, in original units far from standardized (mean 10).
+Data make_data(int64_t rows, int64_t val_rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor x = at::randn({rows + val_rows, 3}, gen, f64) * 2 + 1;
+  const at::Tensor y = (x.select(1, 0).sin() + x.select(1, 1).square() * 0.3 + 10 +
+                        0.1 * at::randn({rows + val_rows}, gen, f64))
+                           .unsqueeze(1);
+  return {x.narrow(0, 0, rows), y.narrow(0, 0, rows), x.narrow(0, rows, val_rows), y.narrow(0, rows, val_rows)};
+}
+
+void ignore_log(const std::string&) {}
+
+EnsembleTrainerOptions small_options(c10::Device d) {
+  return EnsembleTrainerOptions()
+      .members(4)
+      .hidden(16)
+      .depth(1)
+      .epochs(12)
+      .batch_size(16)
+      .lr(1e-2)
+      .seed(3)
+      .unroll(3)
+      .device(d)
+      .log(&ignore_log);
+}
+
+fs::path temp_file(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("packtrain_trainer_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+class EnsembleTrainerTest : public DeviceTest {};
+
+TEST_P(EnsembleTrainerTest, TrainsAndReportsMetricsInOriginalUnits) {
+  const Data d = make_data(200, 50);
+  EnsembleTrainer trainer(small_options(device()).epochs(40));
+  std::vector<double> losses;
+  trainer.fit(d.x, d.y, {}, {}, [&](const EpochReport& r) {
+    losses.push_back(r.train_loss);
+    EXPECT_EQ(r.steps, 200 / 16);
+    EXPECT_TRUE(std::isnan(r.val_loss)) << "no validation data";
+    return true;
+  });
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_LT(losses.back(), losses.front() - 0.5) << "the Gaussian NLL falls";
+  const EnsembleMetrics m = trainer.evaluate(d.val_x, d.val_y);
+  const double target_std = d.val_y.std().item<double>();
+  EXPECT_LT(m.ensemble.rmse, 0.6 * target_std) << "better than predicting the mean";
+  const EnsemblePrediction p = trainer.predict(d.val_x);
+  EXPECT_NEAR(p.mean.mean().item<double>(), d.val_y.mean().item<double>(), 0.5) << "original units, not standardized";
+  EXPECT_TRUE(all_close(p.spread, p.member_mean.std(0, false), 1e-12));
+  EXPECT_TRUE((p.variance >= p.spread.square() - 1e-9).all().item<bool>()) << "mixture variance includes the spread";
+}
+
+TEST_P(EnsembleTrainerTest, EarlyStoppingStopsMembersOneByOneAndRestoresTheirBestWeights) {
+  const Data d = make_data(96, 40);
+  // A high learning rate makes the validation loss noisy, so members stop at different epochs.
+  EnsembleTrainer trainer(small_options(device()).members(6).epochs(150).lr(3e-2).patience(4));
+  std::vector<EpochReport> reports;
+  trainer.fit(d.x, d.y, d.val_x, d.val_y, [&](const EpochReport& r) {
+    reports.push_back(r);
+    return true;
+  });
+  int stopped = 0;
+  std::set<int64_t> ends;
+  for (const MemberState& s : trainer.member_states()) {
+    if (s.status != MemberStatus::kStopped) continue;
+    ++stopped;
+    ends.insert(s.ended_epoch);
+    EXPECT_EQ(s.ended_epoch - s.best_epoch, 4) << "stops after `patience` epochs without improvement";
+  }
+  ASSERT_GE(stopped, 2) << "members stopped early";
+  EXPECT_GE(ends.size(), 2u) << "each member stops on its own";
+  EXPECT_LT(reports.size(), 150u) << "the run ends when no member trains";
+  EXPECT_EQ(reports.back().active, 0);
+  // Restored best weights: each member's validation loss now equals its best.
+  const at::Tensor val = trainer.steps()
+                             .evaluate(trainer.x_scale().transform(d.val_x).to(at::kFloat),
+                                       trainer.y_scale().transform(d.val_y).to(at::kFloat))
+                             .cpu();
+  for (int64_t k = 0; k < 6; ++k) {
+    EXPECT_NEAR(val[k].item<double>(), trainer.member_states()[k].best_loss, 1e-5) << "member " << k;
+  }
+}
+
+TEST_P(EnsembleTrainerTest, ADivergingMemberIsFrozenAndTheOthersKeepTraining) {
+  const Data d = make_data(128, 40);
+  EnsembleTrainer trainer(small_options(device()).epochs(20));
+  trainer.prepare(d.x, d.y, d.val_x, d.val_y);
+  at::Tensor lr = trainer.optimizer().lr().cpu().clone();
+  lr[2] = 1e12;  // member 2 blows up
+  trainer.optimizer().set_lr(lr);
+  std::vector<std::string> events;
+  trainer.train([&](const EpochReport& r) {
+    events.insert(events.end(), r.events.begin(), r.events.end());
+    return true;
+  });
+  const auto& states = trainer.member_states();
+  EXPECT_EQ(states[2].status, MemberStatus::kDiverged);
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events.front().find("member 2 diverged"), std::string::npos) << events.front();
+  for (int64_t k : {0, 1, 3}) EXPECT_EQ(states[k].status, MemberStatus::kTraining) << "member " << k;
+  const EnsemblePrediction p = trainer.predict(d.val_x);
+  EXPECT_TRUE(at::isfinite(p.mean).all().item<bool>()) << "the ensemble stays finite";
+  EXPECT_LT(trainer.evaluate(d.val_x, d.val_y).ensemble.rmse, d.val_y.std().item<double>());
+  if (!states[2].usable) {
+    EXPECT_EQ(p.included, (std::vector<int64_t>{0, 1, 3}));
+  } else {
+    EXPECT_TRUE(at::isfinite(p.member_mean[2]).all().item<bool>()) << "restored to its best weights";
+  }
+}
+
+TEST_P(EnsembleTrainerTest, ResumeFromACheckpointEqualsAnUninterruptedRun) {
+  const Data d = make_data(150, 30);
+  const auto options = small_options(device()).order(graphs::BatchOrder::kBootstrap).patience(50)
+                           .schedule(ensemble::LrScheduleKind::kCosine).warmup_steps(5);
+  EnsembleTrainer whole(options);
+  whole.fit(d.x, d.y, d.val_x, d.val_y);
+
+  const fs::path path = temp_file("resume.ckpt");
+  {
+    EnsembleTrainer first(options);
+    first.prepare(d.x, d.y, d.val_x, d.val_y);
+    EXPECT_FALSE(first.train([](const EpochReport& r) { return r.epoch < 5; })) << "stopped by the callback";
+    EXPECT_EQ(first.epoch(), 5);
+    first.save(path, "{\"note\": 1}");
+  }
+  const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
+  EXPECT_EQ(EnsembleTrainer::checkpoint_extra(*checkpoint), "{\"note\": 1}");
+  EnsembleTrainer resumed(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()).log(&ignore_log));
+  resumed.prepare(d.x, d.y, d.val_x, d.val_y);
+  resumed.restore(*checkpoint);
+  EXPECT_EQ(resumed.epoch(), 5);
+  EXPECT_TRUE(resumed.train());
+  EXPECT_EQ(resumed.epoch(), whole.epoch());
+  EXPECT_TRUE(all_close(resumed.model().parameters().flat().cpu(), whole.model().parameters().flat().cpu(),
+                        tolerance(device())));
+  EXPECT_EQ(resumed.train_loss_history().size(), whole.train_loss_history().size());
+  EXPECT_TRUE(all_close(at::tensor(resumed.val_loss_history()), at::tensor(whole.val_loss_history()), tolerance(device())));
+  fs::remove(path);
+}
+
+TEST_P(EnsembleTrainerTest, ACheckpointForAnotherModelShapeOrOtherDataIsRefused) {
+  const Data d = make_data(64, 0);
+  const fs::path path = temp_file("shape.ckpt");
+  EnsembleTrainer trainer(small_options(device()).epochs(2));
+  trainer.fit(d.x, d.y);
+  trainer.save(path);
+  const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
+  EnsembleTrainer other(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()));
+  other.prepare(d.x.narrow(1, 0, 2), d.y);  // 2 features instead of 3
+  EXPECT_THROW(other.restore(*checkpoint), DataError);
+  EnsembleTrainer changed(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()));
+  changed.prepare(d.x * 2, d.y);
+  try {
+    changed.restore(*checkpoint);
+    ADD_FAILURE() << "restored onto other training data";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("training data differ"), std::string::npos) << e.what();
+  }
+  EnsembleTrainer model_only(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()));
+  model_only.restore(*checkpoint);
+  EXPECT_TRUE(all_close(model_only.predict(d.x).mean, trainer.predict(d.x).mean, 1e-6)) << "predictions survive the file";
+  EXPECT_THROW(model_only.predict(d.x.narrow(1, 0, 2)), DataError) << "wrong feature count";
+  fs::remove(path);
+}
+
+TEST_P(EnsembleTrainerTest, ClassifiesWineQualityBetterThanTheMajorityClass) {
+  const char* dir = std::getenv("PACKTRAIN_DATA_DIR");
+  ASSERT_NE(dir, nullptr);
+  const RegressionData wine = load_uci(fs::path(dir) / "wine-quality-red");
+  const SplitIndices split = load_uci_split(fs::path(dir) / "wine-quality-red", 0, wine.features.size(0));
+  const auto rows = [](const at::Tensor& t, const std::vector<int64_t>& i) { return t.index_select(0, at::tensor(i)); };
+  EnsembleTrainer trainer(small_options(device()).head(Head::kClassification).members(4).hidden(32).epochs(30)
+                              .batch_size(64).lr(3e-3));
+  trainer.fit(rows(wine.features, split.train), rows(wine.targets, split.train));
+  EXPECT_EQ(trainer.classes().size(), 6u) << "quality 3..8";
+  const at::Tensor test_y = rows(wine.targets, split.test);
+  const EnsembleMetrics m = trainer.evaluate(rows(wine.features, split.test), test_y);
+  const at::Tensor counts = std::get<2>(at::_unique2(test_y.reshape({-1}), true, false, true));
+  const double majority = counts.max().item<double>() / static_cast<double>(test_y.size(0));
+  EXPECT_GT(m.ensemble.accuracy, majority + 0.03) << "majority-class accuracy " << majority;
+  EXPECT_LT(m.ensemble.nll, std::log(6.0)) << "better than uniform probabilities";
+  const EnsemblePrediction p = trainer.predict(rows(wine.features, split.test));
+  EXPECT_TRUE(all_close(p.probabilities.sum(1), at::ones({test_y.size(0)}, at::kDouble), 1e-9));
+  EXPECT_THROW(trainer.evaluate(rows(wine.features, split.test), test_y + 100), DataError) << "unknown labels";
+}
+
+PACKTRAIN_INSTANTIATE_DEVICE_TESTS(EnsembleTrainerTest);
+
+TEST(EnsembleTrainerOptionsTest, JsonRoundTripAndUnknownKeys) {
+  const auto o = EnsembleTrainerOptions().members(7).head(Head::kMean).optimizer(OptimizerKind::kSGD).patience(3)
+                     .order(graphs::BatchOrder::kPerMember).schedule(ensemble::LrScheduleKind::kCosine).seed(11);
+  const std::string json = to_json(o);
+  EXPECT_EQ(to_json(options_from_json(json)), json);
+  std::string bad = json;
+  bad.insert(1, "\"bogus\": 1, ");
+  EXPECT_THROW(options_from_json(bad), c10::Error);
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions().members(0)), c10::Error);
+}
+
+}  // namespace
+}  // namespace packtrain::runtime
