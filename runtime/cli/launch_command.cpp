@@ -3,9 +3,10 @@
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards each one's
 // stdout and stderr line by line with a "[rank r] " prefix, and, when a rank fails,
 // stops the others after a grace period and exits with the failing rank's status.
-// Ctrl-C is passed on to every rank.
+// Each Ctrl-C is passed on to every rank (runtime/cli/interrupt.h).
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/interrupt.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -19,7 +20,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -38,9 +38,6 @@ struct LaunchArgs {
   double timeout_seconds = 0;  // 0: the ranks' default (60 s)
   std::vector<std::string> command;
 };
-
-volatile std::sig_atomic_t g_launch_interrupted = 0;
-extern "C" void on_launch_sigint(int) { g_launch_interrupted = 1; }
 
 int free_port(const std::string& addr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -78,79 +75,97 @@ void emit(std::string& buffer, int64_t rank, std::FILE* stream, bool flush) {
   std::fflush(stream);
 }
 
-int run_launch(const LaunchArgs& a) {
-  if (a.command.empty()) throw UsageError("launch: give the command after --, e.g. packtrain launch --nproc 2 -- train");
-  if (a.command.front() == "launch") throw UsageError("launch: the command cannot itself be launch");
-  const int port = a.master_port > 0 ? static_cast<int>(a.master_port) : free_port(a.master_addr);
-  fmt::print(stderr, "launch: {} processes, store {}:{}, command: packtrain {}\n", a.nproc, a.master_addr, port,
-             fmt::join(a.command, " "));
-  std::vector<Child> children(static_cast<size_t>(a.nproc));
-  for (int64_t r = 0; r < a.nproc; ++r) {
-    int out[2], err[2];
-    if (::pipe(out) != 0 || ::pipe(err) != 0) throw std::runtime_error("launch: pipe() failed");
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("launch: fork() failed");
-    if (pid == 0) {
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
-      ::close(out[0]), ::close(out[1]), ::close(err[0]), ::close(err[1]);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", a.master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      if (a.timeout_seconds > 0) ::setenv("PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(a.timeout_seconds).c_str(), 1);
-      std::vector<std::string> args{"packtrain"};
-      args.insert(args.end(), a.command.begin(), a.command.end());
-      std::vector<char*> argv;
-      for (std::string& s : args) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "launch: exec failed: %s\n", std::strerror(errno));
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    children[static_cast<size_t>(r)] = {pid, out[0], err[0], {}, {}, -1};
+// Starts rank r: this binary with the variables torchrun sets, its stdout and
+// stderr into pipes the launcher reads.
+Child start_rank(const LaunchArgs& a, int port, int64_t r) {
+  int out[2], err[2];
+  if (::pipe(out) != 0 || ::pipe(err) != 0) throw std::runtime_error("launch: pipe() failed");
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("launch: fork() failed");
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    ::close(out[0]), ::close(out[1]), ::close(err[0]), ::close(err[1]);
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    ::setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
+    ::setenv("MASTER_ADDR", a.master_addr.c_str(), 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    if (a.timeout_seconds > 0) ::setenv("PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(a.timeout_seconds).c_str(), 1);
+    std::vector<std::string> args{"packtrain"};
+    args.insert(args.end(), a.command.begin(), a.command.end());
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    std::fprintf(stderr, "launch: exec failed: %s\n", std::strerror(errno));
+    ::_exit(127);
   }
+  ::close(out[1]);
+  ::close(err[1]);
+  return {pid, out[0], err[0], {}, {}, -1};
+}
 
-  g_launch_interrupted = 0;
-  const auto previous = std::signal(SIGINT, on_launch_sigint);
+// Forwards what the ranks wrote since the last call (waiting up to 100 ms).
+void forward_output(std::vector<Child>& children) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, bool>> owner;  // child, is stderr
+  for (size_t i = 0; i < children.size(); ++i) {
+    if (children[i].out >= 0) fds.push_back({children[i].out, POLLIN, 0}), owner.emplace_back(i, false);
+    if (children[i].err >= 0) fds.push_back({children[i].err, POLLIN, 0}), owner.emplace_back(i, true);
+  }
+  if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+  for (size_t f = 0; f < fds.size(); ++f) {
+    if ((fds[f].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    Child& c = children[owner[f].first];
+    const bool is_err = owner[f].second;
+    char chunk[4096];
+    const ssize_t n = ::read(fds[f].fd, chunk, sizeof(chunk));
+    std::string& buffer = is_err ? c.err_buffer : c.out_buffer;
+    if (n > 0) {
+      buffer.append(chunk, static_cast<size_t>(n));
+      emit(buffer, static_cast<int64_t>(owner[f].first), is_err ? stderr : stdout, false);
+    } else {
+      emit(buffer, static_cast<int64_t>(owner[f].first), is_err ? stderr : stdout, true);
+      ::close(fds[f].fd);
+      (is_err ? c.err : c.out) = -1;
+    }
+  }
+}
+
+// Reads what the ranks wrote just before they exited and forwards it.
+void drain_output(std::vector<Child>& children) {
+  for (Child& c : children) {
+    for (int* fd : {&c.out, &c.err}) {
+      if (*fd < 0) continue;
+      char chunk[4096];
+      for (ssize_t n; (n = ::read(*fd, chunk, sizeof(chunk))) > 0;) {
+        (fd == &c.out ? c.out_buffer : c.err_buffer).append(chunk, static_cast<size_t>(n));
+      }
+      ::close(*fd);
+    }
+    const int64_t r = &c - children.data();
+    emit(c.out_buffer, r, stdout, true);
+    emit(c.err_buffer, r, stderr, true);
+  }
+}
+
+// Runs until every rank has exited: forwards their output and each Ctrl-C (the
+// ranks' run driver stops after the epoch at the first, at once at the second),
+// and stops the others a grace period after one fails. The first failure's status.
+int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupts& interrupts) {
   int first_failure = 0;
-  int64_t failed_rank = -1;
+  int64_t failed_rank = -1, forwarded = 0;
   std::chrono::steady_clock::time_point failed_at;
-  bool terminated = false, forwarded_interrupt = false;
+  bool terminated = false;
   size_t running = children.size();
   while (running > 0) {
-    if (g_launch_interrupted != 0 && !forwarded_interrupt) {
+    for (; forwarded < interrupts.presses(); ++forwarded) {
       for (const Child& c : children)
         if (c.status < 0) ::kill(c.pid, SIGINT);
-      forwarded_interrupt = true;
     }
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, bool>> owner;  // child, is stderr
-    for (size_t i = 0; i < children.size(); ++i) {
-      if (children[i].out >= 0) fds.push_back({children[i].out, POLLIN, 0}), owner.emplace_back(i, false);
-      if (children[i].err >= 0) fds.push_back({children[i].err, POLLIN, 0}), owner.emplace_back(i, true);
-    }
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-    for (size_t f = 0; f < fds.size(); ++f) {
-      if ((fds[f].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      Child& c = children[owner[f].first];
-      const bool is_err = owner[f].second;
-      char chunk[4096];
-      const ssize_t n = ::read(fds[f].fd, chunk, sizeof(chunk));
-      std::string& buffer = is_err ? c.err_buffer : c.out_buffer;
-      if (n > 0) {
-        buffer.append(chunk, static_cast<size_t>(n));
-        emit(buffer, static_cast<int64_t>(owner[f].first), is_err ? stderr : stdout, false);
-      } else {
-        emit(buffer, static_cast<int64_t>(owner[f].first), is_err ? stderr : stdout, true);
-        ::close(fds[f].fd);
-        (is_err ? c.err : c.out) = -1;
-      }
-    }
+    forward_output(children);
     for (size_t i = 0; i < children.size(); ++i) {
       Child& c = children[i];
       if (c.status >= 0) continue;
@@ -174,22 +189,21 @@ int run_launch(const LaunchArgs& a) {
       fmt::print(stderr, "launch: stopped the remaining ranks (rank {} had failed)\n", failed_rank);
     }
   }
-  for (Child& c : children) {  // output written just before exit
-    for (int* fd : {&c.out, &c.err}) {
-      if (*fd < 0) continue;
-      char chunk[4096];
-      for (ssize_t n; (n = ::read(*fd, chunk, sizeof(chunk))) > 0;) {
-        (fd == &c.out ? c.out_buffer : c.err_buffer).append(chunk, static_cast<size_t>(n));
-      }
-      ::close(*fd);
-    }
-    const int64_t r = &c - children.data();
-    emit(c.out_buffer, r, stdout, true);
-    emit(c.err_buffer, r, stderr, true);
-  }
-  std::signal(SIGINT, previous);
-  if (g_launch_interrupted != 0) return 130;
   return first_failure;
+}
+
+int run_launch(const LaunchArgs& a) {
+  if (a.command.empty()) throw UsageError("launch: give the command after --, e.g. packtrain launch --nproc 2 -- train");
+  if (a.command.front() == "launch") throw UsageError("launch: the command cannot itself be launch");
+  const int port = a.master_port > 0 ? static_cast<int>(a.master_port) : free_port(a.master_addr);
+  fmt::print(stderr, "launch: {} processes, store {}:{}, command: packtrain {}\n", a.nproc, a.master_addr, port,
+             fmt::join(a.command, " "));
+  std::vector<Child> children;
+  for (int64_t r = 0; r < a.nproc; ++r) children.push_back(start_rank(a, port, r));
+  const Interrupts interrupts(/*end_after=*/0);  // forwarded: the ranks decide
+  const int first_failure = supervise(children, a, interrupts);
+  drain_output(children);
+  return interrupts.presses() > 0 && first_failure == 0 ? 130 : first_failure;
 }
 
 }  // namespace

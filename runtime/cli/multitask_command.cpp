@@ -282,13 +282,8 @@ int run_generate(const std::string& checkpoint, const std::string& prompt, const
   return 0;
 }
 
-}  // namespace
-
-void add_multitask_commands(CLI::App& app, int& status) {
-  CLI::App* mt = app.add_subcommand(
-      "multitask", "One transformer trunk, a classification head and a causal-LM head, trained in one step.");
-  mt->require_subcommand(1);
-
+// multitask train: its flags bind onto MultiTaskTrainerOptions.
+void add_multitask_train(CLI::App* mt, int& status) {
   auto a = std::make_shared<MultiTaskTrainArgs>();
   runtime::MultiTaskTrainerOptions& o = a->options;
   ensemble::PackedTransformerOptions& m = o.model();
@@ -321,7 +316,10 @@ void add_multitask_commands(CLI::App& app, int& status) {
   train->add_option("-o,--out", a->checkpoint.path, "Checkpoint to write (after every epoch)")->capture_default_str();
   add_output_options(train, a->output);
   train->callback([a, &status] { status = run_train(*a); });
+}
 
+// multitask resume CHECKPOINT.
+void add_multitask_resume(CLI::App* mt, int& status) {
   auto r = std::make_shared<MultiTaskResumeArgs>();
   CLI::App* resume = mt->add_subcommand(
       "resume", "Continue a multitask run from its checkpoint with the same sentence files, exactly as if it had not "
@@ -333,7 +331,10 @@ void add_multitask_commands(CLI::App& app, int& status) {
   resume->add_option("-o,--out", r->out.path, "Checkpoint to write (default: the one resumed)");
   add_output_options(resume, r->output);
   resume->callback([r, &status] { status = run_resume(*r); });
+}
 
+// multitask score CHECKPOINT [TEXTS] [--file F].
+void add_multitask_score(CLI::App* mt, int& status) {
   auto score_checkpoint = std::make_shared<std::string>();
   auto score_texts = std::make_shared<std::vector<std::string>>();
   auto score_file = std::make_shared<std::string>();
@@ -349,7 +350,10 @@ void add_multitask_commands(CLI::App& app, int& status) {
   score->callback([=, &status] {
     status = run_score(*score_checkpoint, *score_texts, *score_file, *score_device, *score_json);
   });
+}
 
+// multitask generate CHECKPOINT --prompt P: sampling flags bind onto GenerateOptions.
+void add_multitask_generate(CLI::App* mt, int& status) {
   auto gen_checkpoint = std::make_shared<std::string>();
   auto prompt = std::make_shared<std::string>();
   auto g = std::make_shared<runtime::GenerateOptions>();
@@ -374,6 +378,18 @@ void add_multitask_commands(CLI::App& app, int& status) {
     options.capture = !*no_capture;
     status = run_generate(*gen_checkpoint, *prompt, options, *gen_device, *with_score, *gen_json);
   });
+}
+
+}  // namespace
+
+void add_multitask_commands(CLI::App& app, int& status) {
+  CLI::App* mt = app.add_subcommand(
+      "multitask", "One transformer trunk, a classification head and a causal-LM head, trained in one step.");
+  mt->require_subcommand(1);
+  add_multitask_train(mt, status);
+  add_multitask_resume(mt, status);
+  add_multitask_score(mt, status);
+  add_multitask_generate(mt, status);
 }
 
 }  // namespace packtrain::cli

@@ -7,30 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
-#include <signal.h>
 #include <unistd.h>
 
 namespace packtrain::cli {
 
 namespace {
-
-volatile std::sig_atomic_t g_stop_requested = 0;
-volatile std::sig_atomic_t g_announce = 0;  // rank 0 says what a Ctrl-C does
-
-// First Ctrl-C: stop after this epoch; the handler then steps aside, so a second
-// Ctrl-C ends the process at once (the default action).
-extern "C" void on_interrupt(int) {
-  g_stop_requested = 1;
-  if (g_announce != 0) {
-    static const char kMessage[] = "\npacktrain: stopping after this epoch (Ctrl-C again to stop at once)\n";
-    const ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
-    (void)ignored;
-  }
-  std::signal(SIGINT, SIG_DFL);
-}
-
+constexpr const char* kAnnounce = "\npacktrain: stopping after this epoch (Ctrl-C again to stop at once)\n";
 }  // namespace
 
 void add_output_options(CLI::App* app, OutputArgs& o) {
@@ -44,7 +27,8 @@ RunDriver::RunDriver(OutputArgs output, CheckpointArgs checkpoint, runtime::dist
       checkpoint_(std::move(checkpoint)),
       group_(group),
       primary_(group == nullptr || group->rank() == 0),
-      tty_(isatty(fileno(stderr)) != 0) {
+      tty_(isatty(fileno(stderr)) != 0),
+      interrupts_(/*end_after=*/2, primary_ && !output_.json ? kAnnounce : nullptr) {
   if (!primary_) output_ = OutputArgs{.json = false, .quiet = true, .log = ""};
   if (!output_.log.empty()) {
     log_ = std::fopen(output_.log.c_str(), "a");
@@ -52,16 +36,9 @@ RunDriver::RunDriver(OutputArgs output, CheckpointArgs checkpoint, runtime::dist
       throw runtime::DataError(output_.log + ": cannot open the log file: " + std::strerror(errno));
     }
   }
-  g_stop_requested = 0;
-  g_announce = primary_ && !output_.json ? 1 : 0;
-  struct sigaction action {};
-  action.sa_handler = on_interrupt;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, &previous_);
 }
 
 RunDriver::~RunDriver() {
-  sigaction(SIGINT, &previous_, nullptr);
   end_line();
   if (log_ != nullptr) std::fclose(log_);
 }
@@ -113,7 +90,7 @@ graphs::GraphLog RunDriver::graph_log() {
 bool RunDriver::after_epoch(int64_t epoch, int64_t last_epoch, int64_t step, const std::function<void()>& save) {
   if (checkpoint_.every > 0 && epoch % checkpoint_.every == 0 && epoch < last_epoch) save();
   // Ctrl-C reaches the ranks at different moments: all stop after the same epoch.
-  const bool stop = g_stop_requested != 0;
+  const bool stop = interrupts_.presses() > 0;
   if (group_ == nullptr) return !stop;
   return !group_->any(stop, "interrupt-agreement all-reduce", step);
 }

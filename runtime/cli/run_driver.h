@@ -13,6 +13,7 @@
 #pragma once
 
 #include "packtrain/graphs/graph_log.h"
+#include "packtrain/runtime/cli/interrupt.h"
 
 #include <CLI/CLI.hpp>
 
@@ -20,7 +21,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <signal.h>
 #include <string>
 #include <vector>
 
@@ -48,8 +48,8 @@ class RunDriver {
  public:
   static constexpr int kInterruptedStatus = 130;
 
-  // `group`: the run's process group (nullptr: one process). Installs the SIGINT
-  // handler; the destructor restores the one it replaced.
+  // `group`: the run's process group (nullptr: one process). Holds the SIGINT
+  // handler (interrupt.h) while it lives.
   RunDriver(OutputArgs output, CheckpointArgs checkpoint, runtime::distributed::ProcessGroup* group);
   ~RunDriver();
   RunDriver(const RunDriver&) = delete;
@@ -89,7 +89,7 @@ class RunDriver {
   bool open_line_ = false;
   std::vector<std::string> graph_lines_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  struct sigaction previous_ {};  // the SIGINT action the driver replaced
+  Interrupts interrupts_;  // the SIGINT handler, while the run lasts
 };
 
 }  // namespace packtrain::cli

@@ -65,6 +65,20 @@ struct Distribution {
   runtime::MemberShard shard;
   int64_t members = 0;  // the whole ensemble's, member parallel
   bool member_parallel() const { return sharded != nullptr; }
+
+  static Distribution over(runtime::distributed::ProcessGroup* group) {  // none: one process
+    Distribution d;
+    d.group = group;
+    return d;
+  }
+  static Distribution members_over(runtime::distributed::ProcessGroup& group, runtime::ShardedCheckpoint& sharded,
+                                   runtime::MemberShard shard, int64_t members) {
+    Distribution d = over(&group);
+    d.sharded = &sharded;
+    d.shard = shard;
+    d.members = members;
+    return d;
+  }
 };
 
 // A session: the trainer, its data and how it is spread, reported by `command`.
@@ -281,7 +295,7 @@ int run_member_parallel(const TrainCommand& c) {
   runtime::EnsembleTrainer trainer(options);
   const SplitData data = prepare(trainer, c.data);
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, K);
-  return run_session({trainer, data, c.data, c.session, "train", {group.get(), &sharded, shard, K}}, driver);
+  return run_session({trainer, data, c.data, c.session, "train", Distribution::members_over(*group, sharded, shard, K)}, driver);
 }
 
 int run_train(const TrainCommand& c) {
@@ -295,7 +309,7 @@ int run_train(const TrainCommand& c) {
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);
   const SplitData data = prepare(trainer, c.data);
-  return run_session({trainer, data, c.data, c.session, "train", {group.get()}}, driver);
+  return run_session({trainer, data, c.data, c.session, "train", Distribution::over(group.get())}, driver);
 }
 
 struct ResumeCommand {
@@ -359,7 +373,7 @@ int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& ma
   trainer.restore(*checkpoint);
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, manifest.members);
   if (W != manifest.ranks) driver.note(fmt::format("resume: re-sharding {} members from {} ranks to {}", K, manifest.ranks, W));
-  return run_session({trainer, data, data_args, c.session, "resume", {group.get(), &sharded, mine, K}}, driver);
+  return run_session({trainer, data, data_args, c.session, "resume", Distribution::members_over(*group, sharded, mine, K)}, driver);
 }
 
 int run_resume(ResumeCommand c) {
@@ -378,7 +392,7 @@ int run_resume(ResumeCommand c) {
   trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
   const SplitData data = prepare(trainer, data_args);
   trainer.restore(*checkpoint);
-  return run_session({trainer, data, data_args, c.session, "resume", {group.get()}}, driver);
+  return run_session({trainer, data, data_args, c.session, "resume", Distribution::over(group.get())}, driver);
 }
 
 }  // namespace
