@@ -8,6 +8,7 @@
 #include "packtrain/runtime/profile/cpu_memory.h"
 #include "packtrain/runtime/profile/launch_profile.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>

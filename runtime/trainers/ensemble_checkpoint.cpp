@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>

@@ -8,6 +8,7 @@
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 
 #include <algorithm>
