@@ -12,13 +12,17 @@
 namespace packtrain::graphs {
 
 namespace {
-at::Generator make_generator(c10::Device device, uint64_t seed) {
-  if (device.is_cuda()) {
-    at::Generator g = at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
-    g.set_current_seed(seed);
-    return g;
-  }
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
+at::Generator make_generator(c10::Device device) {
+  if (device.is_cuda()) return at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
+  return at::make_generator<at::CPUGeneratorImpl>();
+}
+
+// splitmix64's finalizer over (seed, epoch): distinct, well-mixed seeds per epoch.
+uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(epoch) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 }  // namespace
 
@@ -43,14 +47,17 @@ DeviceBatcher::DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, i
   counter_ = at::zeros({}, longs);
   epoch_batches_ = at::full({}, batches_per_epoch(), longs);
   batch_offsets_ = at::arange(batch_size_, longs);
-  generator_ = make_generator(device_, seed);
+  generator_ = make_generator(device_);
+  seed_ = seed;
 }
 
-void DeviceBatcher::reseed(uint64_t seed) { generator_ = make_generator(device_, seed); }
+void DeviceBatcher::reseed(uint64_t seed) { restore_order_state({seed, 0}); }
 
-at::Tensor DeviceBatcher::generator_state() const { return generator_.get_state(); }
-
-void DeviceBatcher::set_generator_state(const at::Tensor& state) { generator_.set_state(state); }
+void DeviceBatcher::restore_order_state(const OrderState& state) {
+  TORCH_CHECK(state.epochs_drawn >= 0, "device batcher: negative epoch count ", state.epochs_drawn);
+  seed_ = state.seed;
+  epochs_drawn_ = state.epochs_drawn;
+}
 
 void DeviceBatcher::set_active_rows(const at::Tensor& rows) {
   TORCH_CHECK(rows.scalar_type() == at::kLong && (rows.dim() == 1 || (rows.dim() == 2 && rows.size(0) == members_)),
@@ -71,6 +78,7 @@ void DeviceBatcher::start_epoch() {
   PACKTRAIN_NVTX_RANGE("shuffle");
   epoch_batches_.fill_(batches_per_epoch());
   counter_.zero_();
+  generator_.set_current_seed(epoch_seed(seed_, epochs_drawn_++));  // private: no other user to lock out
   if (active_.defined()) return start_active_epoch();
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
   switch (order_) {

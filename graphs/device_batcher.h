@@ -1,6 +1,8 @@
 // DeviceBatcher: a whole small data set resident on the device, and the batches a
 // captured step takes from it. Each epoch's order is drawn on the device (one shared
-// permutation, a permutation per member, or a bootstrap resample per member); inside
+// permutation, a permutation per member, or a bootstrap resample per member) from a
+// generator seeded by (seed, epoch number), so the position in the sequence of
+// orders is two integers on any device (OrderState, what checkpoints store); inside
 // the step, next_batch() gathers batch number `counter` and advances the counter,
 // a device tensor, so U steps can be captured as one graph and no step needs the
 // host.
@@ -29,6 +31,14 @@ inline constexpr EnumNames<BatchOrder, 3> kBatchOrderNames{
 inline std::string_view to_string(BatchOrder order) { return kBatchOrderNames.name(order); }
 // Throws naming the value and the accepted names.
 inline BatchOrder parse_batch_order(std::string_view name) { return kBatchOrderNames.parse(name); }
+
+// Where a batcher is in its sequence of orders: epoch e's order is drawn from a
+// generator seeded with mix(seed, e). Device-neutral: a checkpoint written on a CPU
+// resumes on a GPU (each device draws its own orders from the same position).
+struct OrderState {
+  uint64_t seed = 0;
+  int64_t epochs_drawn = 0;
+};
 
 class DeviceBatcher {
  public:
@@ -62,9 +72,10 @@ class DeviceBatcher {
   void clear_active_rows() { active_ = at::Tensor(); }
   const at::Tensor& active_rows() const { return active_; }
 
-  // The order generator's state (a CPU byte tensor), for checkpoints.
-  at::Tensor generator_state() const;
-  void set_generator_state(const at::Tensor& state);
+  // The position in the sequence of orders, for checkpoints; restoring it makes the
+  // next start_epoch() draw what this batcher's next one would (on the same device).
+  OrderState order_state() const { return {seed_, epochs_drawn_}; }
+  void restore_order_state(const OrderState& state);
 
   // Inside a step: batch number (counter mod batches_per_epoch) of this epoch, one
   // tensor per data tensor, gathered on the device; then counter += 1.
@@ -83,7 +94,9 @@ class DeviceBatcher {
   int64_t members_ = 0;
   int64_t batch_size_ = 0;
   BatchOrder order_;
-  at::Generator generator_;
+  at::Generator generator_;   // reseeded with mix(seed_, epochs_drawn_) each epoch
+  uint64_t seed_ = 0;
+  int64_t epochs_drawn_ = 0;
   at::Tensor order_indices_;  // static buffer, rewritten in place each epoch
   at::Tensor counter_;        // int64 scalar
   at::Tensor epoch_batches_;  // int64 scalar: batches_per_epoch() on the device

@@ -16,14 +16,23 @@ Peers (what a user would pick instead of packtrain):
                   over the stacked parameters (--impl foreach or fused)
   torch-compile   torch-vmap's step under torch.compile (mode="reduce-overhead":
                   CUDA graphs on a GPU) with the optimizer step compiled too
-  torch-cudagraph torch-vmap's whole step captured with torch.cuda.graphs and a
-                  capturable AdamW, replayed (GPU only)
+  torch-cudagraph torch-vmap's whole step — forward, backward and a capturable AdamW —
+                  captured with torch.cuda.graphs and replayed (GPU only); with
+                  --unroll U, U whole steps are captured into one graph, one replay
+                  per U steps (as packtrain's unrolled step)
   jax             jax.vmap + jax.jit over the members, optax.adamw, float32 matmuls
-                  at "highest" precision (no TF32), buffers donated
+                  at "highest" precision (no TF32), buffers donated; one step per
+                  jitted call, or with --unroll U a jax.lax.scan over U steps inside
+                  the one jitted call (the carry — parameters and optimizer state —
+                  donated; --unroll-scan also unrolls the scan's loop)
 
-Prints one JSON object on stdout: {"peer", "impl", "check": {...}, "timing": {...}}.
-Usage: peers.py PEER MANIFEST_DIR [--impl foreach|fused] [--device cpu|cuda]
-                [--repeats 5] [--min-time 0.3] [--check-only]
+Every call of a peer's step() trains the members `steps per call` times (1, or U)
+and returns each of those steps' per-member losses; the check compares every step,
+the timing counts every step.
+
+Prints one JSON object on stdout: {"peer", "impl", "unroll", "check": {...}, "timing": {...}}.
+Usage: peers.py PEER MANIFEST_DIR [--impl foreach|fused] [--device cpu|cuda] [--unroll U]
+                [--unroll-scan] [--repeats 5] [--min-time 0.3] [--check-only]
 """
 import argparse
 import json
@@ -63,14 +72,19 @@ def layers(ref):
 # --- PyTorch ------------------------------------------------------------------
 
 class TorchPeer:
-    """The PyTorch peers. step() trains all K members once and returns the (K)
-    per-member loss before the update as a tensor (not synchronized)."""
+    """The PyTorch peers. step() trains all K members once (torch-cudagraph with
+    unroll U: U times per replay once captured) and returns the per-member losses
+    before each update, (K) or (steps, K), as a tensor (not synchronized)."""
 
-    def __init__(self, ref, device, kind, impl):
+    def __init__(self, ref, device, kind, impl, unroll=1):
         import torch
         self.torch = torch
+        self.unroll = unroll
+        self.steps_done = 0  # training steps taken so far (the timing counts these)
         self.device = torch.device(device)
         self.kind = kind
+        if kind == "torch-cudagraph" and self.device.type != "cuda":
+            raise Unsupported("torch.cuda.graphs needs a CUDA device")
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 matmuls, as packtrain
         torch.backends.cudnn.allow_tf32 = False
         adamw = ref["adamw"]
@@ -96,9 +110,7 @@ class TorchPeer:
 
         self.vmapped = torch.vmap(member, in_dims=(0, 0, None))
         if kind == "torch-cudagraph":
-            if self.device.type != "cuda":
-                raise Unsupported("torch.cuda.graphs needs a CUDA device")
-            self.impl = "foreach, capturable"
+            self.impl = f"foreach, capturable, {unroll} step(s) per replay"
             self.optimizer = torch.optim.AdamW(self.params.values(), capturable=True, foreach=True,
                                                **self.adamw_kwargs)
             self.step = self._graph_step
@@ -133,6 +145,7 @@ class TorchPeer:
 
     def _loop_step(self):
         torch = self.torch
+        self.steps_done += 1
         losses = []
         for model, opt in zip(self.models, self.optimizers):
             opt.zero_grad()
@@ -147,6 +160,7 @@ class TorchPeer:
         return ((pred - self.y) ** 2).mean(dim=(1, 2))  # (K)
 
     def _vmap_step(self):
+        self.steps_done += 1
         self.optimizer.zero_grad()
         losses = self._losses()
         losses.sum().backward()
@@ -154,6 +168,7 @@ class TorchPeer:
         return losses.detach()
 
     def _compiled_step(self):
+        self.steps_done += 1
         self.optimizer.zero_grad()
         losses = self.compiled_loss()
         losses.sum().backward()
@@ -171,20 +186,32 @@ class TorchPeer:
             torch.cuda.current_stream().wait_stream(stream)
             return losses
         if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            self.optimizer.zero_grad(set_to_none=True)
-            with torch.cuda.graph(self.graph):
-                self.static_losses = self._losses()
-                self.static_losses.sum().backward()
-                self.optimizer.step()
+            self._capture()
         self.graph.replay()
-        return self.static_losses.detach().clone()
+        self.steps_done += self.unroll
+        return self.static_losses.detach().clone()  # (U, K); the next replay overwrites it
+
+    def _capture(self):
+        """The whole iteration — forward, backward, AdamW — U times, as one graph
+        (torch.cuda.graphs' whole-network capture, the optimizer capturable)."""
+        torch = self.torch
+        self.graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)  # the first backward allocates .grad in the graph's pool
+        with torch.cuda.graph(self.graph):
+            per_step = []
+            for _ in range(self.unroll):
+                self.optimizer.zero_grad(set_to_none=False)  # steps after the first: gradients back to zero
+                losses = self._losses()
+                losses.sum().backward()
+                self.optimizer.step()
+                per_step.append(losses.detach())
+            self.static_losses = torch.stack(per_step)  # (U, K)
 
     def losses_to_numpy(self, losses):
         torch = self.torch
         if isinstance(losses, list):
             losses = torch.stack(losses)
-        return losses.double().cpu().numpy()
+        return np.atleast_2d(losses.double().cpu().numpy())  # (steps, K)
 
     def synchronize(self):
         if self.device.type == "cuda":
@@ -194,7 +221,10 @@ class TorchPeer:
 # --- JAX ------------------------------------------------------------------------
 
 class JaxPeer:
-    def __init__(self, ref, device, kind, impl):
+    """jax.vmap over members inside jax.jit; with unroll U > 1 a jax.lax.scan runs U
+    steps per jitted call and returns the (U, K) per-step losses."""
+
+    def __init__(self, ref, device, kind, impl, unroll=1, unroll_scan=False):
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with nothing else's pool
         import jax
         import jax.numpy as jnp
@@ -206,7 +236,8 @@ class JaxPeer:
         except RuntimeError as e:
             raise Unsupported(f"JAX has no {platform} device here ({e})")
         self.jax, self.dev = jax, dev
-        self.impl = "optax.adamw, jit, donated buffers"
+        self.unroll = unroll
+        self.steps_done = 0
         put = lambda a: jax.device_put(jnp.asarray(a), dev)
         self.params = [(put(w), put(b)) for w, b in layers(ref)]
         self.x, self.y = put(ref["arrays"]["x"]), put(ref["arrays"]["y"])
@@ -233,14 +264,30 @@ class JaxPeer:
             updates, opt_state = opt.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, losses
 
-        self._step = jax.jit(step, donate_argnums=(0, 1))
+        def steps(params, opt_state, x, y):
+            def body(carry, _):
+                params, opt_state, losses = step(*carry, x, y)
+                return (params, opt_state), losses
+
+            (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), None, length=unroll,
+                                                       unroll=True if unroll_scan else 1)
+            return params, opt_state, losses  # losses (U, K)
+
+        if unroll == 1:
+            self.impl = "optax.adamw, one step per jit call, donated buffers"
+            self._call = jax.jit(step, donate_argnums=(0, 1))
+        else:
+            self.impl = (f"optax.adamw, lax.scan over {unroll} steps per jit call"
+                         + (" (unroll=True)" if unroll_scan else "") + ", carry donated")
+            self._call = jax.jit(steps, donate_argnums=(0, 1))
 
     def step(self):
-        self.params, self.opt_state, losses = self._step(self.params, self.opt_state, self.x, self.y)
+        self.params, self.opt_state, losses = self._call(self.params, self.opt_state, self.x, self.y)
+        self.steps_done += self.unroll
         return losses
 
     def losses_to_numpy(self, losses):
-        return np.asarray(losses, dtype=np.float64)
+        return np.atleast_2d(np.asarray(losses, dtype=np.float64))  # (steps, K)
 
     def synchronize(self):
         self.jax.block_until_ready(self.params)
@@ -255,13 +302,19 @@ PEERS = {"torch-loop": TorchPeer, "torch-vmap": TorchPeer, "torch-compile": Torc
 
 
 def check(peer, ref):
+    """Calls step() until it has taken the reference's number of steps (a peer that
+    takes U steps per call may take a few more), then compares every step's losses."""
     expected = ref["losses"]
-    got = np.stack([peer.losses_to_numpy(peer.step()) for _ in range(expected.shape[0])])
+    rows = []
+    while sum(len(r) for r in rows) < expected.shape[0]:
+        rows.append(peer.losses_to_numpy(peer.step()))
+    got = np.concatenate(rows)[:expected.shape[0]]
     error = np.abs(got - expected)
     bound = RTOL * np.abs(expected) + ATOL
     worst = np.unravel_index(np.argmax(error / bound), error.shape)
     return {
         "steps": int(expected.shape[0]),
+        "steps_run": int(sum(len(r) for r in rows)),
         "rtol": RTOL,
         "atol": ATOL,
         "passed": bool(np.all(error <= bound) and np.all(np.isfinite(got))),
@@ -273,23 +326,26 @@ def check(peer, ref):
 
 
 def time_steps(peer, members, repeats, min_time):
-    """Median member-steps/s over `repeats` runs of n steps, n chosen so that a run
-    takes at least `min_time` seconds (after the check's steps warmed everything)."""
+    """Median member-steps/s over `repeats` runs of n calls of step(), n chosen so
+    that a run takes at least `min_time` seconds (after the check's steps warmed
+    everything). Every training step counts: U per call for the unrolled peers."""
     peer.step()
     peer.synchronize()
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), peer.steps_done
     peer.step()
     peer.synchronize()
-    one = time.perf_counter() - t0
+    one, steps_per_call = time.perf_counter() - t0, peer.steps_done - before
     n = max(1, math.ceil(min_time / max(one, 1e-9)))
     rates = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), peer.steps_done
         for _ in range(n):
             peer.step()
         peer.synchronize()
-        rates.append(n * members / (time.perf_counter() - t0))
-    return {"member_steps_per_s": statistics.median(rates), "runs": rates, "steps_per_run": n}
+        rates.append((peer.steps_done - before) * members / (time.perf_counter() - t0))
+    rate = statistics.median(rates)
+    return {"member_steps_per_s": rate, "runs": rates, "calls_per_run": n, "steps_per_call": steps_per_call,
+            "steps_per_run": n * steps_per_call, "seconds_per_step": members / rate}
 
 
 def main():
@@ -299,17 +355,29 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--impl", default="foreach", choices=["foreach", "fused"],
                     help="torch.optim.AdamW implementation for the stacked peers")
+    ap.add_argument("--unroll", type=int, default=1,
+                    help="steps per call: per graph replay (torch-cudagraph), per jitted lax.scan (jax)")
+    ap.add_argument("--unroll-scan", action="store_true", help="jax: lax.scan(..., unroll=True)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per timed run, at least")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--perturb-lr", type=float, default=1.0,
                     help="multiply the learning rate (a self-test: the check must then fail)")
     args = ap.parse_args()
+    if args.unroll < 1:
+        ap.error(f"--unroll must be at least 1, got {args.unroll}")
+    if args.unroll != 1 and args.peer not in ("torch-cudagraph", "jax"):
+        ap.error(f"--unroll {args.unroll}: only torch-cudagraph and jax take several steps per call, not {args.peer}")
+    if args.unroll_scan and (args.peer != "jax" or args.unroll == 1):
+        ap.error("--unroll-scan unrolls jax's lax.scan: it needs the jax peer and --unroll U > 1")
     ref = load_reference(args.manifest_dir)
     ref["adamw"]["lr"] *= args.perturb_lr
-    result = {"peer": args.peer}
+    result = {"peer": args.peer, "unroll": args.unroll}
     try:
-        peer = PEERS[args.peer](ref, args.device, args.peer, args.impl)
+        if args.peer == "jax":
+            peer = JaxPeer(ref, args.device, args.peer, args.impl, args.unroll, args.unroll_scan)
+        else:
+            peer = TorchPeer(ref, args.device, args.peer, args.impl, args.unroll)
     except Unsupported as e:
         result["unsupported"] = str(e)
         print(json.dumps(result))

@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
 # One command: packtrain against the PyTorch and JAX peers on this machine.
-#   benchmarks/peers/run.sh [run_peers.py options: --device, --repeats, --members 1,8 ...]
+#   benchmarks/peers/run.sh [run_peers.py options: --device, --repeats, --members 1,8,
+#                            --time-budget SECONDS, --unroll U, --out DIR ...]
 # Builds packtrain_bench and packtrain_peers (scripts/setup.sh first installs what
 # the build needs), prepares the peers' Python and runs benchmarks/peers/run_peers.py,
-# which writes benchmarks/peers/results/<cpu|gpu>/results.{md,json,svg}.
+# which writes benchmarks/peers/results/<cpu|gpu>/results.{md,json,svg} (or --out DIR).
 #
 # Python: by default the project's cached virtual environment (PyTorch 2.11.0), with
 # JAX and optax installed for this benchmark only into their own cached directory
 # (${PACKTRAIN_CACHE:-~/.cache/packtrain}/peers-jax-<version>, on PYTHONPATH; the
 # project's environment is not changed). On a machine that already has them (the
 # GPU machine), set PACKTRAIN_PEERS_PYTHON=python3 to use that interpreter as is.
-# PACKTRAIN_BUILD_DIR picks the build directory (default: build, configured by the
-# default preset); with PACKTRAIN_PEERS_NO_BUILD=1 it must already hold the binaries.
+# PACKTRAIN_BUILD_DIR picks the directory whose bin/ holds packtrain_bench and
+# packtrain_peers (default: build, configured by the default preset). With
+# PACKTRAIN_PEERS_NO_BUILD=1 nothing is built and any directory with those two in
+# bin/ will do (a relocated bundle, no CMake cache needed). Relative paths — here
+# and in --out — are taken from the directory run.sh is called from.
+#
+# On the GPU machine, fitted to one command of at most 10 minutes:
+#   PACKTRAIN_PEERS_PYTHON=python3 PACKTRAIN_PEERS_NO_BUILD=1 PACKTRAIN_BUILD_DIR=DIR \
+#     benchmarks/peers/run.sh --out OUT --time-budget 420
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
 JAX_VERSION=0.10.2
 OPTAX_VERSION=0.2.8
 cache="${PACKTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/packtrain}"
-build="${PACKTRAIN_BUILD_DIR:-build}"
+build="${PACKTRAIN_BUILD_DIR:-$root/build}"
+[[ "$build" = /* ]] || build="$PWD/$build"
 
 if [[ "${PACKTRAIN_PEERS_NO_BUILD:-0}" != 1 ]]; then
-  bash scripts/setup.sh --quiet
-  [[ -f "$build/CMakeCache.txt" ]] || cmake --preset default >/dev/null
-  cmake --build "$build" --target packtrain_bench packtrain_peers
+  (
+    cd "$root"
+    bash scripts/setup.sh --quiet
+    [[ -f "$build/CMakeCache.txt" ]] || cmake --preset default >/dev/null
+    cmake --build "$build" --target packtrain_bench packtrain_peers
+  )
+else
+  for binary in packtrain_bench packtrain_peers; do
+    if [[ ! -x "$build/bin/$binary" ]]; then
+      echo "peers: PACKTRAIN_PEERS_NO_BUILD=1 but $build/bin/$binary is missing: set PACKTRAIN_BUILD_DIR to a" \
+           "directory whose bin/ holds packtrain_bench and packtrain_peers, or build them" >&2
+      exit 2
+    fi
+  done
 fi
 
 if [[ -n "${PACKTRAIN_PEERS_PYTHON:-}" ]]; then
@@ -40,4 +59,4 @@ else
   fi
   export PYTHONPATH="$jax_dir${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$python" benchmarks/peers/run_peers.py --build-dir "$build" "$@"
+exec "$python" "$root/benchmarks/peers/run_peers.py" --build-dir "$build" "$@"

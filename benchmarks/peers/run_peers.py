@@ -4,27 +4,43 @@
 For every workload packtrain_bench measures (members, hidden width, batch, depth):
   1. packtrain_bench times packtrain (median of --repeats repetitions): on CPU its
      eager step (PackedEager, the fused member-wise step), on a GPU the trainer's
-     captured, unrolled step (PackedGraphUnrolled; PackedGraph is kept in the JSON);
+     captured, unrolled step (PackedGraphUnrolled, U steps per replay; PackedGraph,
+     one step per replay, is kept in the JSON);
   2. `packtrain_peers reference` writes the workload's initial weights, batch and
      packtrain's loss curve over --check-steps steps;
-  3. every peer (benchmarks/peers/peers.py, each in its own process) trains the
-     same members from the same weights, must reproduce that loss curve within the
-     stated tolerance, and only then is timed; a peer that fails is refused and its
-     speed is not reported.
-Writes results.json, results.md and results.svg (member-steps/s against members,
-log-log, one line per system) into --out.
+  3. every peer variant (benchmarks/peers/peers.py, each in its own process) trains
+     the same members from the same weights, must reproduce that loss curve within
+     the stated tolerance, and only then is timed; a peer that fails is refused and
+     its speed is not reported. Each system's figure is its fastest variant that
+     passed — each peer at its best as its documentation recommends: JAX with U
+     steps per jitted call (lax.scan), PyTorch's whole step captured with
+     torch.cuda.graphs, U steps per replay — with U packtrain's own unroll.
+Writes results.json, results.md (with the verdict: does packtrain lead at every
+K >= 8) and results.svg (member-steps/s against members, log-log) into --out,
+after every variant and at the end, also when the run is cut short.
+
+Order and time budget: the peers' fastest forms run first on every workload, the
+workloads in the order K = 8, 64, 512, 4096 (the main hidden width), other widths,
+then K < 8; then the other variants, the Python loop last. With --time-budget S, a
+variant starts only if the time so far plus its estimate (its time on the last
+workload it ran, scaled to this one; a prior before that) fits in S; otherwise it
+is recorded as "not run: time budget". A running variant is stopped at the budget.
 
 Usage: run_peers.py [--build-dir build] [--out DIR] [--device auto|cpu|cuda]
-                    [--repeats 5] [--min-time 0.3] [--check-steps 20]
-                    [--members 1,8,64] [--peers torch-loop,torch-vmap,...]
+                    [--repeats 5] [--min-time 0.3] [--check-steps 20] [--unroll U]
+                    [--members 1,8,64] [--peers torch-loop,jax:scan,...]
+                    [--time-budget SECONDS]
 Run it through benchmarks/peers/run.sh, which builds packtrain and prepares Python.
 """
 import argparse
+import collections
 import datetime
 import json
+import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -36,26 +52,193 @@ sys.path.insert(0, HERE)
 import bench_ratio  # noqa: E402  (scripts/bench_ratio.py: Google Benchmark JSON -> rates)
 import peers  # noqa: E402
 
-# The systems in the table, in order, and the peers.py variants each one is the best of.
+# The systems in the table, in order, and the variants each one is the best of.
 SYSTEMS = [
     ("PyTorch loop", ["torch-loop"]),
     ("torch.func vmap", ["torch-vmap:foreach", "torch-vmap:fused"]),
-    ("vmap + torch.compile / CUDA graph", ["torch-compile", "torch-cudagraph"]),
-    ("JAX vmap + jit", ["jax"]),
+    ("vmap + torch.compile / CUDA graph", ["torch-compile", "torch-cudagraph", "torch-cudagraph:unrolled"]),
+    ("JAX vmap + jit", ["jax", "jax:scan", "jax:scan-unrolled"]),
 ]
+# The order the variants run in, tier by tier over all workloads: first each peer's
+# documented fastest form (U steps per call, as packtrain's figure), which decides
+# the verdict; then the forms that may still beat them (the scan unrolled, JAX's
+# one-step call, torch.compile's fused kernels); then the forms that run the same
+# kernels as a faster one (one step per graph replay, eager vmap); the Python loop
+# (slowest, longest) last.
+TIERS = [
+    ["torch-cudagraph:unrolled", "jax:scan"],
+    ["jax:scan-unrolled", "jax", "torch-compile"],
+    ["torch-cudagraph", "torch-vmap:fused", "torch-vmap:foreach"],
+    ["torch-loop"],
+]
+UNROLLED = {"torch-cudagraph:unrolled", "jax:scan", "jax:scan-unrolled"}
+# packtrain's default unroll, runtime::kDefaultUnroll (runtime/trainers/ensemble_steps.h),
+# which packtrain_bench uses unless PACKTRAIN_BENCH_UNROLL says otherwise; on a GPU the
+# benchmark's JSON context states the U it ran, and that is used.
+DEFAULT_UNROLL = 8
+BUDGET_RESERVE_S = 5  # kept back from --time-budget for writing the results and the plot
+NOT_RUN_BUDGET = "not run: time budget"
+NO_CUDA_GRAPHS_ON_CPU = "not run: torch.cuda.graphs needs a CUDA device"  # peers.py says the same
 
 
 def say(message):
     print(f"[peers {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+class Interrupted(Exception):
+    """SIGTERM or SIGINT: stop, write what was measured."""
+
+
+def on_signal(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+# --- variants ---------------------------------------------------------------------
+
+def peer_arguments(variant, unroll, compile_impl):
+    """peers.py's peer name and options for one variant."""
+    return {
+        "torch-loop": ["torch-loop"],
+        "torch-vmap:foreach": ["torch-vmap", "--impl", "foreach"],
+        "torch-vmap:fused": ["torch-vmap", "--impl", "fused"],
+        "torch-compile": ["torch-compile", "--impl", compile_impl],
+        "torch-cudagraph": ["torch-cudagraph"],
+        "torch-cudagraph:unrolled": ["torch-cudagraph", "--unroll", str(unroll)],
+        "jax": ["jax"],
+        "jax:scan": ["jax", "--unroll", str(unroll)],
+        "jax:scan-unrolled": ["jax", "--unroll", str(unroll), "--unroll-scan"],
+    }[variant]
+
+
+def form(variant, unroll):
+    """What a reader calls the variant: 'JAX lax.scan U=8'."""
+    return {
+        "torch-loop": "Python loop, torch.optim.AdamW per member",
+        "torch-vmap:foreach": "torch.func vmap, AdamW foreach",
+        "torch-vmap:fused": "torch.func vmap, AdamW fused",
+        "torch-compile": "torch.compile reduce-overhead",  # its AdamW: --compile-impl
+        "torch-cudagraph": "torch.cuda.graphs U=1",
+        "torch-cudagraph:unrolled": f"torch.cuda.graphs U={unroll}",
+        "jax": "JAX jit, 1 step per call",
+        "jax:scan": f"JAX lax.scan U={unroll}",
+        "jax:scan-unrolled": f"JAX lax.scan U={unroll} (unroll=True)",
+    }[variant]
+
+
+def selected(variant, args, unroll):
+    if unroll == 1 and variant in UNROLLED:
+        return False  # the same as the one-step variant
+    return args.peers is None or variant in args.peers or variant.split(":")[0] in args.peers
+
+
+def steps_per_call(variant, unroll):
+    return unroll if variant in UNROLLED else 1
+
+
+# --- workloads --------------------------------------------------------------------
+
 def parse_workload(rest):
     fields = dict(part.split(":") for part in rest.split("/") if ":" in part)
     return {k: int(v) for k, v in fields.items()}
 
 
+def workload_key(w):
+    return f"k{w['members']}_h{w['hidden']}_b{w['batch']}"
+
+
+def label(w, main_hidden):
+    return f"K {w['members']}" + ("" if w["hidden"] == main_hidden else f" (hidden {w['hidden']})")
+
+
+def priority_order(workloads):
+    """K >= 8 at the main hidden width by K (8, 64, 512, 4096), then K >= 8 at other
+    widths, then K < 8: a run cut short has answered 'does packtrain lead at K >= 8'."""
+    main_hidden = collections.Counter(w["hidden"] for w in workloads).most_common(1)[0][0] if workloads else 0
+    return sorted(workloads, key=lambda w: (0 if w["members"] >= 8 and w["hidden"] == main_hidden
+                                            else 1 if w["members"] >= 8 else 2, w["members"], w["hidden"]))
+
+
+def plan(workloads, args, unroll):
+    """[(workload, variant)] in the order they run."""
+    order = []
+    for tier in TIERS:
+        for w in priority_order(workloads):
+            order += [(w, v) for v in tier if selected(v, args, unroll)]
+    return order
+
+
+# --- time budget ----------------------------------------------------------------
+
+class Budget:
+    """--time-budget: a variant starts only if the time so far plus its estimate fits.
+
+    Estimate: a variant's fixed cost (start-up, compile, capture) plus its stepping
+    — the check's steps, the calibration and `repeats` runs of at least min_time —
+    at its seconds per step. Both come from the variant's last run, its step time
+    scaled to the new workload (by members for the Python loop, by members x batch
+    x parameters otherwise); before its first run, from a prior."""
+
+    def __init__(self, seconds, args, device):
+        self.seconds = seconds
+        self.start = time.perf_counter()
+        self.args, self.device = args, device
+        self.seen = {}  # variant -> (workload, fixed_s, seconds_per_step or None)
+        self.reference_s = 5.0
+
+    def elapsed(self):
+        return time.perf_counter() - self.start
+
+    def left(self):
+        return math.inf if self.seconds is None else self.seconds - self.elapsed() - BUDGET_RESERVE_S
+
+    def stepping(self, t, per_call):
+        a = self.args
+        return (a.check_steps + 2 * per_call) * t + a.repeats * max(a.min_time, per_call * t)
+
+    @staticmethod
+    def work(w):
+        h = w["hidden"]
+        return w["members"] * w["batch"] * (8 * h + (w.get("depth", 1) - 1) * h * h + 2 * h + 1)
+
+    def prior(self, variant, w):
+        gpu = self.device != "cpu"
+        if variant == "torch-compile":
+            fixed = 90.0 if gpu else 60.0
+        elif variant.startswith("jax"):
+            fixed = 25.0 if gpu else 10.0
+        else:
+            fixed = 15.0 if gpu else 5.0
+        if variant == "torch-loop":
+            t = w["members"] * (1e-3 if gpu else 5e-4)
+        else:
+            t = max(1e-4, self.work(w) * 3e-12) if gpu else max(1e-3, self.work(w) * 1.2e-10)
+        return fixed, t
+
+    def estimate(self, variant, w, unroll):
+        per_call = steps_per_call(variant, unroll)
+        if variant in self.seen:
+            seen_w, fixed, t = self.seen[variant]
+            if t is None:
+                t = self.prior(variant, w)[1]
+            elif variant == "torch-loop":
+                t *= w["members"] / seen_w["members"]
+            else:
+                t *= self.work(w) / self.work(seen_w)
+        else:
+            fixed, t = self.prior(variant, w)
+        return fixed + self.stepping(t, per_call)
+
+    def record(self, variant, w, unroll, wall_s, result):
+        t = result.get("timing", {}).get("seconds_per_step")
+        fixed = wall_s - self.stepping(t, steps_per_call(variant, unroll)) if t else wall_s
+        self.seen[variant] = (w, max(0.0, fixed), t)
+
+
+# --- running ----------------------------------------------------------------------
+
 def run_packtrain_bench(args, device, out_json):
-    families = "PackedEager" if device == "cpu" else "PackedEager|PackedGraph"
+    # On a GPU the figure is PackedGraphUnrolled (PackedGraph kept beside it).
+    families = "PackedEager" if device == "cpu" else "PackedGraph"
     members = "|".join(str(m) for m in args.members) if args.members else "[0-9]+"
     command = [os.path.join(args.build_dir, "bin", "packtrain_bench"),
                f"--benchmark_filter=^({families})[A-Za-z]*/members:({members})/",
@@ -63,6 +246,8 @@ def run_packtrain_bench(args, device, out_json):
                "--benchmark_report_aggregates_only=true",
                f"--benchmark_out={out_json}", "--benchmark_out_format=json"]
     env = dict(os.environ, PACKTRAIN_BENCH_DEVICE=device)
+    if args.unroll is not None:
+        env["PACKTRAIN_BENCH_UNROLL"] = str(args.unroll)
     say("packtrain: " + " ".join(command))
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     with open(out_json) as f:
@@ -71,29 +256,48 @@ def run_packtrain_bench(args, device, out_json):
     return report, rates
 
 
-def run_reference(args, device, workload, depth, directory):
+def run_reference(args, device, workload, directory):
+    os.makedirs(directory, exist_ok=True)
     command = [os.path.join(args.build_dir, "bin", "packtrain_peers"), "reference",
                "--members", str(workload["members"]), "--hidden", str(workload["hidden"]),
-               "--batch", str(workload["batch"]), "--depth", str(depth),
+               "--batch", str(workload["batch"]), "--depth", str(workload["depth"]),
                "--steps", str(args.check_steps), "--device", device, "--out", directory]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(os.path.join(directory, "manifest.json")) as f:
         return json.load(f)["path"]
 
 
-def run_peer(args, variant, directory, device, impl=None):
-    name, _, variant_impl = variant.partition(":")
-    command = [sys.executable, os.path.join(HERE, "peers.py"), name, directory, "--device", device,
-               "--repeats", str(args.repeats), "--min-time", str(args.min_time)]
-    if variant_impl or impl:
-        command += ["--impl", variant_impl or impl]
+def kill_group(proc):
+    """The peer and whatever it started (torch.compile's workers): its own process group."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.peer_timeout)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_peer(args, variant, directory, device, unroll, compile_impl, timeout, budget_bound):
+    name, *options = peer_arguments(variant, unroll, compile_impl)
+    command = [sys.executable, os.path.join(HERE, "peers.py"), name, directory, *options, "--device", device,
+               "--repeats", str(args.repeats), "--min-time", str(args.min_time)]
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"status": f"timed out after {args.peer_timeout} s"}
-    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        kill_group(proc)
+        proc.communicate()
+        ran = time.perf_counter() - started
+        if budget_bound:
+            return {"status": f"{NOT_RUN_BUDGET} (stopped after {ran:.0f} s)"}
+        return {"status": f"timed out after {ran:.0f} s"}
+    except BaseException:
+        kill_group(proc)
+        proc.communicate()
+        raise
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
         return {"status": f"error: {tail[:300]}"}
     result = json.loads(lines[-1])
     if "unsupported" in result:
@@ -107,28 +311,189 @@ def run_peer(args, variant, directory, device, impl=None):
     return result
 
 
-def best_of(results):
-    """The fastest variant that passed the check; else the first failure's status."""
+# --- results ----------------------------------------------------------------------
+
+def summarize(result, variant, unroll):
+    out = {"status": result["status"], "form": form(variant, unroll)}
+    if "timing" in result:
+        out["member_steps_per_s"] = result["timing"]["member_steps_per_s"]
+        out["runs"] = result["timing"]["runs"]
+        out["steps_per_call"] = result["timing"]["steps_per_call"]
+    if "check" in result:
+        out["check_max_rel_error"] = result["check"]["max_rel_error"]
+    for key in ("impl", "wall_s", "estimate_s"):
+        if key in result:
+            out[key] = result[key]
+    return out
+
+
+def best_of(results, unroll):
+    """The fastest variant that passed the check; else the variants' statuses."""
+    variants = {v: summarize(r, v, unroll) for v, r in results.items()}
     ok = [(v, r) for v, r in results.items() if r["status"] == "ok"]
     if ok:
         variant, result = max(ok, key=lambda vr: vr[1]["timing"]["member_steps_per_s"])
         return {"member_steps_per_s": result["timing"]["member_steps_per_s"], "variant": variant,
-                "impl": result.get("impl"), "check": result["check"], "status": "ok",
-                "variants": {v: summarize(r) for v, r in results.items()}}
-    return {"member_steps_per_s": None, "status": "; ".join(f"{v}: {r['status']}" for v, r in results.items()),
-            "variants": {v: summarize(r) for v, r in results.items()}}
+                "form": form(variant, unroll), "impl": result.get("impl"), "check": result["check"],
+                "status": "ok", "variants": variants}
+    statuses = {r["status"] for r in results.values()}
+    status = statuses.pop() if len(statuses) == 1 else "; ".join(f"{v}: {r['status']}" for v, r in results.items())
+    return {"member_steps_per_s": None, "status": status, "variants": variants}
 
 
-def summarize(result):
-    out = {"status": result["status"]}
-    if "timing" in result:
-        out["member_steps_per_s"] = result["timing"]["member_steps_per_s"]
-        out["runs"] = result["timing"]["runs"]
-    if "check" in result:
-        out["check_max_rel_error"] = result["check"]["max_rel_error"]
-    if "impl" in result:
-        out["impl"] = result["impl"]
-    return out
+def unmeasured(status):
+    """A variant whose figure is missing for want of a run (time budget, error, a library
+    missing), not by the rules: refused by the check, or CUDA graphs on a CPU run."""
+    return not (status == "ok" or status.startswith("refused") or status == NO_CUDA_GRAPHS_ON_CPU)
+
+
+def verdict(rows):
+    """Does packtrain lead every peer at every workload with K >= 8?"""
+    main_hidden = collections.Counter(r["workload"]["hidden"] for r in rows).most_common(1)[0][0] if rows else 0
+    considered, losses, missing = [], [], []
+    for row in priority_order([r["workload"] for r in rows]):
+        if row["members"] < 8:
+            continue
+        systems = next(r["systems"] for r in rows if r["workload"] is row)
+        where = label(row, main_hidden)
+        considered.append(where)
+        base = systems["packtrain"]["member_steps_per_s"]
+        gaps = []
+        for name, _ in SYSTEMS:
+            s = systems[name]
+            rate = s["member_steps_per_s"]
+            if rate is not None and rate >= base:
+                losses.append(f"{where}: {name} ({s['form']}) {rate / base:.2f}x packtrain")
+            gaps += [v for v, r in s.get("variants", {}).items() if unmeasured(r["status"])]
+        if gaps:
+            missing.append(f"{where}: {', '.join(gaps)}")
+    if not considered:
+        text = "not measured (no workload with K ≥ 8 in this run)"
+    elif losses:
+        text = "no (" + "; ".join(losses) + ")"
+    else:
+        text = "yes (" + ", ".join(considered) + ")"
+        if missing:
+            text += " among the variants measured; not measured: " + "; ".join(missing)
+    return {"leads": bool(considered) and not losses, "complete": not missing, "workloads": considered,
+            "losses": losses, "not_measured": missing,
+            "text": "packtrain leads at every K ≥ 8: " + text}
+
+
+def chosen_forms(rows):
+    """['JAX vmap + jit: JAX lax.scan U=8', 'torch.func vmap: ... fused (K 1, K 8); ... foreach (K 512)']"""
+    main_hidden = collections.Counter(r["workload"]["hidden"] for r in rows).most_common(1)[0][0] if rows else 0
+    parts = []
+    for name, _ in SYSTEMS:
+        by_form = {}
+        for row in rows:
+            chosen = row["systems"][name].get("form")
+            if chosen:
+                by_form.setdefault(chosen, []).append(label(row["workload"], main_hidden))
+        if len(by_form) == 1:
+            parts.append(f"{name}: {next(iter(by_form))}")
+        elif by_form:
+            parts.append(f"{name}: " + "; ".join(f"{f} ({', '.join(ks)})" for f, ks in by_form.items()))
+    return parts
+
+
+def assemble(state):
+    """results.json's content from what has run so far."""
+    args, unroll = state["args"], state["unroll"]
+    rows = []
+    for w in sorted(state["workloads"], key=lambda w: (w["members"], w["hidden"], w["batch"])):
+        key = workload_key(w)
+        systems = {"packtrain": state["packtrain"][key]}
+        for name, variants in SYSTEMS:
+            chosen = [v for v in variants if selected(v, args, unroll)]
+            results = {v: state["results"].get((key, v), {"status": state["pending"]}) for v in chosen}
+            systems[name] = best_of(results, unroll) if results else {"member_steps_per_s": None,
+                                                                        "status": "not selected"}
+        rows.append({"workload": w, "systems": systems})
+    device = state["device"]
+    results = {
+        "date": state["date"], "device": device, "device_name": state["device_name"], "host": platform.node(),
+        "versions": state["versions"], "repeats": args.repeats, "min_time_s": args.min_time,
+        "depth": state["depth"], "unroll": unroll,
+        "check": {"steps": args.check_steps, "rtol": peers.RTOL, "atol": peers.ATOL},
+        "packtrain_path": (f"{state['family']}" + (f" (U={unroll} steps per replay)" if device != "cpu" else "")
+                           + f" (timed); reference loss curve from {state['packtrain_path'] or 'no workload run'}"),
+        "torch_threads": state["torch_threads"],
+        "time_budget_s": args.time_budget, "elapsed_s": round(state["budget"].elapsed(), 1),
+        "run_order": [f"{workload_key(w)} {v}" for w, v in state["plan"]],
+        "error": state.get("error"),
+        "rows": rows,
+    }
+    results["verdict"] = verdict(rows)
+    return results
+
+
+def write_markdown(results, path):
+    rows = results["rows"]
+    names = [name for name, _ in SYSTEMS]
+    lines = [f"# packtrain vs peers: {results['device_name']}, {results['date']}", ""]
+    if results.get("error"):
+        lines += [f"**Run stopped: {results['error']}** — what follows is what was measured before.", ""]
+    lines += [f"**{results['verdict']['text']}.**", "",
+              "Member-steps/s (one member taking one AdamW step), median of "
+              f"{results['repeats']} timed runs; `÷ pt` = peer / packtrain (below 1: packtrain is faster). "
+              f"Same-work check: {results['check']['steps']} steps from the same weights and batch, every "
+              f"member's loss within rtol {results['check']['rtol']:g} + atol {results['check']['atol']:g} "
+              "of packtrain's; a peer that fails is refused (no figure). Each system's figure is its fastest "
+              f"form that passed; U = {results['unroll']} steps per call, packtrain's unroll.", ""]
+    if results.get("time_budget_s") is not None:
+        variants = [r for row in rows for n in names for r in row["systems"][n].get("variants", {}).values()]
+        skipped = sum(1 for r in variants if r["status"].startswith(NOT_RUN_BUDGET))
+        lines += [f"Time budget {results['time_budget_s']:g} s (elapsed {results['elapsed_s']:.0f} s): "
+                  f"{skipped} of {len(variants)} variant runs not run for it"
+                  + (" (listed below)." if skipped else "."), ""]
+    lines += ["| members | hidden | batch | packtrain | " + " | ".join(f"{n} | ÷ pt" for n in names) + " |",
+              "|---:|---:|---:|---:|" + "---:|---:|" * len(names)]
+    notes = []
+    for row in rows:
+        w, systems = row["workload"], row["systems"]
+        base = systems["packtrain"]["member_steps_per_s"]
+        cells = []
+        for name in names:
+            s = systems[name]
+            rate = s["member_steps_per_s"]
+            if rate is None:
+                cells.append("— | —")
+                notes.append(f"members {w['members']}, hidden {w['hidden']}: {name}: {s['status']}")
+            else:
+                cells.append(f"{rate:,.0f} | {rate / base:.2f}x")
+                missing = [f"{v} ({r['status']})" for v, r in s["variants"].items() if unmeasured(r["status"])
+                           or r["status"].startswith("refused")]
+                if missing:
+                    notes.append(f"members {w['members']}, hidden {w['hidden']}: {name}: figure from "
+                                 f"{s['variant']}; " + ", ".join(missing))
+        lines.append(f"| {w['members']} | {w['hidden']} | {w['batch']} | {base:,.0f} | " + " | ".join(cells) + " |")
+    lines += ["", f"Depth {results['depth'] or '?'} hidden layer(s), 8 inputs, 1 output, ReLU, MSE, AdamW "
+              "(lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), float32, one fixed batch on the device.",
+              f"packtrain path: {results['packtrain_path']}.",
+              "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v) + ".",
+              "", "Forms used (each system's fastest that passed the check):"]
+    lines += [f"- {part}" for part in chosen_forms(rows)] or ["- none"]
+    if notes:
+        lines += ["", "Not reported, or not every form measured:"] + [f"- {n}" for n in notes]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_results(state, plot=False):
+    results = assemble(state)
+    out = state["out"]
+    with open(os.path.join(out, "results.json.partial"), "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(os.path.join(out, "results.json.partial"), os.path.join(out, "results.json"))
+    write_markdown(results, os.path.join(out, "results.md"))
+    if plot:
+        if not results["rows"]:
+            say("results.svg not drawn: no workload measured")
+            return
+        subprocess.run([os.path.join(state["args"].build_dir, "bin", "packtrain_peers"), "plot", "--results",
+                        os.path.join(out, "results.json"), "--out", os.path.join(out, "results.svg")],
+                       check=True, stdout=subprocess.DEVNULL)
 
 
 def versions():
@@ -162,136 +527,125 @@ def device_name(device):
     return f"{model}, {os.cpu_count()} cores"
 
 
-def chosen_variants(rows):
-    """'torch.func vmap: torch-vmap:fused at members 1, 8; torch-vmap:foreach at members 512; ...'"""
-    parts = []
-    for name, _ in SYSTEMS:
-        by_variant = {}
-        for row in rows:
-            variant = row["systems"][name].get("variant")
-            if variant:
-                w = row["workload"]
-                by_variant.setdefault(variant, []).append(
-                    f"{w['members']}" + ("" if w["hidden"] == 64 else f" (hidden {w['hidden']})"))
-        if len(by_variant) == 1:
-            parts.append(f"{name}: {next(iter(by_variant))}")
-        elif by_variant:
-            parts.append(f"{name}: " + ", ".join(f"{v} at members {'/'.join(ks)}" for v, ks in by_variant.items()))
-    return "; ".join(parts)
-
-
-def write_markdown(results, path):
-    rows = results["rows"]
-    names = [name for name, _ in SYSTEMS]
-    lines = [f"# packtrain vs peers: {results['device_name']}, {results['date']}", "",
-             "Member-steps/s (one member taking one AdamW step), median of "
-             f"{results['repeats']} timed runs; `÷ pt` = peer / packtrain (below 1: packtrain is faster). "
-             f"Same-work check: {results['check']['steps']} steps from the same weights and batch, every "
-             f"member's loss within rtol {results['check']['rtol']:g} + atol {results['check']['atol']:g} "
-             "of packtrain's; a peer that fails is refused (no figure).", "",
-             "| members | hidden | batch | packtrain | " + " | ".join(f"{n} | ÷ pt" for n in names) + " |",
-             "|---:|---:|---:|---:|" + "---:|---:|" * len(names)]
-    notes = []
-    for row in rows:
-        w, systems = row["workload"], row["systems"]
-        base = systems["packtrain"]["member_steps_per_s"]
-        cells = []
-        for name in names:
-            s = systems[name]
-            rate = s["member_steps_per_s"]
-            if rate is None:
-                cells.append("— | —")
-                notes.append(f"members {w['members']}, hidden {w['hidden']}: {name}: {s['status']}")
-            else:
-                cells.append(f"{rate:,.0f} | {rate / base:.2f}x")
-        lines.append(f"| {w['members']} | {w['hidden']} | {w['batch']} | {base:,.0f} | " + " | ".join(cells) + " |")
-    lines += ["", f"Depth {results['depth']} hidden layer(s), 8 inputs, 1 output, ReLU, MSE, AdamW "
-              "(lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), float32, one fixed batch on the device.",
-              f"packtrain path: {results['packtrain_path']}. Variants chosen (fastest that passed): "
-              + chosen_variants(rows) + ".",
-              "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v) + "."]
-    if notes:
-        lines += ["", "Not reported:"] + [f"- {n}" for n in notes]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+def run_all(state):
+    """packtrain_bench, then every (workload, variant) of the plan within the budget."""
+    args, device, budget = state["args"], state["device"], state["budget"]
+    report, rates = run_packtrain_bench(args, device, os.path.join(state["work"], "packtrain_bench.json"))
+    state["depth"] = depth = int(report["context"].get("depth", 1))
+    state["unroll"] = unroll = int(report["context"].get("unroll", state["unroll"]))
+    family = state["family"]
+    for rest in sorted({rest for (f, rest) in rates if f == family},
+                       key=lambda r: [int(n) for n in re.findall(r"\d+", r)]):
+        w = dict(parse_workload(rest), depth=depth)
+        state["workloads"].append(w)
+        packtrain = {"member_steps_per_s": rates[(family, rest)][0], "variant": family, "status": "ok"}
+        if device != "cpu" and ("PackedGraph", rest) in rates:
+            packtrain["PackedGraph_member_steps_per_s"] = rates[("PackedGraph", rest)][0]
+        state["packtrain"][workload_key(w)] = packtrain
+    state["plan"] = plan(state["workloads"], args, unroll)
+    if device == "cpu":  # said before anything runs, so a run cut short does not count them as missing
+        for w, variant in state["plan"]:
+            if variant.startswith("torch-cudagraph"):
+                state["results"][(workload_key(w), variant)] = {"status": NO_CUDA_GRAPHS_ON_CPU}
+    write_results(state)
+    references = {}
+    for i, (w, variant) in enumerate(state["plan"], 1):
+        key = workload_key(w)
+        where = f"[{i}/{len(state['plan'])}] K {w['members']} hidden {w['hidden']}: {variant}"
+        if (key, variant) in state["results"]:
+            continue
+        estimate = budget.estimate(variant, w, unroll) + (0 if key in references else budget.reference_s)
+        if estimate > budget.left():
+            state["results"][(key, variant)] = {"status": NOT_RUN_BUDGET, "estimate_s": round(estimate, 1)}
+            say(f"{where}: {NOT_RUN_BUDGET} (estimate {estimate:.0f} s, {max(0, budget.left()):.0f} s left)")
+            write_results(state)
+            continue
+        directory = os.path.join(state["work"], key)
+        if key not in references:
+            started = time.perf_counter()
+            references[key] = run_reference(args, device, w, directory)
+            budget.reference_s = time.perf_counter() - started
+            state["packtrain"][key]["reference"] = state["packtrain_path"] = references[key]
+        timeout = min(args.peer_timeout, budget.left())
+        started = time.perf_counter()
+        result = run_peer(args, variant, directory, device, unroll, args.compile_impl, timeout,
+                          budget_bound=timeout < args.peer_timeout)
+        result["wall_s"] = round(time.perf_counter() - started, 1)
+        result["estimate_s"] = round(estimate, 1)
+        budget.record(variant, w, unroll, result["wall_s"], result)
+        state["results"][(key, variant)] = result
+        rate = result.get("timing", {}).get("member_steps_per_s")
+        say(f"{where}: {result['status']}" + (f", {rate:,.0f} member-steps/s" if rate else "")
+            + f" ({result['wall_s']:.0f} s, estimated {estimate:.0f} s)")
+        write_results(state)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
+                    help="a directory with bin/packtrain_bench and bin/packtrain_peers")
     ap.add_argument("--out", default=None, help="output directory (default benchmarks/peers/results/<cpu|gpu>)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3)
     ap.add_argument("--check-steps", type=int, default=20)
+    ap.add_argument("--unroll", type=int, default=None,
+                    help="U, steps per call for packtrain (PACKTRAIN_BENCH_UNROLL) and the peers' unrolled forms "
+                         f"(default: packtrain's, {DEFAULT_UNROLL})")
     ap.add_argument("--members", type=lambda s: [int(m) for m in s.split(",")], default=None,
                     help="only these member counts (comma-separated)")
     ap.add_argument("--peers", type=lambda s: s.split(","), default=None,
-                    help="only these systems' variants, e.g. torch-loop,jax")
+                    help="only these systems' variants, e.g. torch-loop,jax (all jax forms),jax:scan")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds for the whole run: a variant that would not fit is recorded as not run")
     ap.add_argument("--peer-timeout", type=int, default=1800, help="seconds per peer and workload")
-    ap.add_argument("--compile-impl", default=None, choices=["foreach", "fused"],
-                    help="AdamW implementation under torch.compile (default: the faster vmap one)")
+    ap.add_argument("--compile-impl", default="foreach", choices=["foreach", "fused"],
+                    help="AdamW implementation under torch.compile (foreach: inductor fuses its kernels)")
     args = ap.parse_args()
+    if args.unroll is not None and args.unroll < 1:
+        ap.error(f"--unroll must be at least 1, got {args.unroll}")
+    args.build_dir = os.path.abspath(args.build_dir)
+    for binary in ("packtrain_bench", "packtrain_peers"):
+        if not os.access(os.path.join(args.build_dir, "bin", binary), os.X_OK):
+            ap.error(f"{args.build_dir}/bin/{binary} not found: build it (cmake --build BUILD --target "
+                     "packtrain_bench packtrain_peers) or pass --build-dir (run.sh: PACKTRAIN_BUILD_DIR)")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     device = args.device
+    import torch
     if device == "auto":
-        import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = args.out or os.path.join(HERE, "results", "gpu" if device == "cuda" else "cpu")
+    out = os.path.abspath(args.out or os.path.join(HERE, "results", "gpu" if device == "cuda" else "cpu"))
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
-
-    report, rates = run_packtrain_bench(args, device, os.path.join(work, "packtrain_bench.json"))
-    depth = int(report["context"].get("depth", 1))
-    family = "PackedEager" if device == "cpu" else "PackedGraphUnrolled"
-    workloads = sorted({rest for (f, rest) in rates if f == family},
-                       key=lambda r: [int(n) for n in re.findall(r"\d+", r)])
-    rows = []
-    packtrain_path = None
-    for i, rest in enumerate(workloads, 1):
-        workload = dict(parse_workload(rest), depth=depth)
-        directory = os.path.join(work, f"k{workload['members']}_h{workload['hidden']}_b{workload['batch']}")
-        os.makedirs(directory, exist_ok=True)
-        packtrain_path = run_reference(args, device, workload, depth, directory)
-        systems = {"packtrain": {"member_steps_per_s": rates[(family, rest)][0], "variant": family,
-                                 "status": "ok", "reference": packtrain_path}}
-        if device != "cpu" and ("PackedGraph", rest) in rates:
-            systems["packtrain"]["PackedGraph_member_steps_per_s"] = rates[("PackedGraph", rest)][0]
-        for name, variants in SYSTEMS:
-            chosen = [v for v in variants if args.peers is None or v in args.peers or v.split(":")[0] in args.peers]
-            results = {}
-            # torch.compile runs the AdamW implementation that was faster under vmap.
-            vmap_variant = systems.get("torch.func vmap", {}).get("variant") or ""
-            compile_impl = args.compile_impl or ("fused" if vmap_variant.endswith("fused") else "foreach")
-            for variant in chosen:
-                started = time.perf_counter()
-                results[variant] = run_peer(args, variant, directory, device,
-                                            compile_impl if variant == "torch-compile" else None)
-                r = results[variant]
-                rate = r.get("timing", {}).get("member_steps_per_s")
-                say(f"[{i}/{len(workloads)}] {rest}: {variant}: {r['status']}"
-                    + (f", {rate:,.0f} member-steps/s" if rate else "")
-                    + f" ({time.perf_counter() - started:.0f} s)")
-            systems[name] = best_of(results) if results else {"member_steps_per_s": None, "status": "not selected"}
-        rows.append({"workload": workload, "systems": systems})
-
-    results = {
+    state = {
+        "args": args, "device": device, "out": out, "work": work,
+        "budget": Budget(args.time_budget, args, device),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": device, "device_name": device_name(device), "host": platform.node(),
-        "versions": versions(), "repeats": args.repeats, "min_time_s": args.min_time, "depth": depth,
-        "check": {"steps": args.check_steps, "rtol": peers.RTOL, "atol": peers.ATOL},
-        "packtrain_path": f"{family} (timed); reference loss curve from {packtrain_path}",
-        "torch_threads": __import__("torch").get_num_threads(),
-        "rows": rows,
+        "device_name": device_name(device), "versions": versions(), "torch_threads": torch.get_num_threads(),
+        "family": "PackedEager" if device == "cpu" else "PackedGraphUnrolled",
+        "unroll": args.unroll or int(os.environ.get("PACKTRAIN_BENCH_UNROLL", DEFAULT_UNROLL)),
+        "depth": None, "packtrain_path": None, "workloads": [], "packtrain": {}, "plan": [], "results": {},
+        "pending": "not run: interrupted",
     }
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    write_markdown(results, os.path.join(out, "results.md"))
-    subprocess.run([os.path.join(args.build_dir, "bin", "packtrain_peers"), "plot", "--results",
-                    os.path.join(out, "results.json"), "--out", os.path.join(out, "results.svg")], check=True)
-    say(f"wrote {out}/results.md, results.json, results.svg")
+    status = 0
+    try:
+        run_all(state)
+    except Interrupted as e:
+        state["error"] = f"interrupted ({e})"
+        status = 130
+    except Exception as e:
+        state["error"] = f"{type(e).__name__}: {e}"
+        status = 1
+        raise
+    finally:
+        if state.get("error"):
+            say(f"stopped: {state['error']}; writing what was measured")
+        write_results(state, plot=True)
+        say(f"wrote {out}/results.md, results.json, results.svg")
     with open(os.path.join(out, "results.md")) as f:
         print(f.read())
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ PackedAdam::PackedAdam(PackedParameters& parameters, AdamOptions options)
       exp_avg_blocks_(parameters.blocks(exp_avg_)),
       exp_avg_sq_blocks_(parameters.blocks(exp_avg_sq_)),
       coefficients_(at::zeros({detail::kAdamCoefficientRows, parameters.members()},
-                              parameters.flat().options().dtype(at::kDouble))) {}
+                              parameters.flat().options().dtype(at::kDouble))) {
+  for (size_t i = 0; i < parameters.size(); ++i) block_numels_.push_back(parameters.numel(i));
+}
 
 void PackedAdam::reset_state(const at::Tensor& which) {
   at::NoGradGuard no_grad;
@@ -64,26 +66,31 @@ void PackedAdam::step() {
   // torch::optim::Adam(W)'s update with per-member coefficients (adam_math.h), a
   // (5, K) float64 table; a frozen member's are the identity and its step count
   // does not advance. The learning rate comes from each member's count of earlier
-  // updates, read before this update advances it.
-  const at::Tensor lr = scheduled_lr(step_);
+  // updates, read before this update advances it (lr_schedule_math.h: the same
+  // function on the host and in the kernel, so a schedule adds no kernels).
+  const detail::LrScheduleParams schedule = schedule_.params();
   if (device.is_cpu()) {
     // A loop over members, not ~15 tensor ops: on CPU the ops' dispatch was most of
     // a small pack's optimizer time.
     const bool* mask = mask_.data_ptr<bool>();
     double* step = step_.data_ptr<double>();
-    const double* rate = lr.data_ptr<double>();
+    const double* base_lr = lr_.data_ptr<double>();
+    double* current = current_lr_.data_ptr<double>();
     const double* wd = weight_decay_.data_ptr<double>();
     double* table = coefficients_.data_ptr<double>();
-    for (int64_t k = 0; k < K; ++k)
-      detail::adam_member_coefficients(k, K, mask[k], step, rate[k], wd[k], beta1, beta2, decay, decoupled, table);
+    for (int64_t k = 0; k < K; ++k) {
+      current[k] = base_lr[k] * detail::lr_schedule_factor(schedule, step[k]);
+      detail::adam_member_coefficients(k, K, mask[k], step, current[k], wd[k], beta1, beta2, decay, decoupled, table);
+    }
   } else if (fused_cuda(device)) {
 #if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
     check_cuda(detail::launch_adam_coefficients(K, mask_.data_ptr<bool>(), step_.data_ptr<double>(),
-                                                lr.data_ptr<double>(), weight_decay_.data_ptr<double>(), beta1,
-                                                beta2, decay, decoupled, coefficients_.data_ptr<double>(),
-                                                current_stream(device)));
+                                                lr_.data_ptr<double>(), schedule, current_lr_.data_ptr<double>(),
+                                                weight_decay_.data_ptr<double>(), beta1, beta2, decay, decoupled,
+                                                coefficients_.data_ptr<double>(), current_stream(device)));
 #endif
   } else {
+    const at::Tensor lr = scheduled_lr(step_);
     const at::Tensor active = mask_.to(at::kDouble);
     step_.add_(active);
     const at::Tensor steps = step_.clamp_min(1);
@@ -95,20 +102,24 @@ void PackedAdam::step() {
     coefficients_[detail::kL2].copy_(decay && !decoupled ? weight_decay_ : at::zeros_like(active));
   }
 
+  const at::Tensor& flat = parameters_->flat();
+  const at::Tensor& flat_grad = parameters_->flat_grad();
+  if (fused_cuda(device) && (flat.scalar_type() == at::kFloat || flat.scalar_type() == at::kDouble)) {
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+    // One launch over the flat buffers (every parameter block), not one per block.
+    check_cuda(detail::launch_adam_update_flat(flat.scalar_type() == at::kDouble, flat.data_ptr(), flat_grad.data_ptr(),
+                                               exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), K, block_numels_.data(),
+                                               static_cast<int>(block_numels_.size()), coefficients_.data_ptr<double>(),
+                                               beta1, beta2, options_.eps(), decay, decoupled, current_stream(device)));
+#endif
+    return;
+  }
   const detail::AdamCoefficients c = detail::coefficient_rows(coefficients_, decay, decoupled);
   for (size_t i = 0; i < param_blocks_.size(); ++i) {
     const at::Tensor &p = param_blocks_[i], &g = grad_blocks_[i];
     const at::Tensor &m = exp_avg_blocks_[i], &v = exp_avg_sq_blocks_[i];
     if (device.is_cpu()) {
       detail::adam_update_cpu(p, g, m, v, c, beta1, beta2, options_.eps());
-    } else if (fused_cuda(device) && p.is_contiguous() && g.is_contiguous() && m.is_contiguous() &&
-               v.is_contiguous() &&
-               (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble)) {
-#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
-      check_cuda(detail::launch_adam_update(p.scalar_type() == at::kDouble, p.data_ptr(), g.data_ptr(), m.data_ptr(),
-                                            v.data_ptr(), p.size(0), p.size(1), coefficients_.data_ptr<double>(),
-                                            beta1, beta2, options_.eps(), decay, decoupled, current_stream(device)));
-#endif
     } else {
       detail::adam_update_tensor_ops(p, g, m, v, c, beta1, beta2, options_.eps());
     }

@@ -4,14 +4,10 @@
 // ATen, so nvcc compiles it as well; one definition, so the devices cannot drift.
 #pragma once
 
+#include "packtrain/base/host_device.h"
+
 #include <cmath>
 #include <cstdint>
-
-#if defined(__CUDACC__)
-#define PACKTRAIN_HOST_DEVICE __host__ __device__
-#else
-#define PACKTRAIN_HOST_DEVICE
-#endif
 
 namespace packtrain::ensemble::detail {
 

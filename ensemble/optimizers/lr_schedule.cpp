@@ -22,14 +22,12 @@ void LrSchedule::validate() const {
   }
 }
 
-double LrSchedule::factor(int64_t t) const {
-  t = std::max<int64_t>(t, 0);
-  const int64_t W = warmup_steps();
-  if (kind() == LrScheduleKind::kConstant) return 1.0;
-  if (t < W) return static_cast<double>(t + 1) / static_cast<double>(W);
-  if (kind() == LrScheduleKind::kLinearWarmup) return 1.0;
-  const double p = std::min(1.0, static_cast<double>(t - W) / static_cast<double>(total_steps() - W));
-  return min_factor() + (1 - min_factor()) * 0.5 * (1 + std::cos(std::numbers::pi * p));
+detail::LrScheduleParams LrSchedule::params() const {
+  static_assert(static_cast<int32_t>(LrScheduleKind::kConstant) == detail::kScheduleConstant &&
+                static_cast<int32_t>(LrScheduleKind::kLinearWarmup) == detail::kScheduleLinearWarmup &&
+                static_cast<int32_t>(LrScheduleKind::kCosine) == detail::kScheduleCosine);
+  return {static_cast<int32_t>(kind()), static_cast<double>(warmup_steps()), static_cast<double>(total_steps()),
+          min_factor()};
 }
 
 at::Tensor LrSchedule::factor(const at::Tensor& t_in) const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "packtrain/base/enum_names.h"
+#include "packtrain/ensemble/optimizers/lr_schedule_math.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -37,11 +38,14 @@ struct LrSchedule {
   void validate() const;
   bool is_constant() const { return kind() == LrScheduleKind::kConstant; }
 
-  // The factor of update number t (0 for a member's first update), in host math:
-  // the reference the device version is tested against.
-  double factor(int64_t t) const;
-  // The same for every member at once: t is a (K) float64 tensor of update numbers
-  // on any device; returns (K) float64 there, with no host synchronization.
+  // The factor of update number t (0 for a member's first update), in host math
+  // (lr_schedule_math.h, which the optimizers' loops and kernels share).
+  double factor(int64_t t) const { return detail::lr_schedule_factor(params(), static_cast<double>(t)); }
+  // The fields as plain values for a kernel.
+  detail::LrScheduleParams params() const;
+  // The same for every member at once, in ATen ops (the fallback without the CUDA
+  // kernels, and the tests' cross-check): t is a (K) float64 tensor of update
+  // numbers on any device; returns (K) float64 there, with no host synchronization.
   at::Tensor factor(const at::Tensor& t) const;
 };
 

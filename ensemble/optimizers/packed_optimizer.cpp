@@ -53,7 +53,9 @@ void PackedOptimizer::set_weight_decay(const at::Tensor& weight_decay) {
 
 void PackedOptimizer::set_mask(const at::Tensor& mask) {
   check_per_member("mask", mask, members());
-  mask_.copy_(mask.to(at::kBool));
+  // From pinned host memory the copy is queued, not waited for (steps that read the
+  // mask run after it on the stream).
+  mask_.copy_(mask.to(at::kBool), /*non_blocking=*/mask.is_pinned());
 }
 
 at::Tensor PackedOptimizer::column(const at::Tensor& per_member) const {

@@ -92,6 +92,9 @@ Child start_rank(const LaunchArgs& a, int port, int64_t r) {
     ::setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
     ::setenv("MASTER_ADDR", a.master_addr.c_str(), 1);
     ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    // Every rank is on this host: Gloo binds to loopback unless the user chose an
+    // interface (a host whose name does not resolve otherwise gets Gloo's warning).
+    ::setenv("GLOO_SOCKET_IFNAME", "lo", /*overwrite=*/0);
     if (a.timeout_seconds > 0) ::setenv("PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(a.timeout_seconds).c_str(), 1);
     std::vector<std::string> args{"packtrain"};
     args.insert(args.end(), a.command.begin(), a.command.end());
@@ -213,7 +216,8 @@ void add_launch_command(CLI::App& app, int& status) {
   CLI::App* launch = app.add_subcommand(
       "launch",
       "Run a packtrain command in N processes on this machine, as torchrun would: each gets RANK, WORLD_SIZE, "
-      "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; output is forwarded with a [rank r] prefix. "
+      "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (and GLOO_SOCKET_IFNAME=lo unless set: all "
+      "ranks are on this host); output is forwarded with a [rank r] prefix. "
       "Example: packtrain launch --nproc 2 -- info --collectives");
   launch->add_option("--nproc", a->nproc, "Processes to start (one per GPU on a GPU machine)")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))

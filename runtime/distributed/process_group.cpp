@@ -18,6 +18,7 @@
 #endif
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 namespace packtrain::runtime::distributed {
@@ -112,6 +113,32 @@ void ProcessGroup::Impl::join_nccl(c10::Device device) {
   watchdog->wait_all();
 }
 
+#if defined(PACKTRAIN_HAVE_GLOO)
+namespace {
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+// The interfaces Gloo binds to: GLOO_SOCKET_IFNAME's where the user set it (Gloo's
+// defaults read it); the loopback address when every rank is on this host (one
+// process, or a store on a loopback address: what `packtrain launch` starts);
+// otherwise this host's name resolved. (Gloo's default on a host whose name does not
+// resolve falls back to loopback with a warning — not for the local groups here.)
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(const RankInfo& info,
+                                                                 std::chrono::milliseconds timeout) {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  const bool user_set = ifname != nullptr && *ifname != '\0';
+  if (user_set || !(info.world_size == 1 || is_loopback(info.master_addr))) {
+    return c10d::ProcessGroupGloo::Options::create_default(timeout);
+  }
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices = {c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")};
+  options->threads = 2;  // Gloo's default: two per device
+  return options;
+}
+}  // namespace
+#endif
+
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroup::~ProcessGroup() = default;
 
@@ -150,8 +177,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
   }
 #if defined(PACKTRAIN_HAVE_GLOO)
   impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      impl->store, static_cast<int>(info.rank), static_cast<int>(info.world_size),
-      c10d::ProcessGroupGloo::Options::create_default(timeout));
+      impl->store, static_cast<int>(info.rank), static_cast<int>(info.world_size), gloo_options(info, timeout));
 #else
   throw DataError("this packtrain was built without Gloo's headers (Debian's libgloo-dev): no CPU collectives");
 #endif

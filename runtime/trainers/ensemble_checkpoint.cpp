@@ -79,7 +79,11 @@ void EnsembleTrainer::save(const fs::path& path, const std::string& extra, int64
     c10::impl::GenericDict opt(c10::StringType::get(), c10::AnyType::get());
     for (const auto& [name, tensor] : optimizer_->state()) opt.insert(name, cpu_copy(tensor));
     d.insert("optimizer", opt);
-    d.insert("order_rng", cpu_copy(steps_->batcher().generator_state()));
+    // Device-neutral: (seed, epochs drawn), not a generator's raw state (a CPU
+    // generator's does not restore into a CUDA one, nor the reverse).
+    const graphs::OrderState order = steps_->batcher().order_state();
+    d.insert("order_seed", static_cast<int64_t>(order.seed));  // the bits of the uint64
+    d.insert("order_epochs", order.epochs_drawn);
     if (best_params_.defined()) d.insert("best_params", cpu_copy(best_params_));
     if (resume_params_.defined()) d.insert("resume_params", cpu_copy(resume_params_));
     if (steps_->batcher().active_rows().defined()) d.insert("training_rows", cpu_copy(steps_->batcher().active_rows()));
@@ -228,6 +232,27 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_membe
   return out;
 }
 
+namespace {
+void restore_order(graphs::DeviceBatcher& batcher, const c10::impl::GenericDict& d, int64_t epoch,
+                   const graphs::GraphLog& log) {
+  if (d.contains("order_epochs")) {
+    batcher.restore_order_state({static_cast<uint64_t>(d.at("order_seed").toInt()), d.at("order_epochs").toInt()});
+    return;
+  }
+  // Written before orders were device-neutral ("order_rng": a generator's raw
+  // state). Still resumable: later epochs draw from this run's order seed at the
+  // epoch reached — the same as the uninterrupted run's model and optimizer state,
+  // a different (equally random) sequence of batch orders from here on.
+  TORCH_CHECK(d.contains("order_rng"), "no batch-order state (order_epochs)");
+  batcher.restore_order_state({batcher.order_state().seed, epoch});
+  if (log) {
+    log("checkpoint from an earlier packtrain (raw batch-order generator state): resuming with "
+        "device-neutral orders from epoch " + std::to_string(epoch) +
+        "; batch orders from here on differ from the uninterrupted run's");
+  }
+}
+}  // namespace
+
 void EnsembleTrainer::restore(const Checkpoint& checkpoint) {
   const auto& d = checkpoint.payload;
   const std::string where = checkpoint.path.string() + ": ";
@@ -267,7 +292,7 @@ void EnsembleTrainer::restore(const Checkpoint& checkpoint) {
       TORCH_CHECK(opt.contains(name), "no optimizer state '", name, "' (was it saved with another optimizer?)");
       tensor.copy_(opt.at(name).toTensor());
     }
-    steps_->batcher().set_generator_state(d.at("order_rng").toTensor());
+    restore_order(steps_->batcher(), d, epoch_, options_.log());
     if (best_params_.defined()) {
       TORCH_CHECK(d.contains("best_params"), "no best weights (was it trained without validation data?)");
       best_params_.copy_(d.at("best_params").toTensor());

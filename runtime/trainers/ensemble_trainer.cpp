@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -46,12 +47,39 @@ uint64_t fingerprint(std::initializer_list<at::Tensor> tensors) {
   return h;
 }
 
+// Host staging for the once-per-epoch transfers: page-locked when the device is a
+// GPU, so a copy is one DMA (pageable memory stages through a driver buffer and
+// blocks the host); the caching host allocator keeps a freed pinned block alive
+// until the copy that reads it has run.
+template <typename T>
+at::Tensor host_tensor(const std::vector<T>& values, const c10::Device& device) {
+  const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value).pinned_memory(device.is_cuda());
+  at::Tensor t = at::empty({static_cast<int64_t>(values.size())}, options);
+  std::copy(values.begin(), values.end(), t.data_ptr<T>());
+  return t;
+}
+at::Tensor to_device(const at::Tensor& host, const c10::Device& device) {
+  return device.is_cuda() ? host.to(device, /*non_blocking=*/true) : host;
+}
+// One device->host copy (into pinned memory on a GPU), waited for: the values
+// decide this epoch's member states.
+std::vector<double> read_to_host(const at::Tensor& t) {
+  at::Tensor host = t;
+  if (t.is_cuda()) {
+    host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(t, /*non_blocking=*/true);
+    c10::cuda::getCurrentCUDAStream(t.device().index()).synchronize();
+  }
+  host = host.to(at::kDouble).contiguous();
+  return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+}
+
 // Copies the parameter rows of `members` from the flat buffer `from` into `to`
 // (both in `parameters`' layout), in place.
 void copy_members(const ensemble::PackedParameters& parameters, const at::Tensor& to, const at::Tensor& from,
                   const std::vector<int64_t>& members) {
   if (members.empty()) return;
-  const at::Tensor idx = at::tensor(members, at::kLong).to(to.device());
+  const at::Tensor idx = to_device(host_tensor(members, to.device()), to.device());
   const std::vector<at::Tensor> dst = parameters.blocks(to), src = parameters.blocks(from);
   for (size_t i = 0; i < dst.size(); ++i) dst[i].index_copy_(0, idx, src[i].index_select(0, idx));
 }
@@ -298,25 +326,27 @@ EpochReport EnsembleTrainer::run_epoch() {
     group_->all_reduce_mean_(mean, "training-loss all-reduce", steps_taken_ + report.steps);  // each rank saw its shard
     check_ranks_agree(steps_taken_ + report.steps);
   }
-  const at::Tensor val = val_x_.defined() ? steps_->evaluate(val_x_, val_y_).cpu() : at::Tensor();
+  const std::vector<double> train = read_to_host(losses.back().mean);  // already on the host (async readback)
+  const std::vector<double> val = val_x_.defined() ? read_to_host(steps_->evaluate(val_x_, val_y_)) : std::vector<double>{};
   ++epoch_;
   steps_taken_ += report.steps;
   report.epoch = epoch_;
   report.epochs = options_.epochs();
-  update_members(losses.back().mean, val, report);
+  update_members(train, val, report);
   return report;
 }
 
-void EnsembleTrainer::update_members(const at::Tensor& train_loss, const at::Tensor& val_loss, EpochReport& report) {
-  const auto train = train_loss.accessor<double, 1>();
+void EnsembleTrainer::update_members(const std::vector<double>& train, const std::vector<double>& val_loss,
+                                     EpochReport& report) {
+  const bool validating = !val_loss.empty();
   double train_sum = 0, val_sum = 0;
   int64_t trained = 0, validated = 0;
   std::vector<int64_t> improved, to_restore;
   for (int64_t k = 0; k < options_.members(); ++k) {
     MemberState& m = members_[k];
-    const double v = val_loss.defined() ? val_loss[k].item<double>() : 0.0;
+    const double v = validating ? val_loss[k] : 0.0;
     if (m.status != MemberStatus::kTraining) {
-      if (m.usable && val_loss.defined() && std::isfinite(v)) {
+      if (m.usable && validating && std::isfinite(v)) {
         val_sum += v;
         ++validated;
       }
@@ -336,7 +366,7 @@ void EnsembleTrainer::update_members(const at::Tensor& train_loss, const at::Ten
     }
     train_sum += train[k];
     ++trained;
-    if (!val_loss.defined()) continue;
+    if (!validating) continue;
     val_sum += v;
     ++validated;
     if (v < m.best_loss) {
@@ -356,12 +386,12 @@ void EnsembleTrainer::update_members(const at::Tensor& train_loss, const at::Ten
     copy_members(model_->parameters(), best_params_, flat, improved);
     copy_members(model_->parameters(), flat, best_params_, to_restore);
   }
-  at::Tensor mask = at::empty({options_.members()}, at::kLong);
-  for (int64_t k = 0; k < options_.members(); ++k) mask[k] = members_[k].status == MemberStatus::kTraining ? 1 : 0;
-  optimizer_->set_mask(mask.to(at::kBool));
-  report.active = mask.sum().item<int64_t>();
+  std::vector<bool> training(options_.members());
+  for (int64_t k = 0; k < options_.members(); ++k) training[k] = members_[k].status == MemberStatus::kTraining;
+  report.active = std::count(training.begin(), training.end(), true);
+  optimizer_->set_mask(host_tensor(training, flat.device()));  // one host->device copy, not waited for
   report.train_loss = trained > 0 ? train_sum / static_cast<double>(trained) : std::nan("");
-  if (val_loss.defined()) report.val_loss = validated > 0 ? val_sum / static_cast<double>(validated) : std::nan("");
+  if (validating) report.val_loss = validated > 0 ? val_sum / static_cast<double>(validated) : std::nan("");
   train_history_.push_back(report.train_loss);
   val_history_.push_back(report.val_loss);
 }

@@ -155,7 +155,8 @@ class EnsembleTrainer {
   void build_model(int64_t in_features);
   at::Tensor encode_targets(const at::Tensor& y, const char* what) const;  // standardized or class indices
   EpochReport run_epoch();
-  void update_members(const at::Tensor& train_loss, const at::Tensor& val_loss, EpochReport& report);
+  // Per-member losses of the epoch on the host (val empty without validation data).
+  void update_members(const std::vector<double>& train_loss, const std::vector<double>& val_loss, EpochReport& report);
   void restore_best_weights();
 
   EnsembleTrainerOptions options_;

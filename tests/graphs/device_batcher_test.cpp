@@ -123,16 +123,39 @@ TEST_P(DeviceBatcherTest, ActiveRowsPerMemberRestrictEachMembersEpochToItsOwnRow
   EXPECT_TRUE(all_equal(std::get<0>(batch.sort()), at::arange(20, 28, at::kLong)));
 }
 
-TEST_P(DeviceBatcherTest, RestoredGeneratorStateRepeatsTheNextOrders) {
+TEST_P(DeviceBatcherTest, RestoredOrderStateRepeatsTheNextOrders) {
   DeviceBatcher b(data(30), device(), 3, 5, BatchOrder::kBootstrap, 4);
   b.start_epoch();
-  const at::Tensor state = b.generator_state().clone();
+  const OrderState state = b.order_state();
+  EXPECT_EQ(state.seed, 4u);
+  EXPECT_EQ(state.epochs_drawn, 1);
   b.start_epoch();
   const at::Tensor next = b.epoch_order().cpu().clone();
   DeviceBatcher other(data(30), device(), 3, 5, BatchOrder::kBootstrap, 99);
-  other.set_generator_state(state);
+  other.restore_order_state(state);
   other.start_epoch();
   EXPECT_TRUE(all_equal(other.epoch_order().cpu(), next));
+  // Every epoch draws a different order (the per-epoch seeds differ).
+  other.start_epoch();
+  EXPECT_FALSE(all_equal(other.epoch_order().cpu(), next));
+}
+
+// The state is two integers whatever the device: one taken on the CPU restores on
+// this test's device and draws there what that device's batcher would draw.
+TEST_P(DeviceBatcherTest, OrderStateIsDeviceNeutral) {
+  DeviceBatcher cpu(data(30), c10::Device(c10::kCPU), 3, 5, BatchOrder::kPerMember, 4);
+  cpu.start_epoch();
+  cpu.start_epoch();
+  DeviceBatcher here(data(30), device(), 3, 5, BatchOrder::kPerMember, 4);
+  here.start_epoch();
+  here.start_epoch();
+  here.start_epoch();
+  const at::Tensor third = here.epoch_order().cpu().clone();
+  DeviceBatcher resumed(data(30), device(), 3, 5, BatchOrder::kPerMember, 77);
+  resumed.restore_order_state(cpu.order_state());
+  resumed.start_epoch();
+  EXPECT_TRUE(all_equal(resumed.epoch_order().cpu(), third));
+  EXPECT_THROW(resumed.restore_order_state({4, -1}), c10::Error);
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(DeviceBatcherTest);

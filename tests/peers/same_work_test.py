@@ -3,27 +3,66 @@
 
 packtrain's loss curve (`packtrain_peers reference`, the trainer's step) must be
 reproduced by the PyTorch peers trained from the same weights on the same batch;
-a peer with a 1% different learning rate must be refused; JAX is checked when it
-is importable (the benchmark installs it; the project's setup does not). And the
-one command's core, run_peers.py, must write a table, JSON and plot with figures.
+a peer with a 1% different learning rate must be refused; JAX — one step per jit
+call and lax.scan over U steps per call — is checked when it is importable, or
+installed where benchmarks/peers/run.sh puts it (its cached directory goes on
+PYTHONPATH, as run.sh does; the project's setup does not install JAX). Steps are
+counted U per call in the check and the timing. And the one command's core,
+run_peers.py, must write a table, JSON and plot with figures, run the peers'
+fastest forms first on K = 8, 64, 512, 4096, state the verdict, and under a time
+budget too small for anything record every variant as "not run: time budget" and
+still write its results.
 
 Usage: same_work_test.py BUILD_BIN_DIR   (packtrain_peers and packtrain_bench there)
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import unittest
 
+import numpy as np
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PEERS = os.path.join(ROOT, "benchmarks", "peers")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, PEERS)
+import peers  # noqa: E402
+import run_peers  # noqa: E402
+
 BIN = None
 
 
-def peer_check(peer, directory, *extra):
-    done = subprocess.run([sys.executable, os.path.join(PEERS, "peers.py"), peer, directory, "--check-only", *extra],
-                          capture_output=True, text=True, timeout=600)
+def jax_environment():
+    """The environment in which JAX and optax import: this one, or with run.sh's cached
+    install on PYTHONPATH; None when neither has them."""
+    probe = [sys.executable, "-c", "import jax, optax"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return dict(os.environ)
+    with open(os.path.join(PEERS, "run.sh")) as f:
+        script = f.read()
+    jax_version = re.search(r"^JAX_VERSION=(\S+)", script, re.M).group(1)
+    optax_version = re.search(r"^OPTAX_VERSION=(\S+)", script, re.M).group(1)
+    cache = os.environ.get("PACKTRAIN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "packtrain")
+    directory = os.path.join(cache, f"peers-jax-{jax_version}-optax-{optax_version}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (directory, os.environ.get("PYTHONPATH")) if p))
+    return env if subprocess.run(probe, capture_output=True, env=env).returncode == 0 else None
+
+
+JAX_ENV = jax_environment()
+NO_JAX = "JAX/optax not installed here (benchmarks/peers/run.sh installs them for the benchmark)"
+
+
+def run_peer(peer, directory, *extra, env=None):
+    return subprocess.run([sys.executable, os.path.join(PEERS, "peers.py"), peer, directory, *extra],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def peer_check(peer, directory, *extra, env=None):
+    done = run_peer(peer, directory, "--check-only", *extra, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -68,39 +107,213 @@ class SameWork(unittest.TestCase):
         self.assertNotIn("timing", result)
 
     def test_jax_does_the_same_work(self):
-        try:
-            import jax  # noqa: F401
-            import optax  # noqa: F401
-        except ImportError:
-            self.skipTest("JAX/optax not installed here (benchmarks/peers/run.sh installs them for the benchmark)")
-        self.assert_matches(peer_check("jax", self.ref))
+        if JAX_ENV is None:
+            self.skipTest(NO_JAX)
+        self.assert_matches(peer_check("jax", self.ref, env=JAX_ENV))
+
+    def test_jax_scan_does_the_same_work_every_step_of_each_call(self):
+        if JAX_ENV is None:
+            self.skipTest(NO_JAX)
+        for extra in (["--unroll", "4"], ["--unroll", "8", "--unroll-scan"]):
+            with self.subTest(options=" ".join(extra)):
+                result = peer_check("jax", self.ref, *extra, env=JAX_ENV)
+                self.assert_matches(result)
+                self.assertIn("lax.scan", result["impl"])
+                self.assertEqual(result["check"]["steps"], 15)
+                self.assertEqual(result["check"]["steps_run"], 16)  # whole calls: 4 x 4, 2 x 8
+
+    def test_jax_scan_is_refused_with_a_different_learning_rate(self):
+        if JAX_ENV is None:
+            self.skipTest(NO_JAX)
+        result = peer_check("jax", self.ref, "--unroll", "4", "--perturb-lr", "1.01", env=JAX_ENV)
+        self.assertFalse(result["check"]["passed"], result["check"])
+
+    def test_jax_scan_timing_counts_u_steps_per_call(self):
+        if JAX_ENV is None:
+            self.skipTest(NO_JAX)
+        done = run_peer("jax", self.ref, "--unroll", "4", "--repeats", "2", "--min-time", "0.01", env=JAX_ENV)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        timing = json.loads(done.stdout.strip().splitlines()[-1])["timing"]
+        self.assertEqual(timing["steps_per_call"], 4)
+        self.assertEqual(timing["steps_per_run"], 4 * timing["calls_per_run"])
+        self.assertGreater(timing["member_steps_per_s"], 0)
+
+    def test_unroll_is_refused_by_peers_with_one_step_per_call(self):
+        done = run_peer("torch-vmap", self.ref, "--unroll", "4", "--check-only")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("only torch-cudagraph and jax", done.stderr)
 
     def test_cuda_graph_peer_says_it_needs_a_gpu_on_cpu(self):
-        result = peer_check("torch-cudagraph", self.ref)
-        self.assertIn("CUDA", result["unsupported"])
+        for extra in ([], ["--unroll", "8"]):
+            with self.subTest(options=" ".join(extra)):
+                result = peer_check("torch-cudagraph", self.ref, *extra)
+                self.assertIn("CUDA", result["unsupported"])
+
+
+class UnrolledSteps(unittest.TestCase):
+    """check() and time_steps() on a stand-in peer taking U steps per call."""
+
+    class Peer:
+        def __init__(self, unroll, members):
+            self.unroll, self.members, self.steps_done = unroll, members, 0
+
+        def step(self):
+            first = self.steps_done
+            self.steps_done += self.unroll
+            return np.array([[1.0 / (1 + s + k) for k in range(self.members)]
+                             for s in range(first, first + self.unroll)])  # (U, K)
+
+        def losses_to_numpy(self, losses):
+            return np.atleast_2d(losses)
+
+        def synchronize(self):
+            pass
+
+    def reference(self, steps, members):
+        return {"losses": np.array([[1.0 / (1 + s + k) for k in range(members)] for s in range(steps)])}
+
+    def test_check_compares_every_step_of_every_call(self):
+        result = peers.check(self.Peer(8, 3), self.reference(20, 3))
+        self.assertTrue(result["passed"], result)
+        self.assertEqual((result["steps"], result["steps_run"]), (20, 24))
+        ref = self.reference(20, 3)
+        ref["losses"][13, 2] *= 1.01  # a step inside the second call
+        result = peers.check(self.Peer(8, 3), ref)
+        self.assertFalse(result["passed"])
+        self.assertEqual((result["worst"]["step"], result["worst"]["member"]), (13, 2))
+
+    def test_timing_counts_u_steps_per_call(self):
+        timing = peers.time_steps(self.Peer(8, 3), 3, repeats=2, min_time=0.001)
+        self.assertEqual(timing["steps_per_call"], 8)
+        self.assertEqual(timing["steps_per_run"], 8 * timing["calls_per_run"])
+
+
+class Plan(unittest.TestCase):
+    WORKLOADS = [dict(members=k, hidden=h, batch=128, depth=1)
+                 for k, h in ((1, 64), (8, 64), (64, 64), (64, 512), (512, 64), (4096, 64))]
+
+    def args(self, **overrides):
+        return run_peers.argparse.Namespace(**dict(dict(peers=None, check_steps=20, repeats=5, min_time=0.3),
+                                                   **overrides))
+
+    def test_default_unroll_is_packtrains(self):
+        with open(os.path.join(ROOT, "runtime", "trainers", "ensemble_steps.h")) as f:
+            default = int(re.search(r"kDefaultUnroll = (\d+);", f.read()).group(1))
+        self.assertEqual(run_peers.DEFAULT_UNROLL, default)
+
+    def test_fastest_forms_first_on_k_8_64_512_4096(self):
+        order = run_peers.plan(self.WORKLOADS, self.args(), 8)
+        first = [(w["members"], w["hidden"], v) for w, v in order[:12]]
+        self.assertEqual(first[:8], [(k, 64, v) for k in (8, 64, 512, 4096)
+                                     for v in ("torch-cudagraph:unrolled", "jax:scan")])
+        self.assertEqual(first[8:12], [(64, 512, "torch-cudagraph:unrolled"), (64, 512, "jax:scan"),
+                                       (1, 64, "torch-cudagraph:unrolled"), (1, 64, "jax:scan")])
+        self.assertEqual(order[-1][1], "torch-loop")
+        self.assertEqual(len(order), 6 * 9)  # every variant of every system on every workload
+
+    def test_unroll_1_drops_the_unrolled_forms_and_peers_selects(self):
+        order = run_peers.plan(self.WORKLOADS, self.args(peers=["jax", "torch-loop"]), 1)
+        self.assertEqual({v for _, v in order}, {"jax", "torch-loop"})
+
+    def test_budget_estimate_grows_with_the_workload(self):
+        budget = run_peers.Budget(100, self.args(), "cpu")
+        small, large = self.WORKLOADS[1], self.WORKLOADS[-1]
+        budget.record("torch-loop", small, 8, 12.0, {"timing": {"seconds_per_step": 0.004}})
+        self.assertAlmostEqual(budget.estimate("torch-loop", small, 8), 12.0, places=6)
+        self.assertGreater(budget.estimate("torch-loop", large, 8), 12.0 + 512 * 0.004 * 20)
+        budget.record("jax:scan", small, 8, 9.0, {"status": "error: x"})
+        self.assertGreaterEqual(budget.estimate("jax:scan", large, 8), 9.0)
+
+    def rows(self, jax_rate, jax_status="ok"):
+        def system(rate, status="ok", variant="jax:scan"):
+            return {"member_steps_per_s": rate, "status": status, "form": run_peers.form(variant, 8),
+                    "variants": {variant: {"status": status}}}
+        rows = []
+        for w in self.WORKLOADS[:3]:
+            systems = {"packtrain": {"member_steps_per_s": 100.0}}
+            for name, _ in run_peers.SYSTEMS:
+                systems[name] = system(50.0, variant="torch-vmap:fused")
+            if w["members"] == 64:
+                systems["JAX vmap + jit"] = system(jax_rate if jax_status == "ok" else None, jax_status)
+            rows.append({"workload": w, "systems": systems})
+        return rows
+
+    def test_verdict(self):
+        yes = run_peers.verdict(self.rows(90.0))
+        self.assertTrue(yes["leads"] and yes["complete"], yes)
+        self.assertEqual(yes["text"], "packtrain leads at every K ≥ 8: yes (K 8, K 64)")
+        no = run_peers.verdict(self.rows(120.0))
+        self.assertFalse(no["leads"])
+        self.assertIn("no (K 64: JAX vmap + jit (JAX lax.scan U=8) 1.20x packtrain)", no["text"])
+        partial = run_peers.verdict(self.rows(None, run_peers.NOT_RUN_BUDGET))
+        self.assertTrue(partial["leads"])
+        self.assertFalse(partial["complete"])
+        self.assertIn("not measured: K 64: jax:scan", partial["text"])
 
 
 class Harness(unittest.TestCase):
+    def run_peers(self, out, *extra, env=None):
+        done = subprocess.run([sys.executable, os.path.join(PEERS, "run_peers.py"), "--build-dir",
+                               os.path.dirname(BIN), "--device", "cpu", "--repeats", "1", "--min-time", "0.01",
+                               "--check-steps", "5", "--out", out, *extra], capture_output=True, text=True,
+                              timeout=900, env=env)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        with open(os.path.join(out, "results.json")) as f:
+            results = json.load(f)
+        with open(os.path.join(out, "results.md")) as f:
+            table = f.read()
+        with open(os.path.join(out, "results.svg")) as f:
+            svg = f.read()
+        self.assertTrue(svg.startswith("<svg") or svg.startswith("<?xml"), svg[:80])
+        return results, table, svg
+
     def test_run_peers_writes_table_json_and_plot(self):
+        selection = "torch-loop,torch-vmap:foreach,torch-cudagraph" + (",jax:scan" if JAX_ENV else "")
         with tempfile.TemporaryDirectory() as out:
-            subprocess.run([sys.executable, os.path.join(PEERS, "run_peers.py"), "--build-dir",
-                            os.path.dirname(BIN), "--device", "cpu", "--members", "1", "--peers",
-                            "torch-loop,torch-vmap:foreach", "--repeats", "1", "--min-time", "0.01",
-                            "--check-steps", "5", "--out", out], check=True, capture_output=True, timeout=900)
-            with open(os.path.join(out, "results.json")) as f:
-                results = json.load(f)
+            results, table, svg = self.run_peers(out, "--members", "1", "--peers", selection, env=JAX_ENV)
             row = next(r for r in results["rows"] if r["workload"]["members"] == 1)
             self.assertGreater(row["systems"]["packtrain"]["member_steps_per_s"], 0)
             self.assertGreater(row["systems"]["PyTorch loop"]["member_steps_per_s"], 0)
             self.assertEqual(row["systems"]["PyTorch loop"]["status"], "ok")
-            self.assertIsNone(row["systems"]["JAX vmap + jit"]["member_steps_per_s"])  # not selected
-            with open(os.path.join(out, "results.md")) as f:
-                table = f.read()
+            graphs = row["systems"]["vmap + torch.compile / CUDA graph"]
+            self.assertIsNone(graphs["member_steps_per_s"])  # no CUDA here
+            self.assertEqual(set(graphs["variants"]), {"torch-cudagraph", "torch-cudagraph:unrolled"})
+            self.assertEqual(graphs["status"], "not run: torch.cuda.graphs needs a CUDA device")
+            self.assertEqual(results["unroll"], run_peers.DEFAULT_UNROLL)
+            jax = row["systems"]["JAX vmap + jit"]
+            if JAX_ENV:
+                self.assertEqual(jax["status"], "ok", jax)
+                self.assertEqual(jax["form"], f"JAX lax.scan U={run_peers.DEFAULT_UNROLL}")
+                self.assertEqual(jax["variants"]["jax:scan"]["steps_per_call"], run_peers.DEFAULT_UNROLL)
+                self.assertIn("- JAX vmap + jit: JAX lax.scan U=8\n", table)
+            else:
+                self.assertEqual(jax["status"], "not selected")
             self.assertIn("| members | hidden | batch | packtrain |", table)
-            with open(os.path.join(out, "results.svg")) as f:
-                svg = f.read()
-            self.assertTrue(svg.startswith("<svg") or svg.startswith("<?xml"), svg[:80])
+            self.assertIn("packtrain leads at every K ≥ 8: not measured (no workload with K ≥ 8", table)
+            self.assertIn("- PyTorch loop: Python loop, torch.optim.AdamW per member\n", table)
             self.assertIn("PyTorch loop", svg)
+            self.assertIn("packtrain", svg)
+
+    def test_a_time_budget_too_small_runs_nothing_and_still_writes_results(self):
+        with tempfile.TemporaryDirectory() as out:
+            results, table, svg = self.run_peers(out, "--members", "1,8", "--peers", "torch-loop,torch-vmap",
+                                                 "--time-budget", "1")
+            self.assertEqual(results["time_budget_s"], 1)
+            self.assertEqual([r["workload"]["members"] for r in results["rows"]], [1, 8])
+            for row in results["rows"]:
+                self.assertGreater(row["systems"]["packtrain"]["member_steps_per_s"], 0)
+                for name in ("PyTorch loop", "torch.func vmap"):
+                    system = row["systems"][name]
+                    self.assertIsNone(system["member_steps_per_s"])
+                    self.assertEqual(system["status"], "not run: time budget")
+                    for variant in system["variants"].values():
+                        self.assertEqual(variant["status"], "not run: time budget")
+                        self.assertGreater(variant["estimate_s"], 0)
+            self.assertEqual(results["run_order"][0], "k8_h64_b128 torch-vmap:fused")  # the fastest forms first, K 8 first
+            self.assertFalse(results["verdict"]["complete"])
+            self.assertIn("not run: time budget", table)
+            self.assertIn("Time budget 1 s", table)
+            self.assertIn("not measured: K 8: torch-loop, torch-vmap:foreach, torch-vmap:fused", table)
             self.assertIn("packtrain", svg)
 
 

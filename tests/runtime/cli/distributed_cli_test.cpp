@@ -56,8 +56,11 @@ TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
   ASSERT_TRUE(parallel.is_object()) << launched.out;
   EXPECT_EQ(parallel["data_parallel"]["global_batch"], 64);
   EXPECT_EQ(parallel["data_parallel"]["per_rank_batch"], 32);
-  // Per-rank batch 32 on each of 2 ranks, gradients averaged: the batch-64 run.
-  const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-6 * std::abs(b); };
+  // Per-rank batch 32 on each of 2 ranks, gradients averaged: the batch-64 run, up to
+  // float32 rounding (two half-batch means averaged, not one sum) that 12 epochs can
+  // amplify where a ReLU sits at its kink: measured up to 5e-4 relative on one member.
+  // A real difference is far larger (batch 32 instead of 64: 5%).
+  const auto close = [](double a, double b) { return std::abs(a - b) <= 2e-3 * std::abs(b); };
   EXPECT_TRUE(close(parallel["ensemble"]["rmse"].get<double>(), single["ensemble"]["rmse"].get<double>()))
       << parallel["ensemble"] << " vs " << single["ensemble"];
   ASSERT_EQ(parallel["members"].size(), single["members"].size());

@@ -3,12 +3,15 @@
 // a checkpoint equal to an uninterrupted run, classification, bad checkpoints.
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/uci_dataset.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -197,6 +200,86 @@ TEST_P(EnsembleTrainerTest, ACheckpointForAnotherModelShapeOrOtherDataIsRefused)
   model_only.restore(*checkpoint);
   EXPECT_TRUE(all_close(model_only.predict(d.x).mean, trainer.predict(d.x).mean, 1e-6)) << "predictions survive the file";
   EXPECT_THROW(model_only.predict(d.x.narrow(1, 0, 2)), DataError) << "wrong feature count";
+  fs::remove(path);
+}
+
+// A checkpoint holds no device-specific state: one written on the CPU predicts and
+// resumes on this test's device, and one written here does on the CPU (on a GPU
+// machine the CUDA instance is CPU->CUDA and CUDA->CPU).
+TEST_P(EnsembleTrainerTest, ACheckpointResumesAndPredictsOnTheOtherDevice) {
+  const Data d = make_data(150, 30);
+  const c10::Device cpu(c10::kCPU);
+  for (const auto& [from, to] : {std::pair{cpu, device()}, std::pair{device(), cpu}}) {
+    SCOPED_TRACE(from.str() + " -> " + to.str());
+    const auto options = small_options(from).order(graphs::BatchOrder::kPerMember).patience(50);
+    const fs::path path = temp_file("moved.ckpt");
+    EnsembleTrainer first(options);
+    first.prepare(d.x, d.y, d.val_x, d.val_y);
+    first.train([](const EpochReport& r) { return r.epoch < 5; });
+    first.save(path);
+    const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
+
+    EnsembleTrainer model_only(EnsembleTrainer::checkpoint_options(*checkpoint).device(to).log(&ignore_log));
+    model_only.restore(*checkpoint);
+    // Same weights, another device's kernels: float32 rounding only.
+    EXPECT_TRUE(all_close(model_only.predict(d.val_x).mean.cpu(), first.predict(d.val_x).mean.cpu(), 1e-4));
+
+    EnsembleTrainer resumed(EnsembleTrainer::checkpoint_options(*checkpoint).device(to).log(&ignore_log));
+    resumed.prepare(d.x, d.y, d.val_x, d.val_y);
+    resumed.restore(*checkpoint);
+    EXPECT_EQ(resumed.steps().batcher().order_state().epochs_drawn, 5);
+    EXPECT_EQ(resumed.steps().batcher().device().type(), to.type());
+    EXPECT_TRUE(resumed.train());
+    EXPECT_EQ(resumed.epoch(), options.epochs());
+    EXPECT_EQ(resumed.steps().batcher().order_state().epochs_drawn, options.epochs());
+    ASSERT_EQ(resumed.val_loss_history().size(), static_cast<size_t>(options.epochs()));
+    EXPECT_LT(resumed.val_loss_history().back(), resumed.val_loss_history()[4]) << "kept learning after the move";
+    fs::remove(path);
+  }
+}
+
+// Checkpoints from before device-neutral orders hold the order generator's raw
+// state ("order_rng"); they still resume (orders re-drawn from the run's seed at
+// the epoch reached, and the log says so). One with no order state is refused.
+TEST_P(EnsembleTrainerTest, AnEarlierCheckpointWithARawGeneratorStateStillResumes) {
+  const Data d = make_data(150, 30);
+  const auto options = small_options(device()).epochs(8).patience(50);
+  const fs::path path = temp_file("earlier.ckpt");
+  {
+    EnsembleTrainer first(options);
+    first.prepare(d.x, d.y, d.val_x, d.val_y);
+    first.train([](const EpochReport& r) { return r.epoch < 3; });
+    first.save(path);
+  }
+  auto payload = load_checkpoint(path).toGenericDict();
+  (void)payload.erase("order_seed");
+  (void)payload.erase("order_epochs");
+  payload.insert("order_rng", at::make_generator<at::CPUGeneratorImpl>(1).get_state());
+  save_checkpoint(path, payload);
+
+  std::vector<std::string> logged;
+  EnsembleTrainer resumed(EnsembleTrainer::checkpoint_options(*EnsembleTrainer::read_checkpoint(path))
+                              .device(device())
+                              .log([&](const std::string& m) { logged.push_back(m); }));
+  resumed.prepare(d.x, d.y, d.val_x, d.val_y);
+  resumed.restore(*EnsembleTrainer::read_checkpoint(path));
+  EXPECT_EQ(resumed.steps().batcher().order_state().epochs_drawn, 3);
+  bool told = false;
+  for (const std::string& m : logged) told = told || m.find("earlier packtrain") != std::string::npos;
+  EXPECT_TRUE(told) << "the resume says its batch orders differ from the original run's";
+  EXPECT_TRUE(resumed.train());
+  EXPECT_EQ(resumed.epoch(), 8);
+
+  (void)payload.erase("order_rng");
+  save_checkpoint(path, payload);
+  EnsembleTrainer refused(options);
+  refused.prepare(d.x, d.y, d.val_x, d.val_y);
+  try {
+    refused.restore(*EnsembleTrainer::read_checkpoint(path));
+    ADD_FAILURE() << "restored without any batch-order state";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch-order state"), std::string::npos) << e.what();
+  }
   fs::remove(path);
 }
 
