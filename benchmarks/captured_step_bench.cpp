@@ -4,9 +4,12 @@
 // one replay per step, or one per U steps.
 //
 // Timing: manual, from CUDA events around each iteration's replays (device time);
-// host_us_per_step is the host time to issue them (no waiting). bound_us_per_step
-// is the memory-traffic bound of one step on this GPU (see bytes_per_step below and
-// benchmarks/RESULTS.md for the arithmetic); device_over_bound is the ratio.
+// host_us_per_step is the host time to issue them (no waiting). The memory-traffic
+// bound of one step (bytes_per_step below; benchmarks/RESULTS.md has the
+// arithmetic) at two bandwidths: bound_us_per_step at the theoretical peak (memory
+// clock x bus width) and copy_bound_us_per_step at the bandwidth a device-to-device
+// copy measures here; device_over_bound and device_over_copy_bound are the ratios.
+// <kind>_nodes_per_step: the graph's nodes per step by kind (kernel, memset, ...).
 #include "benchmarks/captured_step_bench.h"
 
 #include "packtrain/graphs/captured_step.h"
@@ -49,6 +52,41 @@ double peak_bandwidth(int device) {
   return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0);  // double data rate
 }
 
+// Measured DRAM bandwidth in bytes/s: the best of a few device-to-device copies of
+// 1 GiB (each byte read once and written once: 2 GiB of traffic per copy) —
+// what streaming kernels can reach on this GPU, usually 85-95% of the peak. Once
+// per process.
+double copy_bandwidth(int device) {
+  static double measured = -1;
+  if (measured >= 0) return measured;
+  measured = 0;
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&src, bytes) != cudaSuccess ||
+      cudaMalloc(&dst, bytes) != cudaSuccess || cudaEventCreate(&start) != cudaSuccess ||
+      cudaEventCreate(&stop) != cudaSuccess) {
+    (void)cudaGetLastError();
+  } else {
+    float best_ms = 0;
+    for (int i = 0; i < 6; ++i) {  // the first warms up
+      cudaEventRecord(start);
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (i > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+    }
+    if (best_ms > 0) measured = 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+  }
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (src != nullptr) cudaFree(src);
+  if (dst != nullptr) cudaFree(dst);
+  return measured;
+}
+
 void run_captured(benchmark::State& state, c10::Device device, int64_t depth, int64_t unroll) {
   const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2);
   runtime::SyntheticWorkload w(runtime::WorkloadOptions()
@@ -84,10 +122,24 @@ void run_captured(benchmark::State& state, c10::Device device, int64_t depth, in
   state.counters["host_us_per_step"] = host_us / steps;
   state.counters["device_us_per_step"] = device_us / steps;
   state.counters["graph_nodes_per_step"] = static_cast<double>(step.graph_nodes()) / static_cast<double>(unroll);
+  for (const auto& [kind, n] : step.graph_nodes_by_kind()) {
+    state.counters[kind + "_nodes_per_step"] = static_cast<double>(n) / static_cast<double>(unroll);
+  }
   const double bytes = bytes_per_step(members, batch, 8, hidden, depth);
-  const double bandwidth = peak_bandwidth(device.index() < 0 ? 0 : device.index());
+  const int index = device.index() < 0 ? 0 : device.index();
+  const double peak = peak_bandwidth(index), copy = copy_bandwidth(index);
+  const double step_us = device_us / steps;
   state.counters["bytes_per_step"] = bytes;
-  if (bandwidth > 0) state.counters["bound_us_per_step"] = bytes / bandwidth * 1e6;
+  if (peak > 0) {
+    state.counters["peak_bandwidth_gb_s"] = peak * 1e-9;
+    state.counters["bound_us_per_step"] = bytes / peak * 1e6;
+    state.counters["device_over_bound"] = step_us / (bytes / peak * 1e6);
+  }
+  if (copy > 0) {
+    state.counters["copy_bandwidth_gb_s"] = copy * 1e-9;
+    state.counters["copy_bound_us_per_step"] = bytes / copy * 1e6;
+    state.counters["device_over_copy_bound"] = step_us / (bytes / copy * 1e6);
+  }
   state.SetLabel(device.str() + " unroll " + std::to_string(unroll));
 }
 

@@ -118,6 +118,13 @@ void Args(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// The captured families add K = 2048, for the scaling target (K = 2048 step <= 2x
+// the K = 1 step).
+void CapturedArgs(benchmark::internal::Benchmark* b) {
+  Args(b);
+  b->Args({2048, 64, 128});
+}
+
 int64_t bench_unroll() {
   const char* env = std::getenv("PACKTRAIN_BENCH_UNROLL");
   return env != nullptr ? std::stoll(env) : packtrain::runtime::kDefaultUnroll;
@@ -139,7 +146,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
   const c10::Device device = bench_device();
   if (device.is_cuda()) {
-    packtrain::benchmarks::register_captured_step_benchmarks(device, bench_depth(), bench_unroll(), Args);
+    packtrain::benchmarks::register_captured_step_benchmarks(device, bench_depth(), bench_unroll(), CapturedArgs);
     benchmark::AddCustomContext("unroll", std::to_string(bench_unroll()));
   } else {
     std::fprintf(stderr, "PackedGraph, PackedGraphUnrolled: not run (CUDA graphs need a CUDA device; this run is on %s)\n",

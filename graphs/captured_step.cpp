@@ -197,6 +197,33 @@ void CapturedStep::warm_up() {
   ++warmed_up_;
 }
 
+namespace {
+// The captured graph's nodes by kind: what a step costs the device besides its
+// kernels (each memset or copy node is a launch of its own on replay).
+std::vector<std::pair<std::string, int64_t>> count_nodes_by_kind(cudaGraph_t graph) {
+  size_t n = 0;
+  AT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) AT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::vector<std::pair<std::string, int64_t>> counts{{"kernel", 0}, {"memset", 0}, {"memcpy", 0},
+                                                      {"event", 0},  {"host", 0},   {"other", 0}};
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    AT_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    switch (type) {
+      case cudaGraphNodeTypeKernel: ++counts[0].second; break;
+      case cudaGraphNodeTypeMemset: ++counts[1].second; break;
+      case cudaGraphNodeTypeMemcpy: ++counts[2].second; break;
+      case cudaGraphNodeTypeEventRecord:
+      case cudaGraphNodeTypeWaitEvent: ++counts[3].second; break;
+      case cudaGraphNodeTypeHost: ++counts[4].second; break;
+      default: ++counts[5].second; break;
+    }
+  }
+  return counts;
+}
+}  // namespace
+
 void CapturedStep::capture() {
   {
     PACKTRAIN_NVTX_RANGE("capture");
@@ -233,10 +260,10 @@ void CapturedStep::capture() {
       }
       graph->capture_end();
     });
-    size_t nodes = 0;
-    AT_CUDA_CHECK(cudaGraphGetNodes(graph->raw_cuda_graph(), nullptr, &nodes));
+    graph_nodes_by_kind_ = count_nodes_by_kind(graph->raw_cuda_graph());
+    graph_nodes_ = 0;
+    for (const auto& [kind, n] : graph_nodes_by_kind_) graph_nodes_ += n;
     graph->instantiate();
-    graph_nodes_ = static_cast<int64_t>(nodes);
     cuda_->graph = std::move(graph);
     mode_ = StepMode::kGraph;
     ++captures_;

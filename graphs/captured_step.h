@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace packtrain::graphs {
@@ -75,6 +76,10 @@ class CapturedStep {
   const std::string& eager_reason() const { return eager_reason_; }
   // Nodes (kernels, memsets, copies) of the captured graph; 0 before capture.
   int64_t graph_nodes() const { return graph_nodes_; }
+  // The same by kind (cudaGraphNodeGetType), in a fixed order: kernel, memset,
+  // memcpy, event (record/wait), host, other (empty, child graph, allocation, ...).
+  // Zeros before capture.
+  const std::vector<std::pair<std::string, int64_t>>& graph_nodes_by_kind() const { return graph_nodes_by_kind_; }
   int64_t calls() const { return calls_; }
   // Graphs captured so far: 1 once replaying, never more (re-initializing state in
   // place keeps the graph).
@@ -99,6 +104,7 @@ class CapturedStep {
   int64_t warmed_up_ = 0;
   int64_t calls_ = 0;
   int64_t graph_nodes_ = 0;
+  std::vector<std::pair<std::string, int64_t>> graph_nodes_by_kind_;
   int64_t captures_ = 0;
   struct Graph;  // side stream and at::cuda::CUDAGraph, kept out of this header
   std::unique_ptr<Graph> cuda_;

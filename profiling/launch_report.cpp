@@ -93,15 +93,28 @@ std::string LaunchReport::verdict() const {
 namespace {
 nlohmann::json cost_json(const std::optional<StepCost>& cost) {
   if (!cost) return nullptr;
-  return {{"host_us_per_step", cost->host_us_per_step},
-          {"device_us_per_step", cost->device_us_per_step},
-          {"kernels_per_step", cost->kernels_per_step}};
+  nlohmann::json j = {{"host_us_per_step", cost->host_us_per_step},
+                      {"device_us_per_step", cost->device_us_per_step},
+                      {"kernels_per_step", cost->kernels_per_step}};
+  if (!cost->nodes_by_kind.empty()) {
+    nlohmann::json kinds = nlohmann::json::object();
+    for (const auto& [kind, n] : cost->nodes_by_kind) kinds[kind] = n;
+    j["nodes_per_step_by_kind"] = kinds;
+  }
+  return j;
 }
 
 std::string cost_line(const char* name, const std::optional<StepCost>& cost, const char* kernels) {
   if (!cost) return fmt::format("  {:<6} not measured\n", name);
-  return fmt::format("  {:<6} host {:>10.1f} us/step   device {:>10.1f} us/step   {:>7.1f} {} per step\n", name,
-                     cost->host_us_per_step, cost->device_us_per_step, cost->kernels_per_step, kernels);
+  std::string line = fmt::format("  {:<6} host {:>10.1f} us/step   device {:>10.1f} us/step   {:>7.1f} {} per step\n",
+                                 name, cost->host_us_per_step, cost->device_us_per_step, cost->kernels_per_step,
+                                 kernels);
+  if (!cost->nodes_by_kind.empty()) {
+    line += "         graph nodes per step:";
+    for (const auto& [kind, n] : cost->nodes_by_kind) line += fmt::format(" {} {:.1f}", kind, n);
+    line += "\n";
+  }
+  return line;
 }
 }  // namespace
 

@@ -10,6 +10,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace packtrain::profiling {
 
@@ -17,6 +19,9 @@ struct StepCost {
   double host_us_per_step = 0;    // host time to issue one step, without waiting for it
   double device_us_per_step = 0;  // device time per step in a steady loop (CUDA events; CPU: host clock)
   double kernels_per_step = 0;    // CUDA: graph nodes (kernels, memsets, copies); CPU: ATen ops dispatched
+  // CUDA graphs: the nodes per step by kind ("kernel", "memset", "memcpy", ...), in
+  // that order; empty for an eager step.
+  std::vector<std::pair<std::string, double>> nodes_by_kind;
 };
 
 // Calls `step` `warmup` times, then `steps` times between a host clock and a

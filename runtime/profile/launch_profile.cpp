@@ -38,6 +38,9 @@ profiling::StepCost measure_graph(const ProfileRequest& request, int64_t* nodes_
   profiling::StepCost cost =
       profiling::measure_step_cost([&] { step.run(); }, w.options().device(), request.steps, 1, U);
   cost.kernels_per_step = static_cast<double>(step.graph_nodes()) / static_cast<double>(U);
+  for (const auto& [kind, n] : step.graph_nodes_by_kind()) {
+    cost.nodes_by_kind.emplace_back(kind, static_cast<double>(n) / static_cast<double>(U));
+  }
   if (nodes_single_step != nullptr) {
     // Kernels of one eager step: the nodes of a one-step graph of the same workload.
     if (U == 1) {

@@ -2,9 +2,11 @@
 # Run HERE (the development machine): downloads Debian's .deb files of the build and
 # test dependencies the GPU machine lacks (fmt, GoogleTest/GMock, Google Benchmark,
 # CLI11, nlohmann-json, ccache is not needed) into .device/debs/, which .gitignore
-# keeps out of git and the device tool carries (carry: [".device"]); and the wheels
-# of the pure-Python optax and absl-py into .device/wheels/ for the peers benchmark
-# (the GPU machine has JAX; optax may be missing and it has no network).
+# keeps out of git; and the wheels of the pure-Python optax and absl-py into
+# .device/wheels/ for the peers benchmark (the GPU image has JAX and optax today; it
+# has no network). Only for the fallback, building on the GPU machine
+# (scripts/device/build_on_device.sh, carry: [".device/debs", ".device/wheels"]); the
+# usual way carries the bundle of scripts/device/bundle.sh (scripts/device/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/debs

@@ -28,6 +28,12 @@ std::vector<c10::Device> test_devices();
 std::string device_unavailable_reason(const c10::Device& device);
 std::string device_name(const ::testing::TestParamInfo<c10::Device>& info);
 
+// $NAME when set and not empty, else `fallback`: how a test reads a path compiled
+// into it (PACKTRAIN_BINARY, PACKTRAIN_SOURCE_DIR, PACKTRAIN_TEST_PYTHON), so that
+// binaries built on one machine run from a bundle on another
+// (scripts/device/bundle.sh).
+std::string env_or(const char* name, const std::string& fallback);
+
 // A fresh directory under the system temp dir (prefix + random suffix), removed with
 // its files when the object goes — file by file: libtorch exports a broken copy of
 // std::filesystem::remove_all that interposes on libstdc++'s.

@@ -14,6 +14,32 @@
 
 namespace packtrain::cli_testing {
 
+using packtrain::testing::env_or;
+
+const std::string& binary() {
+  static const std::string path = env_or("PACKTRAIN_BINARY", PACKTRAIN_BINARY);
+  return path;
+}
+
+const std::string& source_dir() {
+  static const std::string path = env_or("PACKTRAIN_SOURCE_DIR", PACKTRAIN_SOURCE_DIR);
+  return path;
+}
+
+const std::string& data_dir() {
+  static const std::string path = env_or("PACKTRAIN_DATA_DIR", PACKTRAIN_SOURCE_DATA_DIR);
+  return path;
+}
+
+const std::string& test_python() {
+#ifdef PACKTRAIN_TEST_PYTHON
+  static const std::string path = env_or("PACKTRAIN_TEST_PYTHON", PACKTRAIN_TEST_PYTHON);
+#else
+  static const std::string path = env_or("PACKTRAIN_TEST_PYTHON", "");
+#endif
+  return path;
+}
+
 Result run_command(const std::string& command) {
   std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   EXPECT_NE(pipe, nullptr);
@@ -24,10 +50,10 @@ Result run_command(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-Result run(const std::string& args) { return run_command(std::string(PACKTRAIN_BINARY) + " " + args); }
+Result run(const std::string& args) { return run_command(binary() + " " + args); }
 
 nlohmann::json run_json(const std::string& args) {
-  std::FILE* pipe = ::popen((std::string(PACKTRAIN_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
+  std::FILE* pipe = ::popen((binary() + " " + args + " 2>/dev/null").c_str(), "r");
   std::string out;
   std::array<char, 4096> buffer{};
   while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) out += buffer.data();
@@ -38,7 +64,7 @@ nlohmann::json run_json(const std::string& args) {
 std::string with_env(const Env& env, const std::string& args) {
   std::string line = "env";
   for (const auto& [name, value] : env) line += " " + name + "=" + value;
-  return line + " " + PACKTRAIN_BINARY + " " + args;
+  return line + " " + binary() + " " + args;
 }
 
 Result run_with_env(const Env& env, const std::string& args) { return run_command(with_env(env, args)); }
@@ -132,7 +158,7 @@ Cli::Cli()
     : temp_(std::string("packtrain_cli_test_") + ::testing::UnitTest::GetInstance()->current_test_info()->name()) {}
 
 std::string Cli::concrete_csv(const std::string& name, int rows, bool with_target) const {
-  std::ifstream in(std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/concrete/data.txt");
+  std::ifstream in(data_dir() + "/concrete/data.txt");
   std::string out = "cement,slag,ash,water,plasticizer,coarse,fine,age";
   out += with_target ? ",strength\n" : "\n";
   std::string line;

@@ -7,7 +7,8 @@
 //
 // PACKTRAIN_BINARY, PACKTRAIN_SOURCE_DIR and PACKTRAIN_SOURCE_DATA_DIR (and
 // PACKTRAIN_TEST_PYTHON where a Python was found) are compile definitions of the
-// cli_tests target.
+// cli_tests target; environment variables of the same names (PACKTRAIN_DATA_DIR
+// for the data) override them at run time (binary(), source_dir() ... below).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,6 +25,17 @@
 namespace packtrain::cli_testing {
 
 namespace fs = std::filesystem;
+
+// --- where things are: $NAME if set, else the compiled-in path
+
+// The packtrain binary ($PACKTRAIN_BINARY).
+const std::string& binary();
+// The source tree ($PACKTRAIN_SOURCE_DIR), for its scripts.
+const std::string& source_dir();
+// The bundled data ($PACKTRAIN_DATA_DIR, as packtrain itself reads it).
+const std::string& data_dir();
+// A Python with torch and numpy ($PACKTRAIN_TEST_PYTHON); empty when none.
+const std::string& test_python();
 
 // --- running packtrain
 

@@ -32,13 +32,14 @@ struct Interrupted {
 // `progress` (training is under way), sends one SIGINT and reads what it said.
 Interrupted interrupt(const std::vector<std::string>& args, const fs::path& log, const fs::path& err,
                       const std::string& progress) {
+  const std::string& exe = binary();
   const pid_t child = fork();
   if (child == 0) {
     if (freopen(err.c_str(), "w", stderr) == nullptr) _exit(126);
-    std::vector<char*> argv{const_cast<char*>(PACKTRAIN_BINARY)};
+    std::vector<char*> argv{const_cast<char*>(exe.c_str())};
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv(PACKTRAIN_BINARY, argv.data());
+    execv(exe.c_str(), argv.data());
     _exit(127);
   }
   Interrupted out;

@@ -84,10 +84,11 @@ TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
 
 TEST_F(Cli, CtrlCSavesACheckpointThatResumes) {
   const std::string ckpt = path("int.ckpt"), log = path("progress.log");
+  const std::string& exe = binary();
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    execl(PACKTRAIN_BINARY, PACKTRAIN_BINARY, "train", "--epochs", "100000", "--members", "2", "--device", "cpu",
+    execl(exe.c_str(), exe.c_str(), "train", "--epochs", "100000", "--members", "2", "--device", "cpu",
           "--quiet", "--checkpoint", ckpt.c_str(), "--log", log.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -113,16 +114,16 @@ TEST_F(Cli, CtrlCSavesACheckpointThatResumes) {
 }
 
 TEST_F(Cli, PythonLoadsAnExportAndPredictsTheSame) {
-#ifndef PACKTRAIN_TEST_PYTHON
-  GTEST_SKIP() << "no Python with torch and numpy was found at configure time";
-#else
+  if (test_python().empty()) {
+    GTEST_SKIP() << "no Python with torch and numpy was found at configure time (set PACKTRAIN_TEST_PYTHON)";
+  }
   const std::string ckpt = path("m.ckpt");
   ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
   const Result exported = run("export " + ckpt + " " + path("m.pt"));
   ASSERT_EQ(exported.status, 0) << exported.out;
   const std::string input = concrete_csv("in.csv", 30, false);
   ASSERT_EQ(run("predict " + ckpt + " " + input + " -o " + path("cpp.csv")).status, 0);
-  const Result py = run_command(std::string(PACKTRAIN_TEST_PYTHON) + " " + PACKTRAIN_SOURCE_DIR +
+  const Result py = run_command(test_python() + " " + source_dir() +
                                 "/scripts/load_packtrain_export.py " + path("m.pt") + " " + input + " > " +
                                 path("py.csv"));
   ASSERT_EQ(py.status, 0) << py.out;
@@ -141,7 +142,6 @@ TEST_F(Cli, PythonLoadsAnExportAndPredictsTheSame) {
     ++rows;
   }
   EXPECT_EQ(rows, 30);
-#endif
 }
 
 TEST_F(Cli, ConfigFileGivesFlagsAndRejectsUnknownKeys) {

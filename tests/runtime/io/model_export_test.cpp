@@ -137,14 +137,19 @@ CommandResult run_command(const std::string& command) {
 
 std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
 
-// Empty when the Python the build found can run the checks, else why not.
+// The Python with torch and numpy ($PACKTRAIN_TEST_PYTHON, else the one the build
+// found) and the source tree holding the scripts ($PACKTRAIN_SOURCE_DIR, else this one).
+std::string test_python() { return packtrain::testing::env_or("PACKTRAIN_TEST_PYTHON", PACKTRAIN_PYTHON); }
+fs::path source_tree() { return packtrain::testing::env_or("PACKTRAIN_SOURCE_DIR", PACKTRAIN_SOURCE_DIR); }
+
+// Empty when that Python can run the checks, else why not.
 std::string python_unavailable_reason() {
-  const std::string python = PACKTRAIN_PYTHON;
+  const std::string python = test_python();
   if (python.empty()) {
     return "no Python with torch and numpy was found at configure time (see PACKTRAIN_TEST_PYTHON in "
-           "tests/CMakeLists.txt)";
+           "tests/CMakeLists.txt; the variable of that name chooses one at run time)";
   }
-  if (::access(python.c_str(), X_OK) != 0) return "the Python found at configure time, " + python + ", is gone";
+  if (::access(python.c_str(), X_OK) != 0) return "the test Python, " + python + ", is not there";
   return {};
 }
 
@@ -176,10 +181,10 @@ class ModelExport : public ExportDir, public ::testing::WithParamInterface<Expor
     write_csv(dir_ / "raw.csv", raw.reshape({-1, c.out_features}));
     write_csv(dir_ / "predictions.csv", expected_predictions(raw, extras));
 
-    const CommandResult r = run_command(std::string(PACKTRAIN_PYTHON) + " " +
-                                        quoted(fs::path(PACKTRAIN_SOURCE_DIR) / "tests/runtime/io/check_export.py") + " " +
-                                        quoted(dir_ / "model.pt") + " " + quoted(dir_ / "input.csv") + " " +
-                                        quoted(dir_ / "raw.csv") + " " + quoted(dir_ / "predictions.csv"));
+    const fs::path checker = source_tree() / "tests/runtime/io/check_export.py";
+    const CommandResult r = run_command(test_python() + " " + quoted(checker) + " " + quoted(dir_ / "model.pt") + " " +
+                                        quoted(dir_ / "input.csv") + " " + quoted(dir_ / "raw.csv") + " " +
+                                        quoted(dir_ / "predictions.csv"));
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr("checked " + std::to_string(ids.size()) + " members")) << r.output;
   }
@@ -200,8 +205,7 @@ TEST_P(ModelExport, CommandLinePrintsCsv) {
   const ExportExtras extras = extras_for(c);
   export_for_pytorch(dir_ / "model.pt", perturbed_pack(c), {}, extras);
   write_csv(dir_ / "input.csv", at::randn({kBatch, kIn}, at::kDouble));
-  const CommandResult r = run_command(std::string(PACKTRAIN_PYTHON) + " " +
-                                      quoted(fs::path(PACKTRAIN_SOURCE_DIR) / "scripts/load_packtrain_export.py") +
+  const CommandResult r = run_command(test_python() + " " + quoted(source_tree() / "scripts/load_packtrain_export.py") +
                                       " " + quoted(dir_ / "model.pt") + " " + quoted(dir_ / "input.csv"));
   ASSERT_EQ(r.exit_status, 0) << r.output;
   std::istringstream lines(r.output);

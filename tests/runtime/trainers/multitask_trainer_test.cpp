@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -46,6 +47,17 @@ LabelledTexts synthetic(int64_t n, uint64_t seed) {
 }
 
 void ignore_log(const std::string&) {}
+
+// Two runs of the same steps agree to within this in the weights. CPU: the same
+// kernels in the same order, so float rounding alone (1e-6 leaves room for the
+// reduction order of a grouped vs. plain all-reduce of one). CUDA: the attention
+// backward (the memory-efficient kernel splits keys and adds with atomics) and the
+// embedding gradient (index_add_) add in a run-dependent order, so each step's
+// gradient differs in its last bits (~1e-7 relative); over these tests' <= 3 epochs
+// of Adam at lr 3e-3 that stays near 1e-6 in the weights. 1e-4 leaves that margin
+// and is still 30x below one Adam step's change (lr 3e-3), so a missed, repeated or
+// wrong step fails.
+double equal_runs_tolerance(const c10::Device& device) { return device.is_cuda() ? 1e-4 : 1e-6; }
 
 MultiTaskTrainerOptions tiny(c10::Device device) {
   return MultiTaskTrainerOptions()
@@ -121,10 +133,12 @@ TEST_P(MultiTaskTrainerTest, CapturedStepEqualsEagerStep) {
     eager.set_training_data(train);
     for (int e = 0; e < 2; ++e) {
       const MultiTaskEpochReport a = captured.train_epoch(), b = eager.train_epoch();
-      EXPECT_NEAR(a.classification_loss, b.classification_loss, 1e-5) << "shared " << shared;
-      EXPECT_NEAR(a.lm_loss, b.lm_loss, 1e-5) << "shared " << shared;
+      EXPECT_NEAR(a.classification_loss, b.classification_loss, std::max(1e-5, equal_runs_tolerance(device())))
+          << "shared " << shared;
+      EXPECT_NEAR(a.lm_loss, b.lm_loss, std::max(1e-5, equal_runs_tolerance(device()))) << "shared " << shared;
     }
-    EXPECT_TRUE(all_close(captured.model().parameters().flat(), eager.model().parameters().flat(), 1e-5))
+    EXPECT_TRUE(all_close(captured.model().parameters().flat(), eager.model().parameters().flat(),
+                          std::max(1e-5, equal_runs_tolerance(device()))))
         << "shared " << shared;
     EXPECT_EQ(captured.training_graphs(), 2u) << "one graph per length bucket";
   }
@@ -143,9 +157,10 @@ TEST_P(MultiTaskTrainerTest, GroupOfOneEqualsNoGroupWithTheAllReduceInsideTheGra
   grouped.set_training_data(train);
   for (int e = 0; e < 2; ++e) {
     const MultiTaskEpochReport a = alone.train_epoch(), b = grouped.train_epoch();
-    EXPECT_NEAR(b.lm_loss, a.lm_loss, 1e-6);
+    EXPECT_NEAR(b.lm_loss, a.lm_loss, equal_runs_tolerance(device()));
   }
-  EXPECT_TRUE(all_close(grouped.model().parameters().flat(), alone.model().parameters().flat(), 1e-6));
+  EXPECT_TRUE(all_close(grouped.model().parameters().flat(), alone.model().parameters().flat(),
+                        equal_runs_tolerance(device())));
   EXPECT_GE(group->calls(), 2);  // the broadcast and the recorded all-reduces went through the group
   EXPECT_EQ(grouped.training_graphs(), 2u) << "one graph per length bucket, the all-reduce inside";
 }
@@ -216,7 +231,8 @@ TEST_P(MultiTaskTrainerTest, CheckpointRoundTripsAndResumesExactly) {
   resumed->set_training_data(train);
   straight.train_epoch();
   resumed->train_epoch();
-  EXPECT_TRUE(all_close(resumed->model().parameters().flat(), straight.model().parameters().flat(), 1e-6));
+  EXPECT_TRUE(all_close(resumed->model().parameters().flat(), straight.model().parameters().flat(),
+                        equal_runs_tolerance(device())));
 }
 
 TEST_P(MultiTaskTrainerTest, EagerStepsSayWhyInTheLog) {
