@@ -52,6 +52,19 @@ struct MultiTaskTrainer::Bucket {
   int64_t size() const { return static_cast<int64_t>(index.size()); }
 };
 
+// The captured decode step and the buffers it reads and writes, kept across
+// generate() calls: one per decoding kind (greedy, or sampled with a given top-k;
+// captured or not), so a later call replays its graph at once — the prompt, the
+// temperature and the noise are written into the buffers, never into the graph.
+struct MultiTaskTrainer::DecodeSession {
+  bool sampled = false;
+  ensemble::KvCache cache;
+  at::Tensor token, position, step_index;  // (K, 1), (1), (1) int64
+  at::Tensor generated;                    // (max_length, K) int64: the tokens drawn
+  at::Tensor noise, temperature;           // sampled: (max_length, K, V) Gumbel noise, () temperature
+  std::unique_ptr<graphs::CapturedStep> step;
+};
+
 void MultiTaskTrainerOptions::validate() const {
   model().validate();  // "transformer: <field> must be ..., got <value>"
   TORCH_CHECK(batch_size() > 0, "batch_size must be positive, got batch_size=", batch_size());
@@ -366,6 +379,58 @@ at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
   return out;
 }
 
+MultiTaskTrainer::DecodeSession& MultiTaskTrainer::decode_session(const GenerateOptions& g) {
+  const int64_t max_length = options_.model().max_length(), V = options_.model().vocab(), K = model_->members();
+  const bool sampled = g.temperature > 0;
+  const int64_t top_k = sampled && g.top_k > 0 && g.top_k < V ? g.top_k : 0;
+  std::unique_ptr<DecodeSession>& slot = decode_sessions_[{sampled, top_k, g.capture}];
+  if (slot) return *slot;
+  auto s = std::make_unique<DecodeSession>();
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
+  const auto reals = at::TensorOptions().dtype(options_.model().dtype()).device(device_);
+  s->sampled = sampled;
+  s->cache = model_->make_cache(1);
+  s->token = at::zeros({K, 1}, longs);
+  s->position = at::zeros({1}, longs);
+  s->step_index = at::zeros({1}, longs);
+  s->generated = at::full({max_length, K}, ByteTokenizer::kEos, longs);
+  if (sampled) {
+    s->noise = at::zeros({max_length, K, V}, reals);
+    s->temperature = at::ones({}, reals);
+  }
+  DecodeSession* d = s.get();
+  const auto body = [this, d, K, V, top_k](const std::vector<at::Tensor>&) {
+    const at::Tensor hidden = model_->decode_step(d->token, d->position, d->cache);  // (K, 1, d)
+    at::Tensor logits = model_->lm_logits(hidden.unsqueeze(2)).view({K, V});
+    at::Tensor next;
+    if (!d->sampled) {
+      next = logits.argmax(-1);
+    } else {
+      at::Tensor z = logits / d->temperature;
+      if (top_k > 0) {
+        const at::Tensor kth = std::get<0>(z.topk(top_k, -1)).narrow(-1, top_k - 1, 1);
+        z = z.masked_fill(z < kth, -std::numeric_limits<double>::infinity());
+      }
+      next = (z + d->noise.index_select(0, d->step_index).view({K, V})).argmax(-1);
+    }
+    d->generated.index_copy_(0, d->step_index, next.view({1, K}));
+    d->token.copy_(next.view({K, 1}));
+    d->position.add_(1);
+    d->step_index.add_(1);
+  };
+  // An eager decode step (CPU, capture off, a failed capture) says why in the log, once.
+  s->step = std::make_unique<graphs::CapturedStep>("decode", device_, std::vector<graphs::StaticInput>{}, body,
+                                                   graphs::CaptureOptions().capture(g.capture).log(options_.log()));
+  slot = std::move(s);
+  return *slot;
+}
+
+int64_t MultiTaskTrainer::decode_graphs_captured() const {
+  int64_t n = 0;
+  for (const auto& [key, session] : decode_sessions_) n += session->step->captures();
+  return n;
+}
+
 std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, const GenerateOptions& g) {
   if (g.max_new_tokens < 1) throw std::invalid_argument("generate: max_new_tokens must be >= 1");
   if (!(g.temperature >= 0)) throw std::invalid_argument("generate: temperature must be >= 0");
@@ -382,57 +447,38 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
   const int64_t steps = std::min(g.max_new_tokens, max_length - n + 1);
   at::NoGradGuard no_grad;
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
-  ensemble::KvCache cache = model_->make_cache(1);
+  DecodeSession& session = decode_session(g);
   // The prompt but its last token fills the cache; the last one is the first input
-  // of the sampling steps.
-  at::Tensor position = at::zeros({1}, longs);
+  // of the sampling steps. (Cache entries past the position are masked: no reset.)
   for (int64_t i = 0; i + 1 < n; ++i) {
-    position.fill_(i);
-    model_->decode_step(at::full({K, 1}, ids[static_cast<size_t>(i)], longs), position, cache);
+    session.position.fill_(i);
+    model_->decode_step(at::full({K, 1}, ids[static_cast<size_t>(i)], longs), session.position, session.cache);
   }
-  at::Tensor token = at::full({K, 1}, ids.back(), longs);
-  position.fill_(n - 1);
-  at::Tensor step_index = at::zeros({1}, longs);
-  at::Tensor generated = at::full({steps, K}, ByteTokenizer::kEos, longs);
-  at::Tensor noise;
-  if (g.temperature > 0) {
+  session.token.fill_(ids.back());
+  session.position.fill_(n - 1);
+  session.step_index.zero_();
+  session.generated.fill_(ByteTokenizer::kEos);
+  if (session.sampled) {
     // Gumbel-max: argmax(logits / T + Gumbel noise) samples softmax(logits / T).
     auto generator = at::make_generator<at::CPUGeneratorImpl>(g.seed);
     const at::Tensor u = at::rand({steps, K, V}, generator, at::kDouble).clamp_min(1e-300);
-    noise = (-(-u.log()).log()).to(device_, options_.model().dtype());
+    session.noise.narrow(0, 0, steps).copy_(-(-u.log()).log());
+    session.temperature.fill_(g.temperature);
   }
-  const auto step = [&](const std::vector<at::Tensor>&) {
-    const at::Tensor hidden = model_->decode_step(token, position, cache);  // (K, 1, d)
-    at::Tensor logits = model_->lm_logits(hidden.unsqueeze(2)).view({K, V});
-    at::Tensor next;
-    if (g.temperature <= 0) {
-      next = logits.argmax(-1);
-    } else {
-      at::Tensor z = logits / g.temperature;
-      if (g.top_k > 0 && g.top_k < V) {
-        const at::Tensor kth = std::get<0>(z.topk(g.top_k, -1)).narrow(-1, g.top_k - 1, 1);
-        z = z.masked_fill(z < kth, -std::numeric_limits<double>::infinity());
-      }
-      next = (z + noise.index_select(0, step_index).view({K, V})).argmax(-1);
-    }
-    generated.index_copy_(0, step_index, next.view({1, K}));
-    token.copy_(next.view({K, 1}));
-    position.add_(1);
-    step_index.add_(1);
-  };
-  // An eager decode step (CPU, capture off, a failed capture) says why in the log.
-  const graphs::CaptureOptions capture = graphs::CaptureOptions().capture(g.capture).log(options_.log());
-  graphs::CapturedStep decode("decode", device_, {}, step, capture);
+  graphs::CapturedStep& decode = *session.step;
+  const bool was_warming_up = decode.mode() == graphs::StepMode::kWarmingUp;
   {
     PACKTRAIN_NVTX_RANGE("generate");
     for (int64_t i = 0; i < steps; ++i) decode.run();
   }
-  if (decode.mode() == graphs::StepMode::kWarmingUp) {
+  if (was_warming_up && decode.mode() == graphs::StepMode::kWarmingUp) {
     // Not a fallback, but no graph either: every call was an eager warm-up call.
+    const graphs::CaptureOptions capture;
     options_.log()(fmt::format("step 'decode' ran eagerly: {} new tokens are fewer than the {} calls a graph needs "
                                "({} warm-up calls, then the capture)",
                                steps, capture.warmup_steps() + 1, capture.warmup_steps()));
   }
+  const at::Tensor generated = session.generated.narrow(0, 0, steps);
   last_decode_mode_ = graphs::to_string(decode.mode());
   const at::Tensor host = generated.cpu();
   const auto tokens = host.accessor<int64_t, 2>();

@@ -25,9 +25,11 @@
 #include <torch/arg.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace packtrain::runtime {
@@ -131,6 +133,9 @@ class MultiTaskTrainer {
   ScoredGeneration score_and_generate(const std::string& text, const GenerateOptions& options);
   // The decode step of the last generate(): graph or eager (for tests and reports).
   std::string last_decode_mode() const { return last_decode_mode_; }
+  // Decode graphs captured so far: one per decoding kind (greedy, or sampled with a
+  // given top-k) however many generate() calls replay it.
+  int64_t decode_graphs_captured() const;
   // Step graphs made so far (one per bucket seen) for training and for evaluation.
   size_t training_graphs() const;
   size_t evaluation_graphs() const;
@@ -146,6 +151,8 @@ class MultiTaskTrainer {
 
  private:
   struct Bucket;
+  struct DecodeSession;
+  DecodeSession& decode_session(const GenerateOptions& options);
   void run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows);
   std::vector<Bucket> tokenize(const LabelledTexts& data, int64_t* truncated) const;
 
@@ -158,6 +165,8 @@ class MultiTaskTrainer {
   int64_t training_examples_ = 0;
   int64_t epochs_done_ = 0, steps_done_ = 0;
   std::string last_decode_mode_;
+  // (sampled, top_k, capture) -> the decode step and its buffers, kept across calls.
+  std::map<std::tuple<bool, int64_t, bool>, std::unique_ptr<DecodeSession>> decode_sessions_;
   distributed::ProcessGroup* group_ = nullptr;
 };
 

@@ -278,14 +278,43 @@ TEST_P(MultiTaskTrainerTest, EagerDecodingSaysWhyInTheLog) {
   if (device().is_cuda()) {
     EXPECT_EQ(trainer.last_decode_mode(), "graph");
     EXPECT_EQ(log.lines->size(), 1u) << "a captured decode logs nothing\n" << log.text();
-    // Fewer tokens than warm-up and capture take: no graph, and the log says so.
+    // The graph is kept: a short call replays it at once.
     trainer.generate("yes the", GenerateOptions{2, 0.0, 0, 0, true});
+    EXPECT_EQ(trainer.last_decode_mode(), "graph");
+    // A first call of fewer tokens than warm-up and capture take: no graph yet, and
+    // the log says so.
+    trainer.generate("yes the", GenerateOptions{2, 0.7, 3, 1, true});
     EXPECT_EQ(trainer.last_decode_mode(), "warming up");
     EXPECT_EQ(log.count({"step 'decode' ran eagerly: 2 new tokens are fewer than"}), 1u) << log.text();
   } else {
     EXPECT_EQ(trainer.last_decode_mode(), "eager");
     EXPECT_EQ(log.count({"step 'decode' runs eagerly: the device is the CPU"}), 1u) << log.text();
   }
+}
+
+// generate() keeps its decode step per decoding kind: later calls replay the graph
+// captured by the first (no warm-up, no capture), with their own prompt,
+// temperature and noise, and still equal eager decoding token for token.
+TEST_P(MultiTaskTrainerTest, TheDecodeGraphIsCapturedOncePerKindAndReused) {
+  MultiTaskTrainer trainer(tiny(device()));
+  trainer.set_training_data(synthetic(32, 4));
+  trainer.train_epoch();
+  const std::vector<std::pair<std::string, GenerateOptions>> calls{
+      {"yes the", {12, 0.0, 0, 0, true}}, {"no a", {9, 0.0, 0, 0, true}},
+      {"yes", {10, 0.8, 4, 3, true}},     {"the cat", {10, 1.3, 4, 5, true}}};
+  for (const auto& [prompt, g] : calls) {
+    const std::vector<std::string> captured = trainer.generate(prompt, g);
+    GenerateOptions eager = g;
+    eager.capture = false;
+    EXPECT_EQ(captured, trainer.generate(prompt, eager)) << prompt << ", temperature " << g.temperature;
+  }
+  // Training between calls: the graph reads the weights in place.
+  trainer.train_epoch();
+  GenerateOptions greedy{12, 0.0, 0, 0, true}, eager = greedy;
+  eager.capture = false;
+  EXPECT_EQ(trainer.generate("yes the", greedy), trainer.generate("yes the", eager)) << "after more training";
+  EXPECT_EQ(trainer.decode_graphs_captured(), device().is_cuda() ? 2 : 0)
+      << "one graph for greedy, one for sampled with top-k 4, across 5 captured calls";
 }
 
 TEST_P(MultiTaskTrainerTest, ALoadedTrainerLogsWhereLoadIsTold) {
