@@ -39,15 +39,6 @@ MultiTaskSteps::MultiTaskSteps(ensemble::PackedTransformer& model, ensemble::Pac
   lm_nll_sum_ = at::zeros({K}, doubles);
   lm_tokens_ = at::zeros({}, longs);
 
-  std::vector<graphs::InputKind> train_inputs{{"tokens", 2, at::kLong}, {"lengths", 1, at::kLong},
-                                              {"labels", 1, at::kLong}};
-  if (!options_.shared_inputs()) {
-    train_inputs.push_back({"lm_tokens", 2, at::kLong});
-    train_inputs.push_back({"lm_lengths", 1, at::kLong});
-  }
-  train_ = std::make_unique<graphs::GraphCache>(
-      "multitask train", device_, std::move(train_inputs),
-      [this](const std::vector<at::Tensor>& in) { train_body(in); }, options_.capture(), pool_, options_.capacity());
   eval_ = std::make_unique<graphs::GraphCache>(
       "multitask eval", device_,
       std::vector<graphs::InputKind>{
@@ -81,22 +72,110 @@ void MultiTaskSteps::eval_body(const std::vector<at::Tensor>& in) {
   lm_tokens_.add_(count);
 }
 
-void MultiTaskSteps::start_epoch() {
-  classification_sum_.zero_();
-  lm_sum_.zero_();
+void MultiTaskSteps::set_training_data(const std::vector<TrainingBucket>& data) {
+  bool same = data.size() == buckets_.size();
+  for (size_t b = 0; same && b < data.size(); ++b) {
+    same = data[b].tokens.sizes() == buckets_[b].tokens.sizes() && data[b].labels.sizes() == buckets_[b].labels.sizes();
+  }
+  if (!same) {
+    buckets_.clear();  // other shapes: new buffers, and the graphs that read the old ones go
+    buckets_.resize(data.size());
+  }
+  for (size_t b = 0; b < data.size(); ++b) {
+    const TrainingBucket& d = data[b];
+    TORCH_CHECK(d.tokens.dim() == 2 && d.lengths.dim() == 1 && d.labels.dim() == 1 &&
+                    d.lengths.size(0) == d.tokens.size(0) && d.labels.size(0) == d.tokens.size(0),
+                "set_training_data: bucket ", b, ": expected tokens (N, T), lengths (N) and labels (N), got ",
+                d.tokens.sizes(), ", ", d.lengths.sizes(), " and ", d.labels.sizes());
+    Bucket& bucket = buckets_[b];
+    if (!same) {
+      bucket.tokens = d.tokens.to(device_, at::kLong).contiguous();
+      bucket.lengths = d.lengths.to(device_, at::kLong).contiguous();
+      bucket.labels = d.labels.to(device_, at::kLong).contiguous();
+      bucket.counter = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device_));
+    } else {
+      bucket.tokens.copy_(d.tokens);
+      bucket.lengths.copy_(d.lengths);
+      bucket.labels.copy_(d.labels);
+    }
+  }
 }
 
-void MultiTaskSteps::train_step(const at::Tensor& tokens, const at::Tensor& lengths, const at::Tensor& labels,
-                                const at::Tensor& lm_tokens, const at::Tensor& lm_lengths) {
-  if (options_.shared_inputs()) {
-    TORCH_CHECK(!lm_tokens.defined() && !lm_lengths.defined(),
-                "train_step: the tasks share their inputs (shared_inputs=true), yet LM rows were given");
-    train_->run({tokens, lengths, labels});
-    return;
+namespace {
+// Copies an epoch's row table into a bucket's static one (reallocated, and the
+// bucket's graph dropped, only when its shape changes).
+bool load_table(at::Tensor& table, const at::Tensor& rows, const c10::Device& device) {
+  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kLong, "start_epoch: a row table must be (steps, rows) "
+              "int64, got ", rows.sizes(), " ", rows.scalar_type());
+  if (table.defined() && table.sizes() == rows.sizes()) {
+    table.copy_(rows, /*non_blocking=*/rows.is_pinned());
+    return false;
   }
-  TORCH_CHECK(lm_tokens.defined() && lm_lengths.defined(),
-              "train_step: the LM task reads rows of its own (shared_inputs=false): give lm_tokens and lm_lengths");
-  train_->run({tokens, lengths, labels, lm_tokens, lm_lengths});
+  table = rows.to(device).contiguous().clone();
+  return true;
+}
+}  // namespace
+
+void MultiTaskSteps::start_epoch(const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& lm_rows) {
+  TORCH_CHECK(rows.size() == buckets_.size(), "start_epoch: ", rows.size(), " row tables for ", buckets_.size(),
+              " buckets");
+  TORCH_CHECK(options_.shared_inputs() ? lm_rows.empty() : lm_rows.size() == buckets_.size(),
+              options_.shared_inputs() ? "start_epoch: the tasks share their inputs, yet LM row tables were given"
+                                       : "start_epoch: the LM task reads rows of its own: give a table per bucket");
+  classification_sum_.zero_();
+  lm_sum_.zero_();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    bool changed = load_table(bucket.rows, rows[b], device_);
+    if (!options_.shared_inputs()) changed = load_table(bucket.lm_rows, lm_rows[b], device_) || changed;
+    if (changed) bucket.step.reset();
+    bucket.counter.zero_();
+  }
+}
+
+graphs::CapturedStep& MultiTaskSteps::bucket_step(size_t b) {
+  TORCH_CHECK(b < buckets_.size(), "train_step: bucket ", b, " of ", buckets_.size());
+  Bucket& bucket = buckets_[b];
+  TORCH_CHECK(bucket.rows.defined(), "train_step: no row table for bucket ", b, " (call start_epoch first)");
+  if (bucket.step) return *bucket.step;
+  const std::string name = "multitask train (length " + std::to_string(bucket.tokens.size(1)) + ")";
+  graphs::CaptureOptions capture = options_.capture();
+  if (b >= options_.capacity()) {
+    // Beyond the graphs this run keeps: eager, and the log says why (once).
+    const graphs::GraphLog log = capture.log();
+    const std::string why = "step '" + name + "' runs eagerly: " + std::to_string(options_.capacity()) +
+                            " training graphs are kept (capacity), this is bucket " + std::to_string(b + 1);
+    capture.capture(false).log([log, why](const std::string&) {
+      if (log) log(why);
+    });
+  }
+  Bucket* d = &bucket;
+  bucket.step = std::make_unique<graphs::CapturedStep>(
+      name, device_, std::vector<graphs::StaticInput>{},
+      [this, d](const std::vector<at::Tensor>&) {
+        // The step's rows: row (counter mod S_b) of the epoch's table; then counter + 1.
+        const at::Tensor at_step = d->counter.remainder(d->rows.size(0)).view({1});
+        const at::Tensor rows = d->rows.index_select(0, at_step).view({-1});
+        std::vector<at::Tensor> in{d->tokens.index_select(0, rows), d->lengths.index_select(0, rows),
+                                   d->labels.index_select(0, rows)};
+        if (!options_.shared_inputs()) {
+          const at::Tensor lm = d->lm_rows.index_select(0, at_step).view({-1});
+          in.push_back(d->tokens.index_select(0, lm));
+          in.push_back(d->lengths.index_select(0, lm));
+        }
+        d->counter.add_(1);
+        train_body(in);
+      },
+      capture, pool_);
+  return *bucket.step;
+}
+
+void MultiTaskSteps::train_step(size_t bucket) { bucket_step(bucket).run(); }
+
+size_t MultiTaskSteps::training_graphs() const {
+  size_t n = 0;
+  for (const Bucket& b : buckets_) n += b.step ? 1 : 0;
+  return n;
 }
 
 void MultiTaskSteps::start_evaluation() {

@@ -3,8 +3,11 @@
 // one graph per length bucket's static shape; on CPU, or with capture off, the same
 // step functions run eagerly, call for call, and the cache says why in the log.
 //
-//   train: one multi-task step (ensemble/multitask_step.h) on B rows of one bucket;
-//          the per-member task losses accumulate on the device.
+//   train: one multi-task step (ensemble/multitask_step.h) on R rows of one bucket,
+//          gathered inside the bucket's graph from the bucket's data on the device
+//          by the epoch's row table and a device counter (as graphs::DeviceBatcher
+//          does for tabular data): a step is one replay, no copies around it. The
+//          per-member task losses accumulate on the device.
 //   eval:  one bucket's rows in batches of exactly eval_batch_size rows (the last
 //          one filled with rows of weight 0), so each bucket has one eval graph;
 //          a confusion matrix and LM loss sums accumulate on the device.
@@ -62,13 +65,21 @@ class MultiTaskSteps {
   // step: a captured graph keeps the hook it was captured with.
   void set_gradient_hook(ensemble::GradientHook hook) { gradient_hook_ = std::move(hook); }
 
-  // Zeroes the training loss sums (call at the start of an epoch).
-  void start_epoch();
-  // One training step on B rows of one bucket of padded length T, all int64 on the
-  // device: tokens (B, T), lengths (B), labels (B); without shared inputs also the
-  // LM task's lm_tokens (B, T) and lm_lengths (B). Through the bucket's graph.
-  void train_step(const at::Tensor& tokens, const at::Tensor& lengths, const at::Tensor& labels,
-                  const at::Tensor& lm_tokens = {}, const at::Tensor& lm_lengths = {});
+  // The training data the steps gather from, one entry per length bucket, int64 on
+  // the device: tokens (N_b, T_b), lengths (N_b), labels (N_b). Kept by the steps
+  // (their graphs read it in place): data of the same shapes is copied into it and
+  // the graphs stay; other shapes drop them.
+  struct TrainingBucket {
+    at::Tensor tokens, lengths, labels;
+  };
+  void set_training_data(const std::vector<TrainingBucket>& buckets);
+  // Starts an epoch: zeroes the training loss sums, rewinds the counters and loads
+  // each bucket's row table — rows[b] (S_b, R) int64 (host or device): row numbers
+  // of bucket b for its S_b steps of R rows, in the order they run; without shared
+  // inputs lm_rows[b] likewise for the LM task. One copy per table.
+  void start_epoch(const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& lm_rows = {});
+  // One training step on bucket b's next R rows, through the bucket's graph.
+  void train_step(size_t bucket);
   // Per-member task losses summed over the steps since start_epoch(): (K) float64
   // on the device (handles to the accumulators: an in-place all-reduce updates them).
   const at::Tensor& classification_loss_sum() const { return classification_sum_; }
@@ -87,15 +98,23 @@ class MultiTaskSteps {
   const at::Tensor& lm_tokens() const { return lm_tokens_; }
 
   // Step graphs made so far (one per bucket seen) for training and for evaluation.
-  size_t training_graphs() const { return train_->size(); }
+  size_t training_graphs() const;
   size_t evaluation_graphs() const { return eval_->size(); }
-  graphs::GraphCache& train_cache() { return *train_; }
   graphs::GraphCache& eval_cache() { return *eval_; }
   const std::shared_ptr<graphs::GraphPool>& pool() const { return pool_; }
 
  private:
-  // The step functions the caches capture. Inputs in the caches' order:
-  // train {tokens, lengths, labels[, lm_tokens, lm_lengths]}, eval {tokens,
+  // A bucket's data, its epoch row tables and counter (static buffers its graph
+  // reads), and its step, made at its first training step.
+  struct Bucket {
+    at::Tensor tokens, lengths, labels;
+    at::Tensor rows, lm_rows;  // (S_b, R) int64
+    at::Tensor counter;        // () int64: steps taken this epoch
+    std::unique_ptr<graphs::CapturedStep> step;
+  };
+  graphs::CapturedStep& bucket_step(size_t b);
+  // The step functions the graphs capture. Training inputs: {tokens, lengths,
+  // labels[, lm_tokens, lm_lengths]} (gathered in the bucket's step); eval {tokens,
   // lengths, labels, weights}.
   void train_body(const std::vector<at::Tensor>& in);
   void eval_body(const std::vector<at::Tensor>& in);
@@ -108,7 +127,7 @@ class MultiTaskSteps {
   std::shared_ptr<graphs::GraphPool> pool_;
   at::Tensor classification_sum_, lm_sum_;         // (K) float64: this epoch's training losses
   at::Tensor confusion_, lm_nll_sum_, lm_tokens_;  // (C, C) int64, (K) float64, () int64
-  std::unique_ptr<graphs::GraphCache> train_;
+  std::vector<Bucket> buckets_;
   std::unique_ptr<graphs::GraphCache> eval_;
 };
 

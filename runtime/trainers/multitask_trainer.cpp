@@ -205,6 +205,9 @@ int64_t MultiTaskTrainer::set_training_data(const LabelledTexts& train) {
   int64_t truncated = 0;
   train_buckets_ = tokenize(train, &truncated);
   training_examples_ = static_cast<int64_t>(train.size());
+  std::vector<MultiTaskSteps::TrainingBucket> data;
+  for (const Bucket& b : train_buckets_) data.push_back({b.tokens, b.lengths, b.labels});
+  steps_->set_training_data(data);
   return truncated;
 }
 
@@ -239,20 +242,6 @@ void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
   });
   at::Tensor flat = model_->parameters().flat();
   group_->broadcast_(flat, 0, "initial-weights broadcast");
-}
-
-void MultiTaskTrainer::run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows) {
-  // rows, lm_rows (B / world) int64 on the device: the step's rows of this bucket.
-  if (options_.shared_inputs()) {
-    steps_->train_step(bucket.tokens.index_select(0, rows), bucket.lengths.index_select(0, rows),
-                       bucket.labels.index_select(0, rows));
-  } else {
-    steps_->train_step(bucket.tokens.index_select(0, rows), bucket.lengths.index_select(0, rows),
-                       bucket.labels.index_select(0, rows), bucket.tokens.index_select(0, lm_rows),
-                       bucket.lengths.index_select(0, lm_rows));
-  }
-  // Data parallel on CUDA: the step's all-reduce (in its graph) gets the group's deadline.
-  if (group_ != nullptr) group_->watch_device("gradient all-reduce", steps_done_ + 1, steps_done_ + 1);
 }
 
 MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
@@ -291,24 +280,29 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   }
   std::shuffle(plan.begin(), plan.end(), rng);
 
-  // Every step's rows go to the device in one copy per epoch: a copy per step from
-  // pageable host memory would make the host wait for the device at every step.
-  std::vector<int64_t> all_rows, all_lm_rows;
-  for (const Plan& batch : plan) {
-    all_rows.insert(all_rows.end(), batch.rows.begin(), batch.rows.end());
-    all_lm_rows.insert(all_lm_rows.end(), batch.lm_rows.begin(), batch.lm_rows.end());
-  }
-  const auto steps_in_plan = static_cast<int64_t>(plan.size());
-  const at::Tensor rows = at::tensor(all_rows, at::kLong).view({steps_in_plan, B}).to(device_);
-  const at::Tensor lm_rows =
-      all_lm_rows.empty() ? at::Tensor() : at::tensor(all_lm_rows, at::kLong).view({steps_in_plan, B}).to(device_);
-  steps_->start_epoch();
-  // Data parallel: this rank's equal share of every global batch.
+  // Each bucket's row table, in the order its batches run: one copy per bucket per
+  // epoch (the steps gather the rows inside their graphs). Data parallel: this
+  // rank's equal share of every global batch.
   const int64_t world = group_ != nullptr ? group_->world_size() : 1;
   const int64_t share = B / world, first_row = group_ != nullptr ? group_->rank() * share : 0;
-  for (int64_t i = 0; i < steps_in_plan; ++i) {
-    run_train_batch(train_buckets_[plan[static_cast<size_t>(i)].bucket], rows[i].narrow(0, first_row, share),
-                    lm_rows.defined() ? lm_rows[i].narrow(0, first_row, share) : at::Tensor());
+  std::vector<std::vector<int64_t>> rows(train_buckets_.size()), lm_rows(train_buckets_.size());
+  for (const Plan& batch : plan) {
+    const auto take = [&](const std::vector<int64_t>& from, std::vector<int64_t>& to) {
+      to.insert(to.end(), from.begin() + first_row, from.begin() + first_row + share);
+    };
+    take(batch.rows, rows[batch.bucket]);
+    if (!options_.shared_inputs()) take(batch.lm_rows, lm_rows[batch.bucket]);
+  }
+  const auto tables = [&](const std::vector<std::vector<int64_t>>& per_bucket) {
+    std::vector<at::Tensor> out;
+    for (const std::vector<int64_t>& r : per_bucket) out.push_back(at::tensor(r, at::kLong).view({-1, share}));
+    return out;
+  };
+  steps_->start_epoch(tables(rows), options_.shared_inputs() ? std::vector<at::Tensor>{} : tables(lm_rows));
+  for (const Plan& batch : plan) {
+    steps_->train_step(batch.bucket);
+    // Data parallel on CUDA: the step's all-reduce (in its graph) gets the group's deadline.
+    if (group_ != nullptr) group_->watch_device("gradient all-reduce", steps_done_ + 1, steps_done_ + 1);
     ++steps_done_;
   }
   if (group_ != nullptr) {

@@ -153,7 +153,6 @@ class MultiTaskTrainer {
   struct Bucket;
   struct DecodeSession;
   DecodeSession& decode_session(const GenerateOptions& options);
-  void run_train_batch(const Bucket& bucket, const at::Tensor& rows, const at::Tensor& lm_rows);
   std::vector<Bucket> tokenize(const LabelledTexts& data, int64_t* truncated) const;
 
   MultiTaskTrainerOptions options_;

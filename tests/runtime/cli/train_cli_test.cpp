@@ -113,6 +113,28 @@ TEST_F(Cli, CtrlCSavesACheckpointThatResumes) {
   EXPECT_EQ(resumed["epochs_run"], interrupted + 10) << "interrupted after epoch " << interrupted;
 }
 
+// A checkpoint trained on the CPU is used on a GPU machine's default device (auto =
+// CUDA): evaluate, predict, export and resume all work there, and the GPU's
+// metrics are the CPU's up to float32 rounding. Runs where a GPU is; skips here.
+TEST_F(Cli, ACpuCheckpointEvaluatesPredictsExportsAndResumesOnTheGpu) {
+  const std::string unavailable = packtrain::testing::device_unavailable_reason(c10::Device(c10::kCUDA, 0));
+  if (!unavailable.empty()) GTEST_SKIP() << unavailable;
+  const std::string ckpt = path("cpu.ckpt");
+  const nlohmann::json trained = run_json(std::string("train ") + kSmall + " --json --checkpoint " + ckpt);
+  const nlohmann::json evaluated = run_json("evaluate " + ckpt + " --json --device cuda");
+  EXPECT_NEAR(evaluated["ensemble"]["rmse"].get<double>(), trained["ensemble"]["rmse"].get<double>(),
+              1e-4 * trained["ensemble"]["rmse"].get<double>());
+  const std::string input = concrete_csv("in.csv", 25, false);
+  const Result predicted = run("predict " + ckpt + " " + input + " --device cuda -o " + path("gpu.csv"));
+  EXPECT_EQ(predicted.status, 0) << predicted.out;
+  const Result exported = run("export " + ckpt + " " + path("m.pt"));
+  EXPECT_EQ(exported.status, 0) << exported.out;
+  // resume defaults to auto: the GPU.
+  const Result resumed = run("resume " + ckpt + " --epochs 12 --json --quiet");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_THAT(resumed.out, ::testing::Not(HasSubstr("damaged or incompatible"))) << resumed.out;
+}
+
 TEST_F(Cli, PythonLoadsAnExportAndPredictsTheSame) {
   if (test_python().empty()) {
     GTEST_SKIP() << "no Python with torch and numpy was found at configure time (set PACKTRAIN_TEST_PYTHON)";
