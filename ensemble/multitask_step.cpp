@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/autograd.h>
 
 namespace packtrain::ensemble {
 
@@ -51,13 +50,12 @@ MultiTaskLosses multitask_train_step(PackedTransformer& model, PackedOptimizer& 
                                      const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "multitask_train_step: the optimizer does not hold this model's parameters");
-  model.parameters().zero_grad();
   const MultiTaskLosses losses = multitask_losses(model, classification, labels, language_model);
   {
     PACKTRAIN_NVTX_RANGE("backward");
     const at::Tensor total =
         losses.classification * weights.classification + losses.language_model * weights.language_model;
-    torch::autograd::backward({total.sum()});
+    backward_into_flat_grad(model.parameters(), total.sum());
   }
   if (after_backward) after_backward();
   {

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <string>
+#include <vector>
 
 namespace packtrain::ensemble {
 
@@ -20,6 +21,21 @@ at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& 
     case LossKind::kCrossEntropy: return packed_cross_entropy_loss(pred, target);
   }
   TORCH_CHECK(false, "unknown loss kind");
+}
+
+void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& loss) {
+  const std::vector<at::Tensor>& params = parameters.tensors();
+  const std::vector<at::Tensor> grads = torch::autograd::grad({loss}, params, /*grad_outputs=*/{},
+                                                              /*retain_graph=*/false, /*create_graph=*/false,
+                                                              /*allow_unused=*/true);
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    pieces.push_back(grads[i].defined() ? grads[i].reshape({-1}) : at::zeros({params[i].numel()}, params[i].options()));
+  }
+  at::Tensor out = parameters.flat_grad();  // the buffer's handle: written in place
+  at::NoGradGuard no_grad;
+  at::cat_out(out, pieces);
 }
 
 at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
@@ -38,14 +54,13 @@ at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const
     optimizer.step();
     return losses;
   }
-  model.parameters().zero_grad();
   {
     PACKTRAIN_NVTX_RANGE("forward");
     losses = packed_loss(kind, model.forward(x), y, min_variance);
   }
   {
     PACKTRAIN_NVTX_RANGE("backward");
-    torch::autograd::backward({losses.sum()});
+    backward_into_flat_grad(model.parameters(), losses.sum());
   }
   if (after_backward) after_backward();
   {

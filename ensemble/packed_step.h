@@ -39,6 +39,13 @@ at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& 
 // `after_backward`, when set, runs between the gradients and the update (a
 // data-parallel run averages the flat gradient buffer across ranks there).
 using GradientHook = std::function<void()>;
+
+// The gradients of `loss` (a scalar) with respect to every parameter, written into
+// the flat gradient buffer by one concatenation: backward() into defined gradients
+// costs a zeroing pass and an accumulating add per parameter (1 + P graph nodes);
+// this is one kernel, and a pass less over the gradients. Parameters the loss does
+// not reach get zeros. The steps below use it.
+void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& loss);
 at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
                              const at::Tensor& y, LossKind kind, double min_variance = 1e-6,
                              const GradientHook& after_backward = {});

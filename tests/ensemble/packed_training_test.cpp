@@ -20,6 +20,7 @@ namespace packtrain::ensemble {
 namespace {
 
 using packtrain::testing::all_close;
+using packtrain::testing::all_equal;
 using packtrain::testing::DeviceTest;
 
 constexpr int64_t kMembers = 8;
@@ -199,6 +200,25 @@ TEST_P(PackedTraining, MatchesStandalone_AdamW_CosineSchedule_Float64) {
 TEST_P(PackedTraining, MatchesStandalone_SGDNesterov_WarmupSchedule_Float64) {
   const LrSchedule warmup = LrSchedule().kind(LrScheduleKind::kLinearWarmup).warmup_steps(10);
   EXPECT_LE(train_both_and_compare({.optimizer = "sgd_nesterov", .schedule = warmup}, device()), kFloat64Tolerance);
+}
+
+// The steps' backward (one concatenation into the flat gradient buffer) gives what
+// zero_grad() + backward() gives, whatever the buffer held before, and leaves
+// every parameter's .grad() a view of the buffer.
+TEST_P(PackedTraining, BackwardIntoFlatGradEqualsZeroGradAndBackward) {
+  const PackedMLPOptions options = scenario_options({}, device());
+  PackedMLP packed(options);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const auto t = torch::TensorOptions().dtype(at::kDouble);
+  const at::Tensor x = at::randn({kBatch, kIn}, gen, t).to(device()), y = at::randn({kBatch, kOut}, gen, t).to(device());
+  packed.parameters().zero_grad();
+  torch::autograd::backward({packed_mse_loss(packed.forward(x), y).sum()});
+  const at::Tensor expected = packed.parameters().flat_grad().clone();
+  packed.parameters().flat_grad().fill_(123.0);  // stale values must not survive
+  backward_into_flat_grad(packed.parameters(), packed_mse_loss(packed.forward(x), y).sum());
+  EXPECT_TRUE(all_equal(packed.parameters().flat_grad(), expected));
+  const at::Tensor& first = packed.parameters().tensors().front();
+  EXPECT_EQ(first.grad().data_ptr(), packed.parameters().flat_grad().data_ptr()) << "grad views the flat buffer";
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedTraining);
