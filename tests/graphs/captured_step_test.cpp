@@ -62,6 +62,13 @@ TEST_P(CapturedStepTest, EveryCallIsOneStepAndMatchesTheEagerStep) {
   if (device().is_cuda()) {
     EXPECT_EQ(step.mode(), StepMode::kGraph);
     EXPECT_GT(step.graph_nodes(), 0);
+    int64_t by_kind = 0, kernels = 0;
+    for (const auto& [kind, n] : step.graph_nodes_by_kind()) {
+      by_kind += n;
+      if (kind == "kernel") kernels = n;
+    }
+    EXPECT_EQ(by_kind, step.graph_nodes()) << "every node has one kind";
+    EXPECT_GT(kernels, 0) << "the step's arithmetic is kernels";
     EXPECT_TRUE(log.empty()) << log.front();
   } else {
     EXPECT_EQ(step.mode(), StepMode::kEager);

@@ -39,6 +39,16 @@ TEST(LaunchReport, ComputeBoundWhenTheGraphBarelyHelps) {
   EXPECT_NE(v.find("100.0 us"), std::string::npos) << v;
 }
 
+TEST(LaunchReport, TheGraphsNodesPerStepByKindAreInTheTextAndTheJson) {
+  LaunchReport r = gpu_report(1000, 100);
+  r.graph->nodes_by_kind = {{"kernel", 20.5}, {"memset", 1}, {"memcpy", 0}};
+  const nlohmann::json j = nlohmann::json::parse(r.json());
+  EXPECT_DOUBLE_EQ(j.at("graph").at("nodes_per_step_by_kind").at("kernel").get<double>(), 20.5);
+  EXPECT_DOUBLE_EQ(j.at("graph").at("nodes_per_step_by_kind").at("memset").get<double>(), 1.0);
+  EXPECT_FALSE(j.at("eager").contains("nodes_per_step_by_kind")) << "an eager step has no graph";
+  EXPECT_NE(r.text().find("graph nodes per step: kernel 20.5 memset 1.0 memcpy 0.0"), std::string::npos) << r.text();
+}
+
 TEST(LaunchReport, CpuVerdictSaysThereIsNothingToCapture) {
   LaunchReport r;
   r.device = "cpu";
