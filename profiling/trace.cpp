@@ -5,9 +5,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <unistd.h>
@@ -118,22 +115,6 @@ std::string chrome_trace_json() {
     events.push_back(std::move(j));
   }
   return nlohmann::json({{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}).dump();
-}
-
-void write_chrome_trace(const std::string& path) {
-  const std::string json = chrome_trace_json();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << json;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write trace to '" + tmp + "': " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot move trace to '" + path + "': " + why);
-  }
 }
 
 }  // namespace packtrain::profiling

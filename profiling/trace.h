@@ -24,10 +24,8 @@ int64_t trace_event_count();
 
 // The recorded ranges as Chrome trace JSON ({"traceEvents": [...]}), timestamps in
 // µs since trace_start().
+// (The runtime writes it to a file with runtime/io's atomic, symlink-safe write.)
 std::string chrome_trace_json();
-// Writes chrome_trace_json() to `path` atomically (a temporary file, then rename);
-// throws std::runtime_error naming the path on failure.
-void write_chrome_trace(const std::string& path);
 
 namespace detail {
 // Called by nvtx_push / nvtx_pop.

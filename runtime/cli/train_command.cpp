@@ -2,6 +2,7 @@
 // through the run driver (progress, checkpoints, Ctrl-C), then report test metrics
 // per member and for the ensemble. One process, data parallel, or member parallel.
 #include "packtrain/profiling/trace.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/metrics_report.h"
@@ -138,7 +139,7 @@ bool train_epochs(const Session& s, RunDriver& driver, Progress& progress) {
   driver.end_line();
   if (!s.args.trace.empty()) {
     profiling::trace_stop();
-    profiling::write_chrome_trace(s.args.trace);
+    runtime::write_file_atomically(s.args.trace, profiling::chrome_trace_json());
     driver.note("Chrome trace written to " + s.args.trace);
   }
   return finished;

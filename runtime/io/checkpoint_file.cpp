@@ -9,6 +9,8 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -35,14 +37,44 @@ namespace {
                            std::system_category().message(error));
 }
 
+// Removes `<target>.tmp.<pid>.<suffix>` files whose process is gone (kill(pid, 0)
+// says ESRCH): what a save killed before its rename leaves behind. Best effort.
+void remove_stale_temporaries(const std::filesystem::path& target) {
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || !entry.is_regular_file(ec) || entry.is_symlink(ec)) continue;
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    const std::string pid_text = rest.substr(0, dot);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) {
+      continue;
+    }
+    const auto pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(entry.path());
+  }
+  for (const auto& path : stale) std::filesystem::remove(path, ec);
+}
+
 // The temporary a save writes before renaming it over the target. Until commit()
 // the destructor closes and removes it, so a failed save leaves nothing behind.
+//
+// Created exclusively under an unpredictable name (mkostemp: O_CREAT|O_EXCL, so a
+// file or symlink planted at the name makes it pick another, never write through
+// it): `<target>.tmp.<pid>.<random>`. Temporaries of processes that no longer run
+// (a save killed mid-way) are removed first.
 class TemporaryFile {
  public:
-  explicit TemporaryFile(std::filesystem::path target)
-      : target_(std::move(target)), path_(target_.string() + ".tmp." + std::to_string(::getpid())) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw_write_error(target_, "create temporary '" + path_.string() + "'", errno);
+  explicit TemporaryFile(std::filesystem::path target) : target_(std::move(target)) {
+    remove_stale_temporaries(target_);
+    std::string name = target_.string() + ".tmp." + std::to_string(::getpid()) + ".XXXXXX";
+    fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd_ < 0) throw_write_error(target_, "create a temporary file '" + name + "'", errno);
+    path_ = name;
+    ::fchmod(fd_, 0644);  // mkostemp makes 0600; a checkpoint is an ordinary file
   }
   TemporaryFile(const TemporaryFile&) = delete;
   TemporaryFile& operator=(const TemporaryFile&) = delete;

@@ -15,12 +15,13 @@ struct IValue;
 
 namespace packtrain::runtime {
 
-// Writes `bytes` to `path` atomically: into `path` + ".tmp.<pid>" in the same
-// directory, fsync, close, rename over `path`, then fsync the directory. A crash at
-// any point leaves either the old file or the new one at `path`, never a torn one.
-// On failure throws std::runtime_error naming `path` and the errno text, and
-// removes the temporary. One writer per path at a time (the temporary is named
-// after the process).
+// Writes `bytes` to `path` atomically: into a temporary `path` + ".tmp.<pid>.<random>"
+// in the same directory, created exclusively (a symlink or file planted at a
+// predictable name is never written through), fsync, close, rename over `path`,
+// then fsync the directory. A crash at any point leaves either the old file or the
+// new one at `path`, never a torn one; the temporaries of crashed saves are removed
+// by the next save to the same path. On failure throws std::runtime_error naming
+// `path` and the errno text, and removes the temporary.
 // `crash_after_bytes` is a test hook (-1 = off): after writing that many bytes the
 // process ends with std::_Exit(70), as a crash mid-save would.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes = -1);

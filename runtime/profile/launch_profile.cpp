@@ -2,6 +2,7 @@
 
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/profiling/trace.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -88,7 +89,7 @@ profiling::LaunchReport profile_launches(const ProfileRequest& request) {
     profiling::trace_counter("host us per step", profiled.host_us_per_step);
     profiling::trace_counter("device us per step", profiled.device_us_per_step);
     profiling::trace_stop();
-    profiling::write_chrome_trace(request.trace_path);
+    write_file_atomically(request.trace_path, profiling::chrome_trace_json());
   }
   if (can_capture) report.eager->kernels_per_step = static_cast<double>(nodes_single);
   return report;

@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <cstdio>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -81,24 +79,6 @@ TEST(Trace, RangesFromSeveralThreadsGetTheirOwnThreadIds) {
   ASSERT_EQ(events_named(trace, "worker").size(), 1u);
   ASSERT_EQ(events_named(trace, "main").size(), 1u);
   EXPECT_NE(events_named(trace, "worker")[0].at("tid"), events_named(trace, "main")[0].at("tid"));
-}
-
-TEST(Trace, WritesAFileThatParsesAndNamesThePathOnFailure) {
-  trace_start();
-  { NvtxRange r("step"); }
-  trace_stop();
-  const std::string path = ::testing::TempDir() + "/packtrain_trace_test.json";
-  write_chrome_trace(path);
-  std::ifstream in(path);
-  const nlohmann::json trace = nlohmann::json::parse(in);
-  EXPECT_EQ(events_named(trace, "step").size(), 1u);
-  std::remove(path.c_str());
-  try {
-    write_chrome_trace("/nonexistent-dir/trace.json");
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/trace.json"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

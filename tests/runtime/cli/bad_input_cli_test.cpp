@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,25 @@ TEST_F(Cli, BadCheckpointsExitTwoAndLeaveOutputsUntouched) {
   }
   EXPECT_EQ(read_file(path("out.csv")), "precious\n") << "a failed predict leaves the output alone";
   EXPECT_EQ(read_file(ckpt), bytes) << "and the checkpoint";
+}
+
+// The reported attack: a symlink planted at the name a trace or checkpoint save
+// would use for its temporary gets its target overwritten. Every save creates its
+// temporary exclusively under an unpredictable name: the planted links are left
+// alone and the victim keeps its content.
+TEST_F(Cli, SymlinksAtTemporaryNamesAreNeverWrittenThrough) {
+  const fs::path victim = dir() / "victim.txt";
+  { std::ofstream(victim) << "precious"; }
+  for (const std::string name : {"t.json.tmp", "run.ckpt.tmp"}) fs::create_symlink(victim, dir() / name);
+  const Result r = run("train --members 4 --epochs 1 --hidden 32 --device cpu --quiet --trace " + path("t.json") +
+                       " --checkpoint " + path("run.ckpt"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_file(victim), "precious");
+  EXPECT_TRUE(nlohmann::json::parse(read_file(dir() / "t.json")).contains("traceEvents"));
+  EXPECT_TRUE(fs::is_symlink(dir() / "t.json.tmp"));
+  const Result p = run("profile --members 4 --steps 5 --trace " + path("t.json"));
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_EQ(read_file(victim), "precious");
 }
 
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {

@@ -275,13 +275,37 @@ TEST_F(CheckpointFile, CrashMidSave_KeepsPreviousFile) {
   EXPECT_EQ(WEXITSTATUS(status), 70) << "the crash hook should have ended the child";
 
   EXPECT_TRUE(same(a, load_checkpoint(target))) << "a crash mid-save must leave the previous checkpoint";
-  const fs::path partial = target.string() + ".tmp." + std::to_string(child);
-  if (fs::exists(partial)) {
-    EXPECT_EQ(static_cast<int64_t>(fs::file_size(partial)), b_size / 2);
-  }
+  // The crashed save's temporary, <target>.tmp.<its pid>.<random>, half written.
+  const std::string prefix = target.filename().string() + ".tmp." + std::to_string(child) + ".";
+  const auto partials = [&] {
+    std::vector<fs::path> found;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) found.push_back(entry.path());
+    }
+    return found;
+  };
+  ASSERT_EQ(partials().size(), 1u);
+  EXPECT_EQ(static_cast<int64_t>(fs::file_size(partials()[0])), b_size / 2);
 
   save_checkpoint(target, b);
   EXPECT_TRUE(same(b, load_checkpoint(target)));
+  EXPECT_TRUE(partials().empty()) << "the next save removes the temporaries of saves whose process is gone";
+}
+
+// A symlink planted where a save puts its temporary (any name an attacker can
+// predict: <target>.tmp.<pid>, with or without a suffix) is never written through.
+TEST_F(CheckpointFile, ASymlinkAtTheTemporaryNameIsNotFollowed) {
+  const fs::path victim = path("victim.txt"), target = path("run.ckpt");
+  { std::ofstream(victim) << "precious"; }
+  const std::string pid = std::to_string(::getpid());
+  fs::create_symlink(victim, target.string() + ".tmp." + pid);
+  fs::create_symlink(victim, target.string() + ".tmp");
+  save_checkpoint(target, sample_payload(1));
+  EXPECT_TRUE(same(sample_payload(1), load_checkpoint(target)));
+  std::ifstream in(victim);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "precious") << "the symlink's target was overwritten";
+  EXPECT_TRUE(fs::is_symlink(target.string() + ".tmp." + pid)) << "a planted link is left alone, not followed";
 }
 
 TEST_F(CheckpointFile, SaveReplacesAndLeavesNoTemporary) {
