@@ -2,8 +2,12 @@
 // copies of this binary with the variables torchrun sets (RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards each one's
 // stdout and stderr line by line with a "[rank r] " prefix, and, when a rank fails,
-// stops the others after a grace period and exits with the failing rank's status.
-// Each Ctrl-C is passed on to every rank (runtime/cli/interrupt.h).
+// stops the others after a grace period (SIGTERM, then SIGKILL after another one)
+// and exits with the failing rank's status. Each Ctrl-C is passed on to every rank
+// (runtime/cli/interrupt.h), and so are SIGTERM and SIGHUP. No rank outlives the
+// launcher: each is in its own process group (a terminal's Ctrl-C reaches it once,
+// through the launcher) and dies with it (PR_SET_PDEATHSIG), and a launcher that
+// fails to start every rank stops the ones it started.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/interrupt.h"
@@ -15,11 +19,14 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -32,6 +39,7 @@ namespace {
 
 struct LaunchArgs {
   int64_t nproc = 2;
+  int64_t max_nproc = 0;  // 0: 4 per CPU core, at least 8
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 0;  // 0: a free port
   double grace_seconds = 10;
@@ -78,11 +86,17 @@ void emit(std::string& buffer, int64_t rank, std::FILE* stream, bool flush) {
 // Starts rank r: this binary with the variables torchrun sets, its stdout and
 // stderr into pipes the launcher reads.
 Child start_rank(const LaunchArgs& a, int port, int64_t r) {
+  const pid_t launcher = ::getpid();
   int out[2], err[2];
   if (::pipe(out) != 0 || ::pipe(err) != 0) throw std::runtime_error("launch: pipe() failed");
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("launch: fork() failed");
   if (pid == 0) {
+    // Dies with the launcher however it ends (even SIGKILL); a launcher already gone
+    // before this line leaves the rank re-parented: exit at once.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(1);
+    ::setpgid(0, 0);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     ::close(out[0]), ::close(out[1]), ::close(err[0]), ::close(err[1]);
@@ -154,19 +168,70 @@ void drain_output(std::vector<Child>& children) {
   }
 }
 
-// Runs until every rank has exited: forwards their output and each Ctrl-C (the
-// ranks' run driver stops after the epoch at the first, at once at the second),
-// and stops the others a grace period after one fails. The first failure's status.
+// SIGTERM and SIGHUP sent to the launcher, to be passed on to the ranks.
+volatile std::sig_atomic_t g_forward_signal = 0;
+extern "C" void on_forwarded_signal(int signal) { g_forward_signal = signal; }
+
+// Installs the TERM/HUP handlers for the launcher's lifetime.
+class ForwardedSignals {
+ public:
+  ForwardedSignals() {
+    g_forward_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_forwarded_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, &term_);
+    sigaction(SIGHUP, &action, &hup_);
+  }
+  ~ForwardedSignals() {
+    sigaction(SIGTERM, &term_, nullptr);
+    sigaction(SIGHUP, &hup_, nullptr);
+  }
+  ForwardedSignals(const ForwardedSignals&) = delete;
+  ForwardedSignals& operator=(const ForwardedSignals&) = delete;
+
+ private:
+  struct sigaction term_ {}, hup_ {};
+};
+
+void signal_running(const std::vector<Child>& children, int signal) {
+  for (const Child& c : children) {
+    if (c.status >= 0) continue;
+    ::kill(c.pid, signal);
+    if (signal == SIGTERM) ::kill(c.pid, SIGCONT);  // a stopped rank must run to act on it
+  }
+}
+
+std::string running_ranks(const std::vector<Child>& children) {
+  std::vector<size_t> ranks;
+  for (size_t i = 0; i < children.size(); ++i)
+    if (children[i].status < 0) ranks.push_back(i);
+  return fmt::format("{}", fmt::join(ranks, ", "));
+}
+
+// Runs until every rank has exited: forwards their output, each Ctrl-C (the
+// ranks' run driver stops after the epoch at the first, at once at the second) and
+// SIGTERM/SIGHUP; a grace period after a rank fails (or after a forwarded TERM/HUP)
+// it sends the others SIGTERM, and SIGKILL a grace period later — a stopped or
+// hung rank cannot keep the launcher waiting. Returns the first failure's status
+// (128 + signal when the launcher was told to stop by one).
 int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupts& interrupts) {
-  int first_failure = 0;
+  using clock = std::chrono::steady_clock;
+  int first_failure = 0, told_to_stop = 0;
   int64_t failed_rank = -1, forwarded = 0;
-  std::chrono::steady_clock::time_point failed_at;
-  bool terminated = false;
+  clock::time_point deadline = clock::time_point::max();  // when the next escalation is due
+  int escalation = 0;  // 0: none yet, 1: SIGTERM sent, 2: SIGKILL sent
   size_t running = children.size();
+  const auto grace = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(a.grace_seconds));
   while (running > 0) {
-    for (; forwarded < interrupts.presses(); ++forwarded) {
-      for (const Child& c : children)
-        if (c.status < 0) ::kill(c.pid, SIGINT);
+    for (; forwarded < interrupts.presses(); ++forwarded) signal_running(children, SIGINT);
+    if (const int sig = g_forward_signal; sig != 0 && told_to_stop == 0) {
+      told_to_stop = sig;
+      signal_running(children, sig);
+      escalation = 1;  // the ranks have the signal; SIGKILL if they are still here after the grace
+      deadline = clock::now() + grace;
+      fmt::print(stderr, "launch: got {}; passed it on to ranks {}\n", sig == SIGTERM ? "SIGTERM" : "SIGHUP",
+                 running_ranks(children));
     }
     forward_output(children);
     for (size_t i = 0; i < children.size(); ++i) {
@@ -176,34 +241,72 @@ int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupt
       if (::waitpid(c.pid, &raw, WNOHANG) != c.pid) continue;
       c.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
       --running;
-      if (c.status != 0 && first_failure == 0) {
+      if (c.status != 0 && first_failure == 0 && told_to_stop == 0) {
         first_failure = c.status;
         failed_rank = static_cast<int64_t>(i);
-        failed_at = std::chrono::steady_clock::now();
+        deadline = clock::now() + grace;
         fmt::print(stderr, "launch: rank {} exited with status {}; the others get {} s to finish\n", i, c.status,
                    a.grace_seconds);
       }
     }
-    if (failed_rank >= 0 && !terminated && running > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count() > a.grace_seconds) {
-      for (const Child& c : children)
-        if (c.status < 0) ::kill(c.pid, SIGTERM);
-      terminated = true;
-      fmt::print(stderr, "launch: stopped the remaining ranks (rank {} had failed)\n", failed_rank);
+    if (running > 0 && clock::now() > deadline && escalation < 2) {
+      const std::string ranks = running_ranks(children);
+      if (escalation == 0) {
+        signal_running(children, SIGTERM);
+        fmt::print(stderr, "launch: sent SIGTERM to ranks {} (rank {} had failed); SIGKILL in {} s if still running\n",
+                   ranks, failed_rank, a.grace_seconds);
+      } else {
+        signal_running(children, SIGKILL);
+        fmt::print(stderr, "launch: ranks {} still running {} s after SIGTERM: killed them (SIGKILL)\n", ranks,
+                   a.grace_seconds);
+      }
+      ++escalation;
+      deadline = clock::now() + grace;
     }
   }
-  return first_failure;
+  return told_to_stop != 0 ? 128 + told_to_stop : first_failure;
+}
+
+// Stops and reaps ranks started before a failure to start the rest.
+void stop_started(std::vector<Child>& children) {
+  signal_running(children, SIGKILL);
+  for (Child& c : children) {
+    int raw = 0;
+    ::waitpid(c.pid, &raw, 0);
+    if (c.out >= 0) ::close(c.out);
+    if (c.err >= 0) ::close(c.err);
+  }
+}
+
+int64_t nproc_limit(const LaunchArgs& a) {
+  if (a.max_nproc > 0) return a.max_nproc;
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return std::max<int64_t>(8, 4 * static_cast<int64_t>(cores > 0 ? cores : 1));
 }
 
 int run_launch(const LaunchArgs& a) {
   if (a.command.empty()) throw UsageError("launch: give the command after --, e.g. packtrain launch --nproc 2 -- train");
   if (a.command.front() == "launch") throw UsageError("launch: the command cannot itself be launch");
+  if (a.nproc > nproc_limit(a)) {
+    const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    throw UsageError(fmt::format("launch: --nproc {} is more than {} ({}; every rank is a whole process with its "
+                                 "own copy of the model and data); pass --max-nproc N to allow more",
+                                 a.nproc, nproc_limit(a),
+                                 a.max_nproc > 0 ? "--max-nproc" : fmt::format("4 per CPU core here, {} cores", cores)));
+  }
   const int port = a.master_port > 0 ? static_cast<int>(a.master_port) : free_port(a.master_addr);
   fmt::print(stderr, "launch: {} processes, store {}:{}, command: packtrain {}\n", a.nproc, a.master_addr, port,
              fmt::join(a.command, " "));
-  std::vector<Child> children;
-  for (int64_t r = 0; r < a.nproc; ++r) children.push_back(start_rank(a, port, r));
+  const ForwardedSignals forwarded;  // before the first fork: a TERM/HUP from now on reaches the ranks
   const Interrupts interrupts(/*end_after=*/0);  // forwarded: the ranks decide
+  std::vector<Child> children;
+  try {
+    for (int64_t r = 0; r < a.nproc; ++r) children.push_back(start_rank(a, port, r));
+  } catch (const std::exception& e) {
+    stop_started(children);
+    throw std::runtime_error(fmt::format("{} (after starting {} of {} ranks; those were stopped)", e.what(),
+                                         children.size(), a.nproc));
+  }
   const int first_failure = supervise(children, a, interrupts);
   drain_output(children);
   return interrupts.presses() > 0 && first_failure == 0 ? 130 : first_failure;
@@ -222,11 +325,16 @@ void add_launch_command(CLI::App& app, int& status) {
   launch->add_option("--nproc", a->nproc, "Processes to start (one per GPU on a GPU machine)")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))
       ->capture_default_str();
+  launch->add_option("--max-nproc", a->max_nproc,
+                     "Most processes --nproc may start (0: 4 per CPU core, at least 8)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1024}))
+      ->capture_default_str();
   launch->add_option("--master-addr", a->master_addr, "Address of rank 0's store")->capture_default_str();
   launch->add_option("--master-port", a->master_port, "Port of rank 0's store (0: a free one)")
       ->check(CLI::Range(int64_t{0}, int64_t{65535}))
       ->capture_default_str();
-  launch->add_option("--grace", a->grace_seconds, "Seconds the other ranks get after one fails")
+  launch->add_option("--grace", a->grace_seconds,
+                     "Seconds the other ranks get after one fails (then SIGTERM; SIGKILL after as many again)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   launch->add_option("--timeout", a->timeout_seconds,
