@@ -17,6 +17,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cstring>
+#include <cerrno>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -139,6 +144,39 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(const RankInfo&
 }  // namespace
 #endif
 
+namespace {
+// A listening TCP socket bound to `address` (a name or a numeric address, resolved
+// here) and `port`, for the store to take over. Exit 2 naming the address when it
+// is not one of this host's.
+int listen_on(const std::string& address, int64_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(address.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    throw DataError(fmt::format("MASTER_ADDR={}: cannot resolve it: {}", address, ::gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    why = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  throw DataError(fmt::format("rank 0 cannot serve the store on {}:{}: {} (MASTER_ADDR must name an address of "
+                              "rank 0's host, MASTER_PORT a free port)",
+                              address, port, why));
+}
+}  // namespace
+
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroup::~ProcessGroup() = default;
 
@@ -164,6 +202,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
   options.numWorkers = static_cast<std::size_t>(info.world_size);
   options.waitWorkers = true;
   options.timeout = timeout;
+  // Rank 0's store listens only on the address MASTER_ADDR names (loopback for a
+  // one-node launch), not on every interface as c10d's own socket would.
+  if (options.isServer && info.world_size > 1) options.masterListenFd = listen_on(info.master_addr, info.master_port);
   try {
     // One process needs no server: an in-memory store.
     if (info.world_size == 1) {

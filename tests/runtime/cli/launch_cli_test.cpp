@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -137,6 +139,42 @@ TEST_F(Cli, LaunchPassesOnTermAndHupAndLeavesNoRankBehind) {
     EXPECT_TRUE(all_gone_within(ranks, 5s)) << "a rank outlived the launcher";
     EXPECT_THAT(read_file(err), HasSubstr("passed it on to ranks 0, 1"));
   }
+}
+
+// The listening sockets on `port` (from /proc/net/tcp and tcp6, state LISTEN), as
+// the kernel's hex local addresses ("0100007F" is 127.0.0.1; all zeros: every
+// interface).
+std::vector<std::string> listening_on(int port) {
+  std::vector<std::string> out;
+  char hex_port[8];
+  std::snprintf(hex_port, sizeof(hex_port), "%04X", port);
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.find(':');
+      if (state == "0A" && local.substr(colon + 1) == hex_port) out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+TEST_F(Cli, TheStoreListensOnlyOnTheAddressMasterAddrNames) {
+  const fs::path log = path("run.log"), err = path("err");
+  const auto [launcher, ranks] = start_training(long_run(log), log, err);
+  ASSERT_EQ(ranks.size(), 2u) << read_file(err);
+  std::smatch m;
+  const std::string said = read_file(err);
+  ASSERT_TRUE(std::regex_search(said, m, std::regex("store 127\\.0\\.0\\.1:([0-9]+)"))) << said;
+  const std::vector<std::string> addresses = listening_on(std::stoi(m[1]));
+  kill(launcher, SIGTERM);
+  exit_status(launcher);
+  ASSERT_FALSE(addresses.empty()) << "no store listening on port " << m[1];
+  for (const std::string& a : addresses) EXPECT_EQ(a, "0100007F") << "the store listens beyond loopback";
 }
 
 TEST_F(Cli, AKilledLauncherTakesItsRanksWithIt) {
