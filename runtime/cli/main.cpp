@@ -13,6 +13,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/distributed/process_group.h"
 
 #include <ATen/Parallel.h>
@@ -21,8 +22,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -73,6 +76,17 @@ std::vector<std::string> hoist_config(std::vector<std::string> args) {
   return args;
 }
 
+// Everything printed on stdout (predictions, --json reports, generated text) must
+// have reached its file: a full disk or a closed pipe is an error, never exit 0.
+int standard_output_written(int status) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return status;
+  const int error = errno;
+  fmt::print(stderr, "packtrain: error: cannot write to standard output: {}\n",
+             error != 0 ? std::strerror(error) : "write error");
+  return status != 0 ? status : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +116,9 @@ int main(int argc, char** argv) {
   const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";
   std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
   try {
+    // A config that cannot be read whole (a device, a FIFO, a huge file) is an error,
+    // never silently the defaults.
+    if (!config.empty()) packtrain::runtime::check_input_file(config, "config file", uint64_t{1} << 20);
     app.parse(args);
   } catch (const CLI::ConfigError& e) {
     fmt::print(stderr, "packtrain: error: {}: {} (the keys are the command's flags without dashes)\n", config, e.what());
@@ -129,5 +146,5 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "packtrain: internal error: {}\n", e.what());
     return 1;
   }
-  return status;
+  return standard_output_written(status);
 }

@@ -11,6 +11,7 @@
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
@@ -211,10 +212,12 @@ std::unique_ptr<runtime::MultiTaskTrainer> load(const std::string& checkpoint, c
 std::vector<std::string> read_texts(const std::vector<std::string>& args, const std::string& file) {
   std::vector<std::string> texts = args;
   if (!file.empty()) {
+    runtime::check_input_file(file, "text file");
     std::ifstream in(file);
     if (!in) throw runtime::DataError(file + ": cannot open");
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
+      runtime::check_line_length(file, n, line.size());
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") == std::string::npos) {
         throw runtime::DataError(fmt::format("{}:{}: the text is empty", file, n));

@@ -47,21 +47,28 @@ double RunDriver::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-void RunDriver::note(const std::string& line) {
-  if (log_ != nullptr) {
-    fmt::print(log_, "{}\n", line);
-    std::fflush(log_);
+void RunDriver::write_log(const std::string& line) {
+  if (log_ == nullptr) return;
+  // A full disk is an error, not a silently shorter log.
+  errno = 0;
+  fmt::print(log_, "{}\n", line);
+  if (std::fflush(log_) != 0 || std::ferror(log_) != 0) {
+    const std::string why = errno != 0 ? std::strerror(errno) : "write error";
+    std::fclose(log_);
+    log_ = nullptr;
+    throw runtime::DataError(output_.log + ": cannot write the log file: " + why);
   }
+}
+
+void RunDriver::note(const std::string& line) {
+  write_log(line);
   if (output_.quiet || output_.json) return;
   end_line();
   fmt::print(stderr, "{}\n", line);
 }
 
 void RunDriver::progress(const std::string& line, int64_t epoch, int64_t epochs, bool force) {
-  if (log_ != nullptr) {
-    fmt::print(log_, "{}\n", line);
-    std::fflush(log_);
-  }
+  write_log(line);
   if (output_.quiet || output_.json) return;
   if (tty_) {
     fmt::print(stderr, "\r\033[K{}", line);

@@ -80,6 +80,8 @@ class RunDriver {
   int interrupted(int64_t epoch, const std::string& resume_command) const;
 
  private:
+  // Appends a line to --log; throws DataError naming the file when it cannot.
+  void write_log(const std::string& line);
   OutputArgs output_;
   CheckpointArgs checkpoint_;
   runtime::distributed::ProcessGroup* group_;

@@ -1,6 +1,7 @@
 #include "packtrain/runtime/data/data_split.h"
 
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/table_reader.h"
 
 #include <algorithm>
@@ -62,6 +63,7 @@ std::vector<int64_t> sorted(std::vector<int64_t>::const_iterator begin, std::vec
 }  // namespace
 
 std::vector<int64_t> read_index_file(const fs::path& file, int64_t rows) {
+  check_input_file(file, "split index file");
   std::ifstream in(file);
   if (!in) throw DataError(file.string() + ": cannot open file (missing or unreadable)");
   std::vector<int64_t> indices;

@@ -1,6 +1,7 @@
 #include "packtrain/runtime/data/labelled_texts.h"
 
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/dataset.h"
 
 #include <fmt/format.h>
@@ -24,12 +25,14 @@ bool blank(const std::string& s) { return s.find_first_not_of(" \t\r") == std::s
 }  // namespace
 
 LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t classes) {
+  check_input_file(path, "text data file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot open (missing or unreadable)", path.string()));
   LabelledTexts out;
   out.source = path.string();
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
+    check_line_length(path, number, line.size());
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (blank(line)) continue;
     const std::vector<std::string> cells = split_tabs(line);

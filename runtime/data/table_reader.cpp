@@ -1,6 +1,7 @@
 #include "packtrain/runtime/data/table_reader.h"
 
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 
 #include <ATen/ATen.h>
 
@@ -41,14 +42,7 @@ std::string_view trim(std::string_view s) {
 }
 
 std::string read_text(const fs::path& file) {
-  std::error_code ec;
-  if (fs::is_directory(file, ec)) throw DataError(file.string() + ": is a directory, not a table file");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw DataError(file.string() + ": cannot open file (missing or unreadable)");
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw DataError(file.string() + ": read error");
-  std::string text = std::move(buffer).str();
+  std::string text = read_input_file(file, "table file");
   if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 BOM (spreadsheet exports)
   return text;
 }

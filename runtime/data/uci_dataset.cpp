@@ -1,6 +1,7 @@
 #include "packtrain/runtime/data/uci_dataset.h"
 
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/table_reader.h"
 
@@ -23,6 +24,7 @@ struct NumberTable {
 };
 
 NumberTable read_numbers(const fs::path& file) {
+  check_input_file(file, "data file");
   std::ifstream in(file);
   if (!in) throw DataError(file.string() + ": cannot open file (missing or unreadable)");
   NumberTable table;
@@ -30,6 +32,7 @@ NumberTable read_numbers(const fs::path& file) {
   size_t line_no = 0, width = 0;
   while (std::getline(in, line)) {
     ++line_no;
+    check_line_length(file, static_cast<int64_t>(line_no), line.size());
     std::istringstream fields(line);
     std::vector<double> row;
     for (std::string cell; fields >> cell;) {

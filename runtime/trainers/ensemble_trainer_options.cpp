@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 namespace packtrain::runtime {
 
 void EnsembleTrainerOptions::validate() const {
@@ -13,14 +15,17 @@ void EnsembleTrainerOptions::validate() const {
   TORCH_CHECK(dropout() >= 0 && dropout() < 1, "dropout must be in [0, 1), got ", dropout());
   TORCH_CHECK(epochs() > 0, "epochs must be positive, got ", epochs());
   TORCH_CHECK(batch_size() > 0, "batch size must be positive, got ", batch_size());
-  TORCH_CHECK(lr() > 0, "learning rate must be positive, got ", lr());
-  TORCH_CHECK(weight_decay() >= 0, "weight decay must be >= 0, got ", weight_decay());
+  // Infinite rates pass a sign check and make every member diverge: finite, always.
+  TORCH_CHECK(lr() > 0 && std::isfinite(lr()), "learning rate must be positive and finite, got ", lr());
+  TORCH_CHECK(weight_decay() >= 0 && std::isfinite(weight_decay()), "weight decay must be >= 0 and finite, got ",
+              weight_decay());
   TORCH_CHECK(momentum() >= 0 && momentum() < 1, "momentum must be in [0, 1), got ", momentum());
   TORCH_CHECK(warmup_steps() >= 0, "warm-up steps must be >= 0, got ", warmup_steps());
   TORCH_CHECK(min_lr_factor() >= 0 && min_lr_factor() <= 1, "min lr factor must be in [0, 1], got ",
               min_lr_factor());
   TORCH_CHECK(patience() >= 0, "patience must be >= 0, got ", patience());
-  TORCH_CHECK(min_variance() >= 0, "min variance must be >= 0, got ", min_variance());
+  TORCH_CHECK(min_variance() >= 0 && std::isfinite(min_variance()), "min variance must be >= 0 and finite, got ",
+              min_variance());
   TORCH_CHECK(unroll() > 0, "unroll must be positive, got ", unroll());
 }
 

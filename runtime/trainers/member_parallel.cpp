@@ -1,6 +1,7 @@
 #include "packtrain/runtime/trainers/member_parallel.h"
 
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 
@@ -27,6 +28,8 @@ MemberShard member_shard(int64_t members, int64_t ranks, int64_t rank) {
 }
 
 std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) check_input_file(path, "checkpoint", uint64_t{1} << 40);  // missing: its reader says so
   std::ifstream in(path, std::ios::binary);
   if (!in || in.peek() != '{') return std::nullopt;  // a checkpoint container (or missing: its reader says so)
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);

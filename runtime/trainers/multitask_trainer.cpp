@@ -80,7 +80,9 @@ void MultiTaskTrainerOptions::validate() const {
               "]=", buckets().back(), ") exceeds the model's max_length (model.max_length=", model().max_length(),
               ")");
   TORCH_CHECK(lr() >= 0, "lr must be >= 0, got lr=", lr());
+  TORCH_CHECK(std::isfinite(lr()), "lr must be finite, got lr=", lr());
   TORCH_CHECK(weight_decay() >= 0, "weight_decay must be >= 0, got weight_decay=", weight_decay());
+  TORCH_CHECK(std::isfinite(weight_decay()), "weight_decay must be finite, got weight_decay=", weight_decay());
   TORCH_CHECK(warmup_steps() >= 0, "warmup_steps must be >= 0, got warmup_steps=", warmup_steps());
   TORCH_CHECK(classification_weight() >= 0 && lm_weight() >= 0 && classification_weight() + lm_weight() > 0,
               "task weights must be >= 0 and not both 0, got classification_weight=", classification_weight(),

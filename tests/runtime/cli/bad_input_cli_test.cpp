@@ -107,6 +107,61 @@ TEST_F(Cli, SymlinksAtTemporaryNamesAreNeverWrittenThrough) {
   EXPECT_EQ(read_file(victim), "precious");
 }
 
+// Inputs that would never end or could block (a device, a FIFO) are refused before
+// a byte is read, and so is a line too long to be a row; each under `timeout`, so
+// code that reads them anyway fails the test instead of hanging it.
+TEST_F(Cli, NonRegularOrUnboundedInputsAreRefusedBeforeReading) {
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(run_command("mkfifo " + fifo).status, 0);
+  const std::string bounded = "timeout 60 " + binary() + " ";
+  const struct {
+    std::string args, says;
+  } cases[] = {
+      {"train --epochs 1 --device cpu --data /dev/zero", "/dev/zero: is a device, not a regular file"},
+      {"train --epochs 1 --device cpu --config /dev/zero", "/dev/zero: is a device, not a regular file; a config file"},
+      {"train --epochs 1 --device cpu --data " + fifo, "is a FIFO, not a regular file"},
+      {"evaluate " + fifo, "is a FIFO, not a regular file"},
+      {"multitask train --epochs 1 --train /dev/zero", "/dev/zero: is a device"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run_command(bounded + c.args + " 2>&1");
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.says)) << c.args;
+  }
+  // One line of 17 MiB: refused naming the file and line, not parsed.
+  {
+    std::ofstream out(path("long.csv"));
+    out << "a,b\n" << std::string(17u << 20, '1') << ",1\n";
+  }
+  const Result r = run_command(bounded + "train --epochs 1 --device cpu --data " + path("long.csv") + " 2>&1");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("long.csv:2: a line of"));
+}
+
+// A rate that passes a sign check but not a finiteness one made every member
+// diverge and ended in an internal error.
+TEST_F(Cli, NonFiniteRatesAreRefused) {
+  for (const std::string option : {"--lr inf", "--lr nan", "--weight-decay inf"}) {
+    const Result r = run("train --epochs 1 --device cpu " + option);
+    EXPECT_EQ(r.status, 2) << option << "\n" << r.out;
+    EXPECT_THAT(r.out, ::testing::AnyOf(HasSubstr("finite"), HasSubstr("positive"))) << option << "\n" << r.out;
+  }
+}
+
+// What a command prints on stdout must reach it: a full device is an error.
+TEST_F(Cli, AFailedWriteToStandardOutputIsAnError) {
+  const std::string ckpt = path("c.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const std::string input = concrete_csv("in.csv", 200, false);
+  // (stderr still reaches the result; stdout goes to the full device.)
+  const Result predicted = run_command("(" + binary() + " predict " + ckpt + " " + input + " > /dev/full)");
+  EXPECT_NE(predicted.status, 0);
+  EXPECT_THAT(predicted.out, HasSubstr("cannot write to standard output")) << predicted.out;
+  const Result trained = run_command("(" + binary() + " train " + kSmall + " --json > /dev/full)");
+  EXPECT_NE(trained.status, 0);
+  EXPECT_THAT(trained.out, HasSubstr("cannot write to standard output")) << trained.out;
+}
+
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   write_file(path("good.tsv"), yes_no_tsv(8));
   write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");

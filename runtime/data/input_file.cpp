@@ -1,0 +1,60 @@
+#include "packtrain/runtime/data/input_file.h"
+
+#include "packtrain/runtime/data/data_error.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sys/stat.h>
+
+namespace packtrain::runtime {
+
+void check_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) {
+    const int error = errno;
+    if (error == ELOOP) throw DataError(fmt::format("{}: a loop of symbolic links, not a {}", file.string(), what));
+    throw DataError(fmt::format("{}: cannot open file ({}; a {} was expected)", file.string(), std::strerror(error), what));
+  }
+  if (S_ISDIR(st.st_mode)) throw DataError(fmt::format("{}: is a directory, not a {}", file.string(), what));
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                       : S_ISSOCK(st.st_mode)                                             ? "a socket"
+                                                                                          : "not a regular file";
+    throw DataError(fmt::format("{}: is {}, not a regular file; a {} must be a regular file", file.string(), kind,
+                                what));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    throw DataError(fmt::format("{}: {} bytes, more than the {} bytes a {} may have", file.string(), st.st_size,
+                                max_bytes, what));
+  }
+}
+
+void check_line_length(const std::filesystem::path& file, int64_t number, size_t length) {
+  if (length > kMaxLineBytes) {
+    throw DataError(fmt::format("{}:{}: a line of {} bytes, longer than the {} bytes a line may have", file.string(),
+                                number, length, kMaxLineBytes));
+  }
+}
+
+std::string read_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
+  check_input_file(file, what, max_bytes);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open the {} (unreadable)", file.string(), what));
+  std::string text;
+  text.resize(static_cast<size_t>(std::filesystem::file_size(file)));
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw DataError(file.string() + ": read error");
+  text.resize(static_cast<size_t>(in.gcount()));
+  int64_t number = 1;
+  for (size_t start = 0; start < text.size(); ++number) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    check_line_length(file, number, end - start);
+    start = end + 1;
+  }
+  return text;
+}
+
+}  // namespace packtrain::runtime
