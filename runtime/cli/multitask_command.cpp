@@ -8,6 +8,7 @@
 //   score     class probabilities for texts (arguments, or one per line from a file)
 //   generate  a continuation of --prompt (with --score, the prompt's score too)
 #include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/data/data_error.h"
@@ -145,6 +146,8 @@ int run_train(const MultiTaskTrainArgs& a) {
   const RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
                        a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
                        a.epochs};
+  check_outputs({{"-o", a.checkpoint.path}, {"--log", a.output.log}},
+                {{"--train", files.train.string()}, {"--dev", files.dev.string()}});
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
   runtime::MultiTaskTrainerOptions options = a.options;

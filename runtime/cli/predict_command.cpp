@@ -1,5 +1,6 @@
 // `packtrain predict`, `evaluate` and `export`: use a checkpoint without training.
 #include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/metrics_report.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
@@ -133,6 +134,7 @@ runtime::EnsemblePrediction predict_shards(const LoadedShards& shards, const at:
 }
 
 int run_predict(const PredictCommand& c) {
+  check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) {
     const LoadedShards shards = load_shards(*manifest, c.device);
     const LoadedModel& m = shards.front().first;
@@ -232,6 +234,7 @@ struct ExportCommand {
 };
 
 int run_export(const ExportCommand& c) {
+  check_outputs({{"output", c.output}}, {{"checkpoint", c.checkpoint}});
   const LoadedModel m = load_model(c.checkpoint, "cpu");
   runtime::export_members(c.output, *m.trainer, m.run.feature_names, c.members);
   fmt::print(stderr, "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",

@@ -2,10 +2,10 @@
 // through the run driver (progress, checkpoints, Ctrl-C), then report test metrics
 // per member and for the ensemble. One process, data parallel, or member parallel.
 #include "packtrain/profiling/trace.h"
-#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/metrics_report.h"
+#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/progress.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
@@ -13,6 +13,7 @@
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/profile/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
@@ -279,6 +280,16 @@ runtime::distributed::RankInfo member_parallel_rank(const std::string& what) {
 // Member parallel: the ensemble's members split across the ranks (contiguous
 // shards), each rank training its own with no gradient traffic (the group is for
 // checkpoints and the prediction gather: Gloo, CPU tensors).
+// The files a run reads (its data, index files) and writes (checkpoint, export,
+// trace, log), checked before any work (output_paths.h).
+void check_session_outputs(const SessionArgs& s, const DataArgs& data) {
+  std::vector<NamedPath> inputs{{"--data", data.data}, {"--train-index", data.train_index},
+                                {"--val-index", data.val_index}, {"--test-index", data.test_index}};
+  check_outputs({{"--checkpoint", s.checkpoint.path}, {"--export", s.export_path}, {"--trace", s.trace},
+                 {"--log", s.output.log}},
+                inputs);
+}
+
 int run_member_parallel(const TrainCommand& c) {
   using namespace runtime::distributed;
   const RankInfo rank = member_parallel_rank("--member-parallel");
@@ -300,6 +311,7 @@ int run_member_parallel(const TrainCommand& c) {
 }
 
 int run_train(const TrainCommand& c) {
+  check_session_outputs(c.session, c.data);
   if (c.member_parallel) return run_member_parallel(c);
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
   // The group before the trainer: the trainer's captured steps (which hold NCCL
@@ -386,6 +398,7 @@ int run_resume(ResumeCommand c) {
   const DataArgs data_args =
       runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;
+  check_session_outputs(c.session, data_args);  // the checkpoint resumed may be replaced: it is not an input here
   const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());
   options.log(driver.graph_log());

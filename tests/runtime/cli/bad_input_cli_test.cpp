@@ -3,9 +3,11 @@
 // outputs left untouched.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -160,6 +162,66 @@ TEST_F(Cli, AFailedWriteToStandardOutputIsAnError) {
   const Result trained = run_command("(" + binary() + " train " + kSmall + " --json > /dev/full)");
   EXPECT_NE(trained.status, 0);
   EXPECT_THAT(trained.out, HasSubstr("cannot write to standard output")) << trained.out;
+}
+
+// Outputs are checked before any work (exit 2 in well under a second, nothing
+// trained and lost): a missing or read-only directory, an existing directory, a
+// name too long for the save's temporary; and an output that is one of the run's
+// inputs — even through a hard link or another spelling — is refused, so no
+// command destroys its data or its checkpoint. An unrelated existing file is
+// replaced (the documented policy).
+TEST_F(Cli, OutputsAreCheckedBeforeWorkAndNeverOverwriteAnInput) {
+  const std::string train = "train --members 2 --epochs 200 --hidden 8 --device cpu --quiet ";
+  fs::create_directories(dir() / "ro");
+  fs::permissions(dir() / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+  const bool root = ::geteuid() == 0;  // root writes anywhere: the read-only case says nothing then
+  const std::string long_name = std::string(250, 'n') + ".ckpt";
+  const struct {
+    std::string args, says;
+  } refused[] = {
+      {train + "--checkpoint " + path("missing/run.ckpt"), "the directory " + path("missing") + " does not exist"},
+      {train + "--checkpoint " + dir().string(), "is a directory"},
+      {train + "--checkpoint " + path(long_name), "the file name is 255 bytes"},
+      {train + "--trace " + path("missing/t.json"), "--trace"},
+      {train + "--log " + path("missing/l.log"), "--log"},
+      {train + "--checkpoint " + path("x") + " --trace " + path("x"), "are the same file"},
+  };
+  for (const auto& c : refused) {
+    const auto start = std::chrono::steady_clock::now();
+    const Result r = run(c.args);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.says)) << c.args;
+    EXPECT_LT(seconds, 20) << "refused only after training (200 epochs): " << c.args;
+  }
+  if (!root) {
+    const Result r = run(train + "--checkpoint " + path("ro/run.ckpt"));
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("cannot write in"));
+  }
+  fs::permissions(dir() / "ro", fs::perms::owner_all);
+
+  // Inputs: the data file, the checkpoint, the predictions' input.
+  const std::string data = concrete_csv("data.csv", 120, true), ckpt = path("c.ckpt");
+  const std::string data_bytes = read_file(data);
+  const Result overwrite_data = run(train + "--data " + data + " --checkpoint " + data);
+  EXPECT_EQ(overwrite_data.status, 2) << overwrite_data.out;
+  EXPECT_THAT(overwrite_data.out, HasSubstr("refusing to overwrite an input"));
+  fs::create_hard_link(data, path("alias.csv"));
+  EXPECT_EQ(run(train + "--data " + data + " --export " + path("alias.csv")).status, 2) << "a hard link is the same file";
+  EXPECT_EQ(read_file(data), data_bytes) << "the training data survived";
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const std::string ckpt_bytes = read_file(ckpt);
+  EXPECT_EQ(run("export " + ckpt + " " + ckpt).status, 2);
+  EXPECT_EQ(run("export " + ckpt + " " + path("./c.ckpt")).status, 2) << "another spelling of the same file";
+  const std::string input = concrete_csv("in.csv", 10, false);
+  EXPECT_EQ(run("predict " + ckpt + " " + input + " -o " + ckpt).status, 2);
+  EXPECT_EQ(run("predict " + ckpt + " " + input + " -o " + input).status, 2);
+  EXPECT_EQ(read_file(ckpt), ckpt_bytes) << "the checkpoint survived";
+  // An unrelated existing file is replaced.
+  { std::ofstream(path("old.csv")) << "old"; }
+  EXPECT_EQ(run("predict " + ckpt + " " + input + " -o " + path("old.csv")).status, 0);
+  EXPECT_THAT(read_file(path("old.csv")), HasSubstr("mean,std"));
 }
 
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {

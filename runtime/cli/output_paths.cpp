@@ -1,0 +1,76 @@
+#include "packtrain/runtime/cli/output_paths.h"
+
+#include "packtrain/runtime/cli/cli_common.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace packtrain::cli {
+
+namespace {
+namespace fs = std::filesystem;
+
+bool none(const NamedPath& p) { return p.path.empty() || p.path == "-"; }
+
+std::optional<struct stat> stat_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return st;
+}
+
+bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
+
+// ".tmp.<pid>.XXXXXX": what write_file_atomically appends to the name.
+constexpr size_t kTemporarySuffix = 5 + 10 + 7;
+}  // namespace
+
+void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const NamedPath& out = outputs[i];
+    if (none(out)) continue;
+    const std::string where = out.flag + " " + out.path;
+    const fs::path path(out.path);
+    const std::optional<struct stat> existing = stat_of(out.path);
+    if (existing && S_ISDIR(existing->st_mode)) throw UsageError(where + ": is a directory; name a file");
+    const std::string name = path.filename().string();
+    if (name.empty()) throw UsageError(where + ": names a directory; name a file");
+    if (name.size() + kTemporarySuffix > NAME_MAX) {
+      throw UsageError(fmt::format("{}: the file name is {} bytes; at most {} fit beside the temporary a save uses",
+                                   where, name.size(), NAME_MAX - kTemporarySuffix));
+    }
+    const std::string dir = path.has_parent_path() ? path.parent_path().string() : ".";
+    const std::optional<struct stat> d = stat_of(dir);
+    if (!d) throw UsageError(where + ": the directory " + dir + " does not exist");
+    if (!S_ISDIR(d->st_mode)) throw UsageError(where + ": " + dir + " is not a directory");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+      throw UsageError(where + ": cannot write in " + dir + " (" + std::strerror(errno) + ")");
+    }
+    if (!existing) continue;
+    for (const NamedPath& in : inputs) {
+      if (none(in)) continue;
+      if (const auto s = stat_of(in.path); s && same_file(*s, *existing)) {
+        throw UsageError(fmt::format("{} is the same file as the input {} {}: refusing to overwrite an input",
+                                     where, in.flag, in.path));
+      }
+    }
+  }
+  // Two outputs naming one file (existing or not): the later write would replace the earlier.
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (none(outputs[i]) || none(outputs[j])) continue;
+      std::error_code ec1, ec2;
+      if (fs::weakly_canonical(outputs[i].path, ec1) == fs::weakly_canonical(outputs[j].path, ec2) && !ec1 && !ec2) {
+        throw UsageError(fmt::format("{} {} and {} {} are the same file", outputs[i].flag, outputs[i].path,
+                                     outputs[j].flag, outputs[j].path));
+      }
+    }
+  }
+}
+
+}  // namespace packtrain::cli
