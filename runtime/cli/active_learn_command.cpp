@@ -4,6 +4,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/profile/cpu_memory.h"
 #include "packtrain/runtime/trainers/active_learning.h"
 
@@ -108,10 +109,10 @@ void add_active_learn_command(CLI::App& app, int& status) {
       "curve (labelled rows vs test RMSE, both strategies) as CSV and SVG.");
   add_data_options(a, c->data);
   add_trainer_options(a, c->trainer);
-  a->add_option("--initial", c->loop.initial(), "Labelled rows at the start")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
-  a->add_option("--acquire", c->loop.acquire(), "Rows labelled per round")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
-  a->add_option("--rounds", c->loop.rounds(), "Trainings (acquisitions happen between them)")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
-  a->add_option("--runs", c->loop.ensembles(), "Independent runs (ensembles) per strategy, all in one pack")->capture_default_str()->check(CLI::PositiveNumber)->group("Active learning");
+  a->add_option("--initial", c->loop.initial(), "Labelled rows at the start")->capture_default_str()->check(positive())->group("Active learning");
+  a->add_option("--acquire", c->loop.acquire(), "Rows labelled per round")->capture_default_str()->check(positive())->group("Active learning");
+  a->add_option("--rounds", c->loop.rounds(), "Trainings (acquisitions happen between them)")->capture_default_str()->check(positive())->group("Active learning");
+  a->add_option("--runs", c->loop.ensembles(), "Independent runs (ensembles) per strategy, all in one pack")->capture_default_str()->check(positive())->group("Active learning");
   a->add_option("--al-seed", c->loop.seed(), "Seed of the initial labelled set, random acquisition and the rounds' re-initializations")->capture_default_str()->group("Active learning");
   a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
   a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");

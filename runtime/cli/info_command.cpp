@@ -2,6 +2,7 @@
 // profile` (how much of a training step is kernel launches).
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/distributed/nccl_communicator.h"
 #include "packtrain/runtime/distributed/process_group.h"
@@ -251,12 +252,12 @@ void add_info_commands(CLI::App& app, int& status) {
       "profile", "Measure how much of a training step is kernel launches: host and device microseconds per step,\n"
                  "kernels per step, eager versus captured, and a plain verdict (launch-bound or compute-bound).\n"
                  "Workload: K MLP regressors (8 inputs, 1 output, ReLU, MSE, AdamW) on synthetic data on the device.");
-  profile->add_option("--members", p->members, "Ensemble members K")->capture_default_str()->check(CLI::PositiveNumber);
-  profile->add_option("--hidden", p->hidden, "Width of each hidden layer")->capture_default_str()->check(CLI::PositiveNumber);
-  profile->add_option("--depth", p->depth, "Number of hidden layers")->capture_default_str()->check(CLI::NonNegativeNumber);
-  profile->add_option("--batch", p->batch, "Mini-batch size")->capture_default_str()->check(CLI::PositiveNumber);
-  profile->add_option("--unroll", p->unroll, "Steps per graph replay on the captured path")->capture_default_str()->check(CLI::PositiveNumber);
-  profile->add_option("--steps", p->steps, "Timed steps per path")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--members", p->members, "Ensemble members K")->capture_default_str()->check(positive());
+  profile->add_option("--hidden", p->hidden, "Width of each hidden layer")->capture_default_str()->check(positive());
+  profile->add_option("--depth", p->depth, "Number of hidden layers")->capture_default_str()->check(non_negative());
+  profile->add_option("--batch", p->batch, "Mini-batch size")->capture_default_str()->check(positive());
+  profile->add_option("--unroll", p->unroll, "Steps per graph replay on the captured path")->capture_default_str()->check(positive());
+  profile->add_option("--steps", p->steps, "Timed steps per path")->capture_default_str()->check(positive());
   profile->add_option("--device", p->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   auto* graph_flag = profile->add_flag("--graph", p->graph, "Profile the captured step (the default on a GPU)");
   profile->add_flag("--eager", p->eager, "Profile the eager step")->excludes(graph_flag);
@@ -266,7 +267,7 @@ void add_info_commands(CLI::App& app, int& status) {
                     "Instead: time all-reduces of 4 KiB to 64 MiB over this run's ranks (start it with packtrain "
                     "launch or torchrun; alone: world size 1): Gloo on CPU, NCCL on a GPU (--device)");
   profile->add_option("--repeats", p->collective_repeats, "Timed all-reduces per size (with --collectives)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   profile->callback([p, &status] { status = run_profile(*p); });
 }

@@ -11,6 +11,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/interrupt.h"
+#include "packtrain/runtime/cli/range_checks.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -335,12 +336,12 @@ void add_launch_command(CLI::App& app, int& status) {
       ->capture_default_str();
   launch->add_option("--grace", a->grace_seconds,
                      "Seconds the other ranks get after one fails (then SIGTERM; SIGKILL after as many again)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   launch->add_option("--timeout", a->timeout_seconds,
                      "Seconds a collective may take before every rank stops with an error (0: 60; sets "
                      "PACKTRAIN_COLLECTIVE_TIMEOUT)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   launch->add_option("command", a->command, "The packtrain command and its arguments, after --")->required();
   launch->callback([a, &status] { status = run_launch(*a); });

@@ -12,6 +12,7 @@
 // 130 interrupted (after saving a checkpoint when asked), 1 internal error.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/distributed/process_group.h"
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads,
                  "CPU threads for LibTorch's operators (0: its default, one per core). Small packs on a busy machine "
                  "often run fastest with 1.")
-      ->check(CLI::NonNegativeNumber);
+      ->check(packtrain::cli::non_negative());
   app.parse_complete_callback([&threads] {
     if (threads > 0) at::set_num_threads(threads);
   });

@@ -11,6 +11,7 @@
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/run_driver.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/labelled_texts.h"
@@ -301,22 +302,22 @@ void add_multitask_train(CLI::App* mt, int& status) {
       "bucket are truncated to it and counted.");
   train->add_option("--train", a->train, "TSV: CoLA's 4 columns or (label, sentence) (default: bundled CoLA train)");
   train->add_option("--dev", a->dev, "TSV for the dev metrics (default: bundled CoLA in-domain dev)");
-  train->add_option("--epochs", a->epochs, "Passes over the training sentences")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--members", m.members(), "Models trained as one pack (1: an ordinary model)")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--width", m.width(), "Model width")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--layers", m.layers(), "Transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--heads", m.heads(), "Attention heads (width must be a multiple)")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--max-length", m.max_length(), "Positions (tokens, BOS/EOS included)")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--epochs", a->epochs, "Passes over the training sentences")->check(positive())->capture_default_str();
+  train->add_option("--members", m.members(), "Models trained as one pack (1: an ordinary model)")->check(positive())->capture_default_str();
+  train->add_option("--width", m.width(), "Model width")->check(positive())->capture_default_str();
+  train->add_option("--layers", m.layers(), "Transformer blocks")->check(positive())->capture_default_str();
+  train->add_option("--heads", m.heads(), "Attention heads (width must be a multiple)")->check(positive())->capture_default_str();
+  train->add_option("--max-length", m.max_length(), "Positions (tokens, BOS/EOS included)")->check(positive())->capture_default_str();
   train->add_option("--buckets", o.buckets(), "Padded lengths, ascending; one captured graph each")->delimiter(',')->capture_default_str();
-  train->add_option("--batch", o.batch_size(), "Sentences per step")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--lr", o.lr(), "AdamW learning rate")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--weight-decay", o.weight_decay(), "AdamW weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--warmup", o.warmup_steps(), "Linear warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--cls-weight", o.classification_weight(), "Weight of the classification loss")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--lm-weight", o.lm_weight(), "Weight of the LM loss")->check(CLI::NonNegativeNumber)->capture_default_str();
+  train->add_option("--batch", o.batch_size(), "Sentences per step")->check(positive())->capture_default_str();
+  train->add_option("--lr", o.lr(), "AdamW learning rate")->check(non_negative())->capture_default_str();
+  train->add_option("--weight-decay", o.weight_decay(), "AdamW weight decay")->check(non_negative())->capture_default_str();
+  train->add_option("--warmup", o.warmup_steps(), "Linear warm-up steps")->check(non_negative())->capture_default_str();
+  train->add_option("--cls-weight", o.classification_weight(), "Weight of the classification loss")->check(non_negative())->capture_default_str();
+  train->add_option("--lm-weight", o.lm_weight(), "Weight of the LM loss")->check(non_negative())->capture_default_str();
   train->add_flag_callback("--separate-lm-texts", [&o] { o.shared_inputs(false); },
                            "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
-  train->add_option("--seed", o.seed(), "Initialization and batch order")->capture_default_str();
+  train->add_option("--seed", o.seed(), "Initialization and batch order")->capture_default_str()->check(non_negative());
   train->add_option("--device", a->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   train->add_flag_callback("--no-capture", [&o] { o.capture(false); }, "Run the steps eagerly on a GPU too");
   train->add_option("-o,--out", a->checkpoint.path, "Checkpoint to write (after every epoch)")->capture_default_str();
@@ -332,7 +333,7 @@ void add_multitask_resume(CLI::App* mt, int& status) {
                 "stopped (from an epoch boundary).");
   resume->add_option("checkpoint", r->checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
   resume->add_option("--epochs", r->epochs, "Train until this many epochs are done (default: the run's own)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   resume->add_option("--device", r->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   resume->add_option("-o,--out", r->out.path, "Checkpoint to write (default: the one resumed)");
   add_output_options(resume, r->output);
@@ -371,10 +372,10 @@ void add_multitask_generate(CLI::App* mt, int& status) {
       "generate", "Continue --prompt with the LM head (KV cache; the decode step is a CUDA graph on a GPU).");
   generate->add_option("checkpoint", *gen_checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
   generate->add_option("--prompt", *prompt, "Text to continue")->required();
-  generate->add_option("--max-new-tokens", g->max_new_tokens, "Bytes to generate at most")->check(CLI::PositiveNumber)->capture_default_str();
-  generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  generate->add_option("--top-k", g->top_k, "Sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  generate->add_option("--seed", g->seed, "Sampling seed (the same seed gives the same text)")->capture_default_str();
+  generate->add_option("--max-new-tokens", g->max_new_tokens, "Bytes to generate at most")->check(positive())->capture_default_str();
+  generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy)")->check(non_negative())->capture_default_str();
+  generate->add_option("--top-k", g->top_k, "Sample among the k likeliest tokens (0: all)")->check(non_negative())->capture_default_str();
+  generate->add_option("--seed", g->seed, "Sampling seed (the same seed gives the same text)")->capture_default_str()->check(non_negative());
   generate->add_flag("--score", *with_score, "Also score the prompt with the classification head");
   generate->add_flag("--no-capture", *no_capture, "Decode eagerly on a GPU too");
   generate->add_option("--device", *gen_device, "auto, cpu, cuda or cuda:N")->capture_default_str();

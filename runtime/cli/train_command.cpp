@@ -9,6 +9,7 @@
 #include "packtrain/runtime/cli/progress.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/distributed/process_group.h"
@@ -47,7 +48,7 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
                   "Write a checkpoint here at the end, every --checkpoint-every epochs, and on Ctrl-C (atomic: the last good "
                   "file survives a crash)")->group("Output");
   app->add_option("--checkpoint-every", s.checkpoint.every, "Epochs between checkpoints (0: only at the end)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Output");
+      ->capture_default_str()->check(non_negative())->group("Output");
   app->add_option("--export", s.export_path, "Also write all members for Python: torch.load(path) (scripts/load_packtrain_export.py)")
       ->group("Output");
   app->add_option("--trace", s.trace, "Write the run's NVTX ranges as Chrome trace JSON (open in ui.perfetto.dev)")->group("Output");
@@ -55,7 +56,7 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
   app->add_option("--rank-check-every", s.rank_check_every,
                   "Data parallel: also compare the ranks' parameter checksums every this many steps (each a host "
                   "synchronization; 0: after every epoch only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Multi-process");
+      ->capture_default_str()->check(non_negative())->group("Multi-process");
 }
 
 // How a session is spread over processes: one process (no group), data parallel
@@ -439,7 +440,7 @@ void add_train_commands(CLI::App& app, int& status) {
                 "(resume it under packtrain launch, on any number of ranks)")
       ->required();
   r->add_option("--epochs", resume->epochs, "Train until this many epochs in total (default: the run's own)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   r->add_option("--device", resume->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   add_session_options(r, resume->session);
   r->callback([resume, &status] { status = run_resume(*resume); });

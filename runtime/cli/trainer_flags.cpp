@@ -2,6 +2,7 @@
 
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/enum_option.h"
+#include "packtrain/runtime/cli/range_checks.h"
 
 #include <c10/util/Exception.h>
 
@@ -10,9 +11,9 @@ namespace packtrain::cli {
 void add_trainer_options(CLI::App* app, TrainerFlags& f) {
   runtime::EnsembleTrainerOptions& o = f.options;
   app->add_option("--members", o.members(), "Ensemble members K, trained as one pack")
-      ->capture_default_str()->check(CLI::PositiveNumber)->group("Model");
-  app->add_option("--hidden", o.hidden(), "Width of each hidden layer")->capture_default_str()->check(CLI::PositiveNumber)->group("Model");
-  app->add_option("--depth", o.depth(), "Number of hidden layers")->capture_default_str()->check(CLI::NonNegativeNumber)->group("Model");
+      ->capture_default_str()->check(positive())->group("Model");
+  app->add_option("--hidden", o.hidden(), "Width of each hidden layer")->capture_default_str()->check(positive())->group("Model");
+  app->add_option("--depth", o.depth(), "Number of hidden layers")->capture_default_str()->check(non_negative())->group("Model");
   add_enum_option(app, "--activation", o.activation(), ensemble::kActivationNames, "Hidden activation")->group("Model");
   app->add_flag("--layer-norm", o.layer_norm(), "LayerNorm after each hidden layer")->group("Model");
   app->add_option("--dropout", o.dropout(), "Dropout after each hidden activation")->capture_default_str()->group("Model");
@@ -26,20 +27,20 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
   add_enum_option(app, "--schedule", o.schedule(), ensemble::kLrScheduleKindNames, "Learning-rate schedule")->group("Optimizer");
   app->add_option("--warmup-steps", o.warmup_steps(), "Linear warm-up steps (warmup, cosine)")->capture_default_str()->group("Optimizer");
   app->add_option("--min-lr-factor", o.min_lr_factor(), "Cosine: final learning rate as a fraction of --lr")->capture_default_str()->group("Optimizer");
-  app->add_option("--epochs", o.epochs(), "Passes over the training rows")->capture_default_str()->check(CLI::PositiveNumber)->group("Training");
+  app->add_option("--epochs", o.epochs(), "Passes over the training rows")->capture_default_str()->check(positive())->group("Training");
   app->add_option("--batch", o.batch_size(), "Mini-batch size (rows per member per step). Data parallel: the global batch, split equally over the "
-                   "ranks (each prints its share at start)")->capture_default_str()->check(CLI::PositiveNumber)->group("Training");
+                   "ranks (each prints its share at start)")->capture_default_str()->check(positive())->group("Training");
   add_enum_option(app, "--order", o.order(), graphs::kBatchOrderNames,
                   "Member data order: one shared shuffle, a shuffle per member, or a bootstrap resample per member")
       ->group("Training");
   app->add_option("--patience", o.patience(), "Early stopping: epochs without a better validation loss before a member stops (0: off)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Training");
+      ->capture_default_str()->check(non_negative())->group("Training");
   app->add_flag_callback("--no-restore-best", [&o] { o.restore_best(false); },
                          "With --patience: keep each member's last weights instead of its best validation epoch's")->group("Training");
-  app->add_option("--seed", o.seed(), "Seed: member i is initialized from (seed, i); batch orders too")->capture_default_str()->group("Training");
+  app->add_option("--seed", o.seed(), "Seed: member i is initialized from (seed, i); batch orders too")->capture_default_str()->check(non_negative())->group("Training");
   app->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
   app->add_flag_callback("--eager", [&o] { o.capture(false); }, "Run every step eagerly (no CUDA graph capture)")->group("Training");
-  app->add_option("--unroll", o.unroll(), "Training steps per CUDA graph replay")->capture_default_str()->check(CLI::PositiveNumber)->group("Training");
+  app->add_option("--unroll", o.unroll(), "Training steps per CUDA graph replay")->capture_default_str()->check(positive())->group("Training");
 }
 
 void add_data_options(CLI::App* app, runtime::DataArgs& a) {
@@ -51,7 +52,7 @@ void add_data_options(CLI::App* app, runtime::DataArgs& a) {
   app->add_option("--delimiter", a.delimiter, "auto, comma, tab, semicolon or space")->capture_default_str()->group("Data");
   app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")->capture_default_str()->group("Data");
   app->add_option("--split", a.split, "UCI directories: the standard split k (index_train_k.txt / index_test_k.txt)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber)->group("Data");
+      ->capture_default_str()->check(non_negative())->group("Data");
   app->add_option("--train-index", a.train_index, "File of 0-based training row indices (with --test-index)")->group("Data");
   app->add_option("--val-index", a.val_index, "File of 0-based validation row indices")->group("Data");
   app->add_option("--test-index", a.test_index, "File of 0-based test row indices (with --train-index)")->group("Data");

@@ -224,6 +224,26 @@ TEST_F(Cli, OutputsAreCheckedBeforeWorkAndNeverOverwriteAnInput) {
   EXPECT_THAT(read_file(path("old.csv")), HasSubstr("mean,std"));
 }
 
+// Out-of-range numbers say the bound in a few words (CLI11's own message printed a
+// 309-digit range), and a negative seed is refused instead of wrapping to 2^64 - 1.
+TEST_F(Cli, RangeErrorsStateTheBoundAndNegativeSeedsAreRefused) {
+  const struct {
+    std::string args, says;
+  } cases[] = {
+      {"train --members 0", "--members: must be > 0, got 0"},
+      {"train --epochs -3", "--epochs: must be > 0, got -3"},
+      {"train --depth -1", "--depth: must be >= 0, got -1"},
+      {"train --seed -1", "--seed: must be >= 0, got -1"},
+      {"multitask train --seed -1", "--seed: must be >= 0, got -1"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.says)) << c.args;
+    EXPECT_LT(r.out.size(), 200u) << "one short line: " << r.out;
+  }
+}
+
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   write_file(path("good.tsv"), yes_no_tsv(8));
   write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");
