@@ -129,12 +129,27 @@ void save(const Session& s, const RunDriver& driver) {
   }
 }
 
+// A run whose every member diverged with no earlier good weights has nothing worth
+// saving: it stops before the epoch's checkpoint would replace a good one, saying
+// when and what to change (exit 2). (Member parallel: a shard sees only its members.)
+void stop_if_every_member_diverged(const Session& s, const RunDriver& driver, int64_t epoch) {
+  if (s.dist.member_parallel()) return;
+  const auto& members = s.trainer.member_states();
+  if (std::any_of(members.begin(), members.end(), [](const runtime::MemberState& m) { return m.usable; })) return;
+  const std::string& path = driver.checkpoint().path;
+  throw runtime::DataError(fmt::format(
+      "every member diverged by epoch {} (a non-finite loss before any good weights): nothing was saved{}; try a "
+      "smaller --lr (this run: {})",
+      epoch, path.empty() ? "" : ", " + path + " is as it was", s.trainer.options().lr()));
+}
+
 // The epochs, with progress, checkpoints and the --trace window; false when interrupted.
 bool train_epochs(const Session& s, RunDriver& driver, Progress& progress) {
   if (!s.args.trace.empty()) profiling::trace_start();
   const bool finished = s.trainer.train(
       [&](const runtime::EpochReport& r) {
         progress.epoch(r, s.trainer.options().members());
+        stop_if_every_member_diverged(s, driver, r.epoch);
         return driver.after_epoch(r.epoch, r.epochs, s.trainer.steps_taken(), [&] { save(s, driver); });
       },
       /*stop_when_idle=*/!s.dist.member_parallel());

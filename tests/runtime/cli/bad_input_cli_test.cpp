@@ -244,6 +244,21 @@ TEST_F(Cli, RangeErrorsStateTheBoundAndNegativeSeedsAreRefused) {
   }
 }
 
+// Every member diverging (a huge but finite rate) used to end in an internal error
+// after replacing a good checkpoint with an unusable one: now it stops at that
+// epoch, says so, exits 2 and leaves the checkpoint as it was.
+TEST_F(Cli, EveryMemberDivergingKeepsThePreviousCheckpoint) {
+  const std::string ckpt = path("good.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const std::string before = read_file(ckpt);
+  const Result r = run("train --members 2 --epochs 5 --device cpu --lr 1e30 --quiet --checkpoint " + ckpt);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("every member diverged by epoch 1"));
+  EXPECT_THAT(r.out, HasSubstr(ckpt + " is as it was"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("internal error")));
+  EXPECT_EQ(read_file(ckpt), before) << "the good checkpoint was replaced";
+}
+
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   write_file(path("good.tsv"), yes_no_tsv(8));
   write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");
