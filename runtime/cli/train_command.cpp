@@ -382,6 +382,14 @@ runtime::EnsembleTrainerOptions resumed_options(const runtime::EnsembleTrainer::
   return options;
 }
 
+// `resume --epochs N` at or below the checkpoint's epoch would train nothing and
+// rewrite the file: refused, naming the epoch it is at.
+void check_epochs_ahead(const ResumeCommand& c, int64_t at) {
+  if (c.epochs > 0 && c.epochs <= at) {
+    throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", c.from, at));
+  }
+}
+
 // Resumes a member-parallel run from its manifest, on any number of ranks.
 int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& manifest) {
   using namespace runtime::distributed;
@@ -400,6 +408,7 @@ int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& ma
   runtime::EnsembleTrainer trainer(options);
   const SplitData data = prepare(trainer, data_args);
   trainer.restore(*checkpoint);
+  check_epochs_ahead(c, trainer.epoch());
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, manifest.members);
   if (W != manifest.ranks) driver.note(fmt::format("resume: re-sharding {} members from {} ranks to {}", K, manifest.ranks, W));
   return run_session({trainer, data, data_args, c.session, "resume", Distribution::members_over(*group, sharded, mine, K)}, driver);
@@ -422,6 +431,7 @@ int run_resume(ResumeCommand c) {
   trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
   const SplitData data = prepare(trainer, data_args);
   trainer.restore(*checkpoint);
+  check_epochs_ahead(c, trainer.epoch());
   return run_session({trainer, data, data_args, c.session, "resume", Distribution::over(group.get())}, driver);
 }
 

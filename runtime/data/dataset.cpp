@@ -1,6 +1,7 @@
 #include "packtrain/runtime/data/dataset.h"
 
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/uci_dataset.h"
 
 #include <ATen/ATen.h>
@@ -41,6 +42,11 @@ std::string bundled_summary() {
 fs::path resolve(const std::string& argument) {
   std::error_code ec;
   if (fs::exists(argument, ec)) return argument;
+  if (fs::is_symlink(fs::symlink_status(argument, ec))) {
+    // A link that does not lead to a file: a loop, or a dangling one; say which.
+    check_input_file(argument, "data file");  // names ELOOP and the rest
+    throw DataError(argument + ": a symbolic link to nothing (" + fs::read_symlink(argument, ec).string() + ")");
+  }
   const fs::path dir = bundled_data_dir();
   const bool bare_name = fs::path(argument) == fs::path(argument).filename();
   if (!dir.empty() && bare_name && fs::is_directory(dir / argument, ec)) return dir / argument;

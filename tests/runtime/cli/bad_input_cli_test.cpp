@@ -259,6 +259,32 @@ TEST_F(Cli, EveryMemberDivergingKeepsThePreviousCheckpoint) {
   EXPECT_EQ(read_file(ckpt), before) << "the good checkpoint was replaced";
 }
 
+// Small ones: a resume that would train nothing is refused (it rewrote the file);
+// a symlink loop is named as one (it was "no such file"); a BOM at the start of a
+// TSV is not part of the first label.
+TEST_F(Cli, ResumeBelowTheEpochSymlinkLoopsAndBomsAreHandled) {
+  const std::string ckpt = path("c.ckpt");
+  ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
+  const std::string before = read_file(ckpt);
+  const Result r = run("resume " + ckpt + " --epochs 3 --device cpu --quiet");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("is at epoch 8; give --epochs above it"));
+  EXPECT_EQ(read_file(ckpt), before);
+
+  fs::create_symlink(path("loop2"), path("loop1"));
+  fs::create_symlink(path("loop1"), path("loop2"));
+  const Result loop = run("train --epochs 1 --device cpu --data " + path("loop1"));
+  EXPECT_EQ(loop.status, 2) << loop.out;
+  EXPECT_THAT(loop.out, HasSubstr("a loop of symbolic links"));
+
+  std::string rows;
+  for (int i = 0; i < 40; ++i) rows += std::string(i % 2 ? "1" : "0") + "\tsentence number " + std::to_string(i) + "\n";
+  { std::ofstream(path("bom.tsv")) << "\xEF\xBB\xBF" << rows; }
+  const Result bom = run("multitask train --epochs 1 --batch 8 --device cpu --quiet --train " + path("bom.tsv") +
+                         " --dev " + path("bom.tsv") + " -o " + path("m.ckpt"));
+  EXPECT_EQ(bom.status, 0) << bom.out;
+}
+
 TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
   write_file(path("good.tsv"), yes_no_tsv(8));
   write_file(path("label.tsv"), "src\t1\t\tfine.\nsrc\tmaybe\t\tbad label.\n");
