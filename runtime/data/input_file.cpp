@@ -11,7 +11,7 @@
 
 namespace packtrain::runtime {
 
-void check_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
+uint64_t check_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) {
     const int error = errno;
@@ -30,6 +30,11 @@ void check_input_file(const std::filesystem::path& file, std::string_view what, 
     throw DataError(fmt::format("{}: {} bytes, more than the {} bytes a {} may have", file.string(), st.st_size,
                                 max_bytes, what));
   }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void strip_bom(std::string& text) {
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
 }
 
 void check_line_length(const std::filesystem::path& file, int64_t number, size_t length) {
@@ -40,11 +45,11 @@ void check_line_length(const std::filesystem::path& file, int64_t number, size_t
 }
 
 std::string read_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
-  check_input_file(file, what, max_bytes);
+  const uint64_t size = check_input_file(file, what, max_bytes);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot open the {} (unreadable)", file.string(), what));
   std::string text;
-  text.resize(static_cast<size_t>(std::filesystem::file_size(file)));
+  text.resize(static_cast<size_t>(size));
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw DataError(file.string() + ": read error");
   text.resize(static_cast<size_t>(in.gcount()));

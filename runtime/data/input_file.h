@@ -18,13 +18,18 @@ inline constexpr size_t kMaxLineBytes = size_t{16} << 20;      // 16 MiB: a row 
 // Throws DataError unless `file` is a regular file (after following symlinks; a
 // loop is named as one) of at most `max_bytes`. `what` says what the file is for
 // ("table file", "config file").
-void check_input_file(const std::filesystem::path& file, std::string_view what,
-                      uint64_t max_bytes = kMaxInputBytes);
+// Returns its size in bytes.
+uint64_t check_input_file(const std::filesystem::path& file, std::string_view what,
+                          uint64_t max_bytes = kMaxInputBytes);
 
 // check_input_file, then the whole content; DataError naming the first line longer
 // than kMaxLineBytes.
 std::string read_input_file(const std::filesystem::path& file, std::string_view what,
                             uint64_t max_bytes = kMaxInputBytes);
+
+// Removes a UTF-8 byte-order mark (spreadsheet exports start with one) from the
+// start of `text`, the first line of a file.
+void strip_bom(std::string& text);
 
 // DataError "<file>:<line>: line longer than ..." when `line` is too long.
 void check_line_length(const std::filesystem::path& file, int64_t number, size_t length);

@@ -33,7 +33,7 @@ LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t class
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     check_line_length(path, number, line.size());
-    if (number == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);  // a UTF-8 BOM, not part of a label
+    if (number == 1) strip_bom(line);  // not part of the first label
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (blank(line)) continue;
     const std::vector<std::string> cells = split_tabs(line);

@@ -43,7 +43,7 @@ std::string_view trim(std::string_view s) {
 
 std::string read_text(const fs::path& file) {
   std::string text = read_input_file(file, "table file");
-  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 BOM (spreadsheet exports)
+  strip_bom(text);
   return text;
 }
 

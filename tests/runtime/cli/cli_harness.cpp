@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -127,6 +129,36 @@ nlohmann::json rank0_json(const std::string& out) {
     if (line.rfind("[rank 0] ", 0) == 0) json += line.substr(9) + "\n";
   }
   return nlohmann::json::parse(json, nullptr, false);
+}
+
+pid_t start_packtrain(const std::vector<std::string>& args, const fs::path& err) {
+  const std::string& exe = binary();  // before fork: the child only execs
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr || std::freopen("/dev/null", "w", stdout) == nullptr) {
+      ::_exit(126);
+    }
+    std::vector<char*> argv{const_cast<char*>(exe.c_str())};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  return child;
+}
+
+bool wait_for_text(const fs::path& file, const std::string& text) {
+  for (int i = 0; i < 1200; ++i) {
+    if (read_file(file).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+int exit_status(pid_t pid) {
+  int raw = 0;
+  if (::waitpid(pid, &raw, 0) != pid) return -1;
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 1000 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
 }
 
 std::string read_file(const fs::path& path) {

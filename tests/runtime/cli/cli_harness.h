@@ -12,6 +12,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -93,6 +94,16 @@ int free_port();
 
 // The JSON a launched rank 0 printed (its lines carry the "[rank 0] " prefix).
 nlohmann::json rank0_json(const std::string& out);
+
+// --- a packtrain process in the background
+
+// Starts `packtrain ARGS` with stderr into `err` and stdout discarded; its pid (the
+// caller signals and waits for it).
+pid_t start_packtrain(const std::vector<std::string>& args, const fs::path& err);
+// Waits until `file` holds `text` (at most 120 s); false if it never does.
+bool wait_for_text(const fs::path& file, const std::string& text);
+// waitpid: the exit status, or 1000 + the signal that ended it.
+int exit_status(pid_t pid);
 
 // --- files
 

@@ -32,25 +32,12 @@ struct Interrupted {
 // `progress` (training is under way), sends one SIGINT and reads what it said.
 Interrupted interrupt(const std::vector<std::string>& args, const fs::path& log, const fs::path& err,
                       const std::string& progress) {
-  const std::string& exe = binary();
-  const pid_t child = fork();
-  if (child == 0) {
-    if (freopen(err.c_str(), "w", stderr) == nullptr) _exit(126);
-    std::vector<char*> argv{const_cast<char*>(exe.c_str())};
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(exe.c_str(), argv.data());
-    _exit(127);
-  }
+  const pid_t child = start_packtrain(args, err);
   Interrupted out;
   if (child < 0) return out;
-  for (int i = 0; i < 1200 && read_file(log).find(progress) == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  wait_for_text(log, progress);
   kill(child, SIGINT);
-  int status = 0;
-  waitpid(child, &status, 0);
-  out.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  out.exit_status = exit_status(child);
   out.stderr_text = read_file(err);
   std::smatch m;
   static const std::regex said("packtrain: interrupted after epoch ([0-9]+); checkpoint saved: continue with `([^`]+)`");

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -26,34 +27,37 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-// Children of `parent`, from /proc (the ranks a launcher started).
+// A process's state letter and parent, from /proc/PID/stat; none once it is reaped.
+struct ProcStat {
+  char state = 0;
+  pid_t ppid = 0;
+};
+std::optional<ProcStat> proc_stat(const std::string& pid) {
+  std::ifstream stat("/proc/" + pid + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return std::nullopt;
+  // pid (comm) state ppid ...: comm may hold spaces; parse after the last ')'.
+  std::istringstream rest(line.substr(line.rfind(')') + 1));
+  ProcStat s;
+  rest >> s.state >> s.ppid;
+  return s;
+}
+
+// Children of `parent` (the ranks a launcher started).
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    // pid (comm) state ppid ...: comm may hold spaces; parse after the last ')'.
-    std::istringstream rest(line.substr(line.rfind(')') + 1));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+    if (const auto s = proc_stat(name); s && s->ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
   }
   return out;
 }
 
 // Gone: no such process, or a zombie (dead, waiting for whoever reaps orphans).
 bool gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  std::istringstream rest(line.substr(line.rfind(')') + 1));
-  char state = 0;
-  rest >> state;
-  return state == 'Z' || state == 'X';
+  const auto s = proc_stat(std::to_string(pid));
+  return !s || s->state == 'Z' || s->state == 'X';
 }
 
 bool all_gone_within(const std::vector<pid_t>& pids, std::chrono::seconds limit) {
@@ -68,33 +72,9 @@ bool all_gone_within(const std::vector<pid_t>& pids, std::chrono::seconds limit)
 }
 
 // `packtrain launch ARGS` in the background, stderr into `err`; its pid.
-pid_t start_launch(const std::vector<std::string>& args, const fs::path& err) {
-  const std::string& exe = binary();
-  const pid_t child = fork();
-  if (child == 0) {
-    if (freopen(err.c_str(), "w", stderr) == nullptr || freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
-    std::vector<char*> argv{const_cast<char*>(exe.c_str()), const_cast<char*>("launch")};
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(exe.c_str(), argv.data());
-    _exit(127);
-  }
-  return child;
-}
-
-// Waits until `file` holds `text` (at most 120 s).
-bool wait_for(const fs::path& file, const std::string& text) {
-  for (int i = 0; i < 1200; ++i) {
-    if (read_file(file).find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(100ms);
-  }
-  return false;
-}
-
-int exit_status(pid_t pid) {
-  int raw = 0;
-  if (waitpid(pid, &raw, 0) != pid) return -1;
-  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 1000 + WTERMSIG(raw);
+pid_t start_launch(std::vector<std::string> args, const fs::path& err) {
+  args.insert(args.begin(), "launch");
+  return start_packtrain(args, err);
 }
 
 // Starts a long data-parallel run under the launcher and waits until it trains;
@@ -106,7 +86,7 @@ struct Running {
 Running start_training(const std::vector<std::string>& args, const fs::path& log, const fs::path& err) {
   Running r;
   r.launcher = start_launch(args, err);
-  if (r.launcher <= 0 || !wait_for(log, "epoch    2/")) return r;
+  if (r.launcher <= 0 || !wait_for_text(log, "epoch    2/")) return r;
   r.ranks = children_of(r.launcher);
   std::sort(r.ranks.begin(), r.ranks.end());  // started in rank order
   return r;
