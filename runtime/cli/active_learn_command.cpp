@@ -3,10 +3,12 @@
 // writes the learning curve as CSV and SVG.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/profile/cpu_memory.h"
 #include "packtrain/runtime/trainers/active_learning.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -30,6 +32,7 @@ struct ActiveLearnCommand {
 };
 
 int run_active_learn(const ActiveLearnCommand& c) {
+  check_outputs({{"--csv", c.csv}, {"--plot", c.plot}}, data_inputs(c.data));
   std::vector<std::string> log_lines;
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
   options.log([&](const std::string& line) {
@@ -45,6 +48,9 @@ int run_active_learn(const ActiveLearnCommand& c) {
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   const runtime::Dataset pool = data.train(), test = data.test();
   if (test.features.size(0) == 0) throw UsageError("active learning needs test rows to draw the learning curve");
+  const runtime::EnsembleRunSizes sizes = runtime::ensemble_run_sizes(options, data, /*checkpoints=*/false);
+  runtime::check_memory(runtime::estimate_active_learning(options, c.loop, sizes),
+                        "lower --runs, --members, --hidden, --depth or --batch (or run where more memory is free)");
   const bool progress = !c.quiet && !c.json;
   const int64_t strategies = c.loop.random_baseline() ? 2 : 1;
   if (progress) {
@@ -63,8 +69,11 @@ int run_active_learn(const ActiveLearnCommand& c) {
                    c.loop.rounds(), p.labelled, p.spread_rmse,
                    std::isnan(p.random_rmse) ? "" : fmt::format("  random {:.4f}", p.random_rmse));
       });
-  runtime::write_learning_curve_csv(c.csv, result);
-  runtime::write_learning_curve_svg(c.plot, result, fmt::format("Active learning on {}", data.all.name));
+  DeferredWriteError writes;  // the curve is printed before a failed write ends the run
+  const bool written =
+      writes.attempt([&] { runtime::write_learning_curve_csv(c.csv, result); }) &&
+      writes.attempt(
+          [&] { runtime::write_learning_curve_svg(c.plot, result, fmt::format("Active learning on {}", data.all.name)); });
   if (c.json) {
     nlohmann::json out;
     out["data"] = data.description;
@@ -81,7 +90,7 @@ int run_active_learn(const ActiveLearnCommand& c) {
     out["plot"] = c.plot;
     out["log"] = log_lines;
     std::cout << out.dump(2) << "\n";
-    return 0;
+    return writes.rethrow_or(0);
   }
   fmt::print("\nLearning curve (test RMSE, original units, mean over {} run(s)):\n  {:>8}  {:>10}  {:>10}\n",
              c.loop.ensembles(), "labelled", "spread", "random");
@@ -89,9 +98,9 @@ int run_active_learn(const ActiveLearnCommand& c) {
     fmt::print("  {:>8}  {:>10.4f}  {:>10}\n", p.labelled, p.spread_rmse,
                std::isnan(p.random_rmse) ? "-" : fmt::format("{:.4f}", p.random_rmse));
   }
-  fmt::print("\nTrained {} rounds of a {}-member pack in {:.1f} s. Curve: {} and {}\n", result.curve.size(),
-             result.pack_members, result.train_seconds, c.csv, c.plot);
-  return 0;
+  fmt::print("\nTrained {} rounds of a {}-member pack in {:.1f} s.{}\n", result.curve.size(), result.pack_members,
+             result.train_seconds, written ? fmt::format(" Curve: {} and {}", c.csv, c.plot) : "");
+  return writes.rethrow_or(0);
 }
 
 }  // namespace

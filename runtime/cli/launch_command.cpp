@@ -12,6 +12,7 @@
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/interrupt.h"
 #include "packtrain/runtime/cli/range_checks.h"
+#include "packtrain/runtime/distributed/rank_info.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -44,23 +45,35 @@ struct LaunchArgs {
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 0;  // 0: a free port
   double grace_seconds = 10;
-  double timeout_seconds = 0;  // 0: the ranks' default (60 s)
+  double timeout_seconds = 0;  // 0: not given (PACKTRAIN_COLLECTIVE_TIMEOUT if set, else 60 s)
   std::vector<std::string> command;
 };
 
-int free_port(const std::string& addr) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw UsageError("launch: cannot open a socket to find a free port");
+// The port rank 0's store will listen on: --master-port, checked by binding it (as
+// rank 0 will, SO_REUSEADDR) so that a busy one ends the launch before any rank
+// starts; or, for 0, one the kernel picks. An address that is not numeric (a host
+// name) is left to rank 0, which resolves it.
+int store_port(const std::string& addr, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = 0;
-  if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) {
+    if (port != 0) return port;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw UsageError(fmt::format("launch: cannot open a socket: {}", std::strerror(errno)));
+  const int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   socklen_t len = sizeof(a);
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const int error = errno;
   ::close(fd);
-  if (!ok) throw UsageError("launch: cannot find a free port on " + addr + "; pass --master-port");
-  return ntohs(a.sin_port);
+  if (ok) return ntohs(a.sin_port);
+  if (port == 0) throw UsageError("launch: cannot find a free port on " + addr + "; pass --master-port");
+  throw UsageError(fmt::format("launch: cannot listen on {}:{} (--master-addr:--master-port): {}", addr, port,
+                               std::strerror(error)));
 }
 
 struct Child {
@@ -110,7 +123,9 @@ Child start_rank(const LaunchArgs& a, int port, int64_t r) {
     // Every rank is on this host: Gloo binds to loopback unless the user chose an
     // interface (a host whose name does not resolve otherwise gets Gloo's warning).
     ::setenv("GLOO_SOCKET_IFNAME", "lo", /*overwrite=*/0);
-    if (a.timeout_seconds > 0) ::setenv("PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(a.timeout_seconds).c_str(), 1);
+    if (a.timeout_seconds > 0) {
+      ::setenv("PACKTRAIN_COLLECTIVE_TIMEOUT", fmt::format("{}", a.timeout_seconds).c_str(), 1);
+    }
     std::vector<std::string> args{"packtrain"};
     args.insert(args.end(), a.command.begin(), a.command.end());
     std::vector<char*> argv;
@@ -295,7 +310,7 @@ int run_launch(const LaunchArgs& a) {
                                  a.nproc, nproc_limit(a),
                                  a.max_nproc > 0 ? "--max-nproc" : fmt::format("4 per CPU core here, {} cores", cores)));
   }
-  const int port = a.master_port > 0 ? static_cast<int>(a.master_port) : free_port(a.master_addr);
+  const int port = store_port(a.master_addr, static_cast<int>(a.master_port));
   fmt::print(stderr, "launch: {} processes, store {}:{}, command: packtrain {}\n", a.nproc, a.master_addr, port,
              fmt::join(a.command, " "));
   const ForwardedSignals forwarded;  // before the first fork: a TERM/HUP from now on reaches the ranks
@@ -339,10 +354,9 @@ void add_launch_command(CLI::App& app, int& status) {
       ->check(non_negative())
       ->capture_default_str();
   launch->add_option("--timeout", a->timeout_seconds,
-                     "Seconds a collective may take before every rank stops with an error (0: 60; sets "
-                     "PACKTRAIN_COLLECTIVE_TIMEOUT)")
-      ->check(non_negative())
-      ->capture_default_str();
+                     "Seconds the rendezvous and each collective may take before every rank stops with an error "
+                     "(sets PACKTRAIN_COLLECTIVE_TIMEOUT; default: that variable if set, else 60)")
+      ->check(between(runtime::distributed::kMinTimeoutSeconds, runtime::distributed::kMaxTimeoutSeconds));
   launch->add_option("command", a->command, "The packtrain command and its arguments, after --")->required();
   launch->callback([a, &status] { status = run_launch(*a); });
 }

@@ -12,9 +12,11 @@
 // 130 interrupted (after saving a checkpoint when asked), 1 internal error.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/config_file.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/distributed/process_group.h"
 
 #include <ATen/Parallel.h>
@@ -28,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -98,12 +101,30 @@ int main(int argc, char** argv) {
   app.config_formatter(std::make_shared<SubcommandConfig>(&app));
   app.allow_config_extras(CLI::config_extras_mode::error);
   int threads = 0;
+  // More threads than cores only queue up (and a pool of 100000 takes minutes to
+  // start): at most 4 per core the machine reports.
+  const int max_threads = 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   app.add_option("--threads", threads,
-                 "CPU threads for LibTorch's operators (0: its default, one per core). Small packs on a busy machine "
-                 "often run fastest with 1.")
-      ->check(packtrain::cli::non_negative());
-  app.parse_complete_callback([&threads] {
-    if (threads > 0) at::set_num_threads(threads);
+                 fmt::format("CPU threads for LibTorch's operators (0: its default, one per core; at most 4 per core, "
+                             "{} here). Small packs on a busy machine often run fastest with 1.",
+                             max_threads))
+      ->check(packtrain::cli::between(0, max_threads));
+  // --threads, else $PACKTRAIN_THREADS; exported once chosen, so the ranks of
+  // `packtrain --threads 1 launch ...` (which inherit the environment) use it too.
+  app.parse_complete_callback([&threads, max_threads] {
+    if (const char* env = std::getenv("PACKTRAIN_THREADS"); threads == 0 && env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long value = std::strtol(env, &end, 10);
+      if (*end != '\0' || value < 0 || value > max_threads) {
+        throw packtrain::cli::UsageError(
+            fmt::format("PACKTRAIN_THREADS='{}': must be an integer between 0 and {}", env, max_threads));
+      }
+      threads = static_cast<int>(value);
+    }
+    if (threads > 0) {
+      at::set_num_threads(threads);
+      ::setenv("PACKTRAIN_THREADS", std::to_string(threads).c_str(), 1);
+    }
   });
   int status = 0;
   packtrain::cli::add_train_commands(app, status);
@@ -115,37 +136,43 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
   const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";
-  std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
+  const std::vector<std::string> command_line = args;  // parse() consumes `args`
+  std::reverse(args.begin(), args.end());               // CLI11 takes them last-first
+  // Whatever stdout holds (a run's results) goes out before the error line.
+  const auto fail = [](int code, const std::string& message) {
+    std::fflush(stdout);
+    fmt::print(stderr, "packtrain: {}\n", message);
+    return code;
+  };
+  packtrain::cli::ConfigLines config_lines;
   try {
     // A config that cannot be read whole (a device, a FIFO, a huge file) is an error,
-    // never silently the defaults.
-    if (!config.empty()) packtrain::runtime::check_input_file(config, "config file", uint64_t{1} << 20);
+    // never silently the defaults; a line CLI11 would misread is named first.
+    if (!config.empty()) config_lines = packtrain::cli::scan_config_file(config);
     app.parse(args);
   } catch (const CLI::ConfigError& e) {
-    fmt::print(stderr, "packtrain: error: {}: {} (the keys are the command's flags without dashes)\n", config, e.what());
-    return 2;
+    const std::string where = packtrain::cli::config_location(config_lines, e.what(), command_line);
+    return fail(2, fmt::format("error: {}{} (the keys are the command's flags without dashes)",
+                               where.empty() ? config + ": " : where, e.what()));
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    fmt::print(stderr, "packtrain: error: {}\n", e.what());
-    return 2;
+    return fail(2, "error: " + packtrain::cli::config_location(config_lines, e.what(), command_line) + e.what());
   } catch (const packtrain::runtime::DataError& e) {
-    fmt::print(stderr, "packtrain: error: {}\n", e.what());
-    return 2;
+    return fail(2, std::string("error: ") + e.what());
   } catch (const packtrain::cli::UsageError& e) {
-    fmt::print(stderr, "packtrain: error: {}\n", e.what());
-    return 2;
+    return fail(2, std::string("error: ") + e.what());
+  } catch (const packtrain::runtime::WriteError& e) {
+    return fail(1, std::string("error: ") + e.what());  // a full disk: not bad input, not a bug
   } catch (const packtrain::runtime::distributed::CollectiveError& e) {
-    fmt::print(stderr, "packtrain: error: {}\n", e.what());  // a peer died or hangs: not bad input, not a bug
+    fail(1, std::string("error: ") + e.what());  // a peer died or hangs: not bad input, not a bug
     // An NCCL abort may still be running on a thread of its own: end without the
     // static destructors it could race (checkpoints are committed files already).
     std::fflush(nullptr);
     std::_Exit(1);
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "packtrain: internal error: {}\n", e.what_without_backtrace());
-    return 1;
+    return fail(1, std::string("internal error: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    fmt::print(stderr, "packtrain: internal error: {}\n", e.what());
-    return 1;
+    return fail(1, std::string("internal error: ") + e.what());
   }
   return standard_output_written(status);
 }

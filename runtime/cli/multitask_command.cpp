@@ -13,9 +13,11 @@
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 
 #include <ATen/ATen.h>
@@ -24,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -49,10 +52,45 @@ nlohmann::json metrics_json(const runtime::TaskMetrics& m) {
 
 // Where a run's sentences come from and how long it trains: the checkpoint's
 // `extra`, so `multitask resume` reloads the same files.
+// With each file's fingerprint (of its sentences and labels), so a resume on
+// files edited since is refused.
 struct RunFiles {
   std::filesystem::path train, dev;
   int64_t epochs = 0;
+  std::string train_fingerprint, dev_fingerprint;  // empty in checkpoints from earlier versions
+
+  std::string to_json() const {
+    return nlohmann::json{{"train", train.string()}, {"dev", dev.string()}, {"epochs", epochs},
+                          {"train_fingerprint", train_fingerprint}, {"dev_fingerprint", dev_fingerprint}}
+        .dump();
+  }
+  static RunFiles from_json(const std::string& text, const std::string& checkpoint) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      return {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>(),
+              j.value("train_fingerprint", ""), j.value("dev_fingerprint", "")};
+    } catch (const std::exception& e) {
+      throw runtime::DataError(checkpoint + ": no run description to resume from (" + e.what() + ")");
+    }
+  }
 };
+
+// The sentences a resumed run reads must be the ones it was trained on: DataError
+// naming the file that changed; a note when the checkpoint records no fingerprint.
+void check_same_texts(const std::string& recorded, const runtime::LabelledTexts& texts, const char* role,
+                      RunDriver& driver) {
+  const std::string now = runtime::fingerprint_hex(runtime::fingerprint(texts));
+  if (recorded.empty()) {
+    driver.note(fmt::format("multitask resume: note: the checkpoint records no fingerprint of its {} file (an "
+                            "earlier version wrote it): cannot check that {} is unchanged",
+                            role, texts.source));
+  } else if (recorded != now) {
+    throw runtime::DataError(fmt::format("{}: the {} sentences changed since this run was trained (fingerprint {}, "
+                                         "now {}; {} sentences now); multitask resume continues a run on its own "
+                                         "data only",
+                                         texts.source, role, recorded, now, texts.size()));
+  }
+}
 
 // A multitask session: the trainer, its files and dev set, and the driver around it.
 struct Session {
@@ -87,10 +125,11 @@ void describe(const Session& s, RunDriver& driver) {
   if (s.trainer.epochs_done() > 0) driver.note(fmt::format("multitask: resuming after epoch {}", s.trainer.epochs_done()));
 }
 
-void report(const Session& s, const RunDriver& driver, const nlohmann::json& epochs, double seconds) {
+// Dev metrics and the run's summary (`saved`: whether the final checkpoint was written).
+void report(const Session& s, const RunDriver& driver, const nlohmann::json& epochs, double seconds, bool saved) {
   const runtime::TaskMetrics metrics = s.trainer.evaluate(s.dev);
   if (!driver.primary()) return;
-  const std::string& checkpoint = driver.checkpoint().path;
+  const std::string checkpoint = saved ? driver.checkpoint().path : "";
   const c10::Device device = s.trainer.options().model().device();
   if (driver.json()) {
     const nlohmann::json out = {{"train", s.files.train.string()}, {"dev", s.files.dev.string()},
@@ -106,8 +145,20 @@ void report(const Session& s, const RunDriver& driver, const nlohmann::json& epo
              "perplexity {:.3f}\n",
              s.files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
              metrics.perplexity);
-  fmt::print("Trained to epoch {} ({} steps in all), {:.1f} s in this run on {}; checkpoint {}\n",
-             s.trainer.epochs_done(), s.trainer.steps_done(), seconds, device.str(), checkpoint);
+  fmt::print("Trained to epoch {} ({} steps in all), {:.1f} s in this run on {}{}\n", s.trainer.epochs_done(),
+             s.trainer.steps_done(), seconds, device.str(), saved ? "; checkpoint " + checkpoint : "");
+}
+
+// A non-finite training loss means weights that diverged: stop before the epoch's
+// checkpoint would replace the last good one, saying when and what to change (exit 2).
+void stop_if_diverged(const Session& s, const RunDriver& driver, const runtime::MultiTaskEpochReport& r) {
+  if (std::isfinite(r.classification_loss) && std::isfinite(r.lm_loss)) return;
+  const std::string& path = driver.checkpoint().path;
+  throw runtime::DataError(fmt::format(
+      "the training loss became non-finite in epoch {} (classification {}, LM {}): the weights diverged; nothing was "
+      "saved{}; try a smaller --lr (this run: {})",
+      r.epoch, r.classification_loss, r.lm_loss, path.empty() ? "" : ", " + path + " is as it was",
+      s.trainer.options().lr()));
 }
 
 // Trains epochs until `files.epochs` are done through the run driver (a checkpoint
@@ -115,8 +166,7 @@ void report(const Session& s, const RunDriver& driver, const nlohmann::json& epo
 // Returns 0, or 130 if interrupted.
 int run_session(const Session& s, RunDriver& driver) {
   describe(s, driver);
-  const std::string extra =
-      nlohmann::json{{"train", s.files.train.string()}, {"dev", s.files.dev.string()}, {"epochs", s.files.epochs}}.dump();
+  const std::string extra = s.files.to_json();
   const auto save = [&] {
     if (driver.primary()) s.trainer.save(driver.checkpoint().path, extra);
   };
@@ -126,6 +176,7 @@ int run_session(const Session& s, RunDriver& driver) {
   bool go_on = true;
   while (go_on && s.trainer.epochs_done() < s.files.epochs) {
     const runtime::MultiTaskEpochReport r = s.trainer.train_epoch();
+    stop_if_diverged(s, driver, r);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / static_cast<double>(r.epoch - first) * static_cast<double>(s.files.epochs - r.epoch);
     driver.note(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
@@ -136,21 +187,27 @@ int run_session(const Session& s, RunDriver& driver) {
                       {"seconds", r.seconds}, {"steps", r.steps}});
     go_on = driver.after_epoch(r.epoch, s.files.epochs, s.trainer.steps_done(), save);
   }
-  save();  // the last epoch done, also when interrupted
+  DeferredWriteError writes;  // the dev metrics are printed before a failed final write ends the run
+  const bool saved = writes.attempt(save);  // the last epoch done, also when interrupted
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!go_on) return driver.interrupted(s.trainer.epochs_done(), "packtrain multitask resume " + driver.checkpoint().path);
-  report(s, driver, epochs, seconds);
-  return 0;
+  if (!go_on) {
+    writes.rethrow_or(0);
+    return driver.interrupted(s.trainer.epochs_done(), "packtrain multitask resume " + driver.checkpoint().path);
+  }
+  report(s, driver, epochs, seconds, saved);
+  return writes.rethrow_or(0);
 }
 
 int run_train(const MultiTaskTrainArgs& a) {
-  const RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
-                       a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
-                       a.epochs};
+  RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
+                 a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
+                 a.epochs};
   check_outputs({{"-o", a.checkpoint.path}, {"--log", a.output.log}},
                 {{"--train", files.train.string()}, {"--dev", files.dev.string()}});
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
+  files.train_fingerprint = runtime::fingerprint_hex(runtime::fingerprint(train));
+  files.dev_fingerprint = runtime::fingerprint_hex(runtime::fingerprint(dev));
   runtime::MultiTaskTrainerOptions options = a.options;
   options.model().device(pick_device(a.device));
   try {
@@ -162,6 +219,10 @@ int run_train(const MultiTaskTrainArgs& a) {
     throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", options.batch_size(),
                                  train.size()));
   }
+  runtime::check_memory(runtime::estimate_multitask_run(options, static_cast<int64_t>(train.size()),
+                                                        !a.checkpoint.path.empty()),
+                        "lower --members, --width, --layers, --max-length, --buckets or --batch (or run where more "
+                        "memory is free)");
   // The group before the trainer: the trainer's captured steps (which hold NCCL
   // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(options.model().device());
@@ -190,13 +251,7 @@ int run_resume(MultiTaskResumeArgs a) {
   if (a.out.path.empty()) a.out.path = a.checkpoint;
   RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log
   auto trainer = runtime::MultiTaskTrainer::load(a.checkpoint, device, &extra, driver.graph_log());
-  RunFiles files;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(extra);
-    files = {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>()};
-  } catch (const std::exception& e) {
-    throw runtime::DataError(a.checkpoint + ": no run description to resume from (" + e.what() + ")");
-  }
+  RunFiles files = RunFiles::from_json(extra, a.checkpoint);
   if (a.epochs > 0) files.epochs = a.epochs;
   if (files.epochs <= trainer->epochs_done()) {
     throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", a.checkpoint,
@@ -204,6 +259,10 @@ int run_resume(MultiTaskResumeArgs a) {
   }
   const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
   const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
+  check_same_texts(files.train_fingerprint, train, "training", driver);
+  check_same_texts(files.dev_fingerprint, dev, "dev", driver);
+  runtime::check_memory(runtime::estimate_multitask_run(trainer->options(), static_cast<int64_t>(train.size()), true),
+                        "resume it where more memory is free");
   trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
   return run_session({*trainer, files, dev, truncated, group.get()}, driver);
@@ -373,7 +432,7 @@ void add_multitask_generate(CLI::App* mt, int& status) {
   generate->add_option("checkpoint", *gen_checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
   generate->add_option("--prompt", *prompt, "Text to continue")->required();
   generate->add_option("--max-new-tokens", g->max_new_tokens, "Bytes to generate at most")->check(positive())->capture_default_str();
-  generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy)")->check(non_negative())->capture_default_str();
+  generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy; finite)")->check(finite_non_negative())->capture_default_str();
   generate->add_option("--top-k", g->top_k, "Sample among the k likeliest tokens (0: all)")->check(non_negative())->capture_default_str();
   generate->add_option("--seed", g->seed, "Sampling seed (the same seed gives the same text)")->capture_default_str()->check(non_negative());
   generate->add_flag("--score", *with_score, "Also score the prompt with the classification head");

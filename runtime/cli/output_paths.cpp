@@ -1,5 +1,7 @@
 #include "packtrain/runtime/cli/output_paths.h"
 
+#include "packtrain/runtime/data/run_data.h"
+
 #include "packtrain/runtime/cli/cli_common.h"
 
 #include <fmt/format.h>
@@ -71,6 +73,13 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
       }
     }
   }
+}
+
+std::vector<NamedPath> data_inputs(const runtime::DataArgs& data) {
+  return {{"--data", data.data},
+          {"--train-index", data.train_index},
+          {"--val-index", data.val_index},
+          {"--test-index", data.test_index}};
 }
 
 }  // namespace packtrain::cli

@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+namespace packtrain::runtime {
+struct DataArgs;
+}
+
 namespace packtrain::cli {
 
 // A file a command reads or writes, with the flag that named it (for messages).
@@ -20,5 +24,9 @@ struct NamedPath {
 // count) as any input or as another output. An existing unrelated file is allowed:
 // it is replaced atomically when the command writes (the policy README states).
 void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+
+// The files a run's data arguments name (--data and the index files), as inputs
+// for check_outputs.
+std::vector<NamedPath> data_inputs(const runtime::DataArgs& data);
 
 }  // namespace packtrain::cli

@@ -31,19 +31,24 @@ struct LoadedModel {
   runtime::RunDescription run;
 };
 
-LoadedModel load_model(const std::string& path, const std::string& device) {
-  const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(path);
-  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(*checkpoint);
+LoadedModel load_model(const runtime::EnsembleTrainer::Checkpoint& checkpoint, const std::string& device) {
+  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(checkpoint);
   options.device(pick_device(device));
   LoadedModel out{std::make_unique<runtime::EnsembleTrainer>(options),
-                  runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint))};
-  out.trainer->restore(*checkpoint);
+                  runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(checkpoint))};
+  out.trainer->restore(checkpoint);
   return out;
 }
 
-// The model's feature columns of `table`: by name when the table has a header with
-// every training feature name, else by position (the first I columns). With
-// `target`, also the target column (by name, or the column after the features).
+LoadedModel load_model(const std::string& path, const std::string& device) {
+  return load_model(*runtime::EnsembleTrainer::read_checkpoint(path), device);
+}
+
+// The model's feature columns of `table`: by name when the table has a header and
+// the model was trained on named columns (every name must be there: a header with
+// other names is refused, never read by position), else by position (the first I
+// columns). With `target`, also the target column (by name, or the column after
+// the features).
 std::vector<int64_t> model_columns(const runtime::Table& table, const LoadedModel& m, bool with_target) {
   const int64_t I = m.trainer->in_features();
   const std::vector<std::string>& names = m.run.feature_names;
@@ -51,7 +56,19 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const LoadedMode
   const auto has = [&](const std::string& name) {
     return std::find(table.columns.begin(), table.columns.end(), name) != table.columns.end();
   };
-  if (table.has_header && static_cast<int64_t>(names.size()) == I && std::all_of(names.begin(), names.end(), has)) {
+  // A headerless training table names its columns by number: nothing to match.
+  const bool named = static_cast<int64_t>(names.size()) == I && std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n.empty() || n.find_first_not_of("0123456789") != std::string::npos;
+  });
+  if (table.has_header && named && !std::all_of(names.begin(), names.end(), has)) {
+    std::vector<std::string> missing;
+    std::copy_if(names.begin(), names.end(), std::back_inserter(missing), [&](const std::string& n) { return !has(n); });
+    throw runtime::DataError(fmt::format(
+        "{}: its header lacks the model's feature column(s) {} (it has {}); the model reads its columns by the "
+        "names it was trained with ({}), or by position from a table with no header",
+        table.file.string(), fmt::join(missing, ", "), fmt::join(table.columns, ", "), fmt::join(names, ", ")));
+  }
+  if (table.has_header && named) {
     for (const std::string& name : names) cols.push_back(table.column_index(name));
     if (with_target) cols.push_back(table.column_index(m.run.target_name.empty() ? "-1" : m.run.target_name));
     return cols;
@@ -114,13 +131,13 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   return out;
 }
 
-// Every shard of a member-parallel run, loaded in this process (whatever number of
-// ranks trained it), with each shard's first member.
+// Every shard of a member-parallel run, checked against its manifest and loaded in
+// this process (whatever number of ranks trained it), with each shard's first member.
 using LoadedShards = std::vector<std::pair<LoadedModel, int64_t>>;
 LoadedShards load_shards(const runtime::ShardManifest& manifest, const std::string& device) {
   LoadedShards shards;
-  for (const runtime::ShardManifest::Shard& shard : manifest.shards) {
-    shards.emplace_back(load_model(shard.file.string(), device), shard.first_member);
+  for (const auto& [checkpoint, first] : runtime::read_shards(manifest)) {
+    shards.emplace_back(load_model(*checkpoint, device), first);
   }
   return shards;
 }
@@ -178,8 +195,16 @@ struct EvaluationRows {
 };
 
 EvaluationRows evaluation_rows(const EvaluateCommand& c, const LoadedModel& m) {
-  if (c.input.empty()) {  // the checkpoint's own test rows
+  if (c.input.empty()) {  // the checkpoint's own test rows, from the data it was trained on
     const runtime::SplitData data = runtime::load_split_data(m.run.data);
+    // On data changed since training these would be other rows under the run's name;
+    // a table given explicitly is the user's choice of data.
+    if (!runtime::check_same_data(m.run, data, "to score the new data give it as a table: packtrain evaluate " +
+                                                     c.checkpoint + " TABLE")) {
+      fmt::print(stderr, "packtrain evaluate: note: {} records no fingerprint of its data (an earlier version wrote "
+                         "it): cannot check that {} is unchanged since training\n",
+                 c.checkpoint, m.run.data.data);
+    }
     const runtime::Dataset test = data.test();
     if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
     return {test.features, test.targets, data.description + ", test rows"};

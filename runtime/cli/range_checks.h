@@ -3,7 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
 
 namespace packtrain::cli {
@@ -16,14 +19,9 @@ template <typename Ok>
 CLI::Validator bound(const std::string& name, const std::string& rule, Ok ok) {
   return CLI::Validator(
       [rule, ok](std::string& text) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          return {};
-        }
-        if (used != text.size()) return {};
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);  // 1e400: inf, outside any finite bound
+        if (end == text.c_str() || *end != '\0') return {};
         return ok(v) ? std::string() : "must be " + rule + ", got " + text;
       },
       name);
@@ -34,4 +32,14 @@ CLI::Validator bound(const std::string& name, const std::string& rule, Ok ok) {
 inline CLI::Validator positive() { return detail::bound("POSITIVE", "> 0", [](double v) { return v > 0; }); }
 // >= 0 (seeds, epochs that may be 0, seconds).
 inline CLI::Validator non_negative() { return detail::bound("NONNEGATIVE", ">= 0", [](double v) { return v >= 0; }); }
+// lo <= v <= hi (nan and inf are outside any range), e.g. a timeout's seconds.
+inline CLI::Validator between(double lo, double hi) {
+  return detail::bound(fmt::format("[{}, {}]", lo, hi), fmt::format("between {} and {}", lo, hi),
+                       [lo, hi](double v) { return v >= lo && v <= hi; });
+}
+// Finite and >= 0 (a sampling temperature): NaN, inf and what overflows a double
+// (1e400) are refused, where non_negative() lets inf through.
+inline CLI::Validator finite_non_negative() {
+  return detail::bound("FINITE_NONNEGATIVE", "finite and >= 0", [](double v) { return std::isfinite(v) && v >= 0; });
+}
 }  // namespace packtrain::cli

@@ -11,6 +11,7 @@
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
@@ -19,6 +20,7 @@
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/member_parallel.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
@@ -121,7 +123,8 @@ void save(const Session& s, const RunDriver& driver) {
   const std::string& path = driver.checkpoint().path;
   if (path.empty()) return;
   const std::string extra =
-      to_json(runtime::RunDescription{s.data_args, s.data.all.feature_names, s.data.all.target_name});
+      to_json(runtime::RunDescription{s.data_args, s.data.all.feature_names, s.data.all.target_name,
+                                      runtime::fingerprint_hex(s.data.fingerprint)});
   if (s.dist.member_parallel()) {
     s.dist.sharded->save(s.trainer, extra);
   } else if (driver.primary()) {
@@ -131,11 +134,18 @@ void save(const Session& s, const RunDriver& driver) {
 
 // A run whose every member diverged with no earlier good weights has nothing worth
 // saving: it stops before the epoch's checkpoint would replace a good one, saying
-// when and what to change (exit 2). (Member parallel: a shard sees only its members.)
+// when and what to change (exit 2). Member parallel: a shard sees only its own
+// members, so the ranks add up their counts (every rank runs every epoch).
 void stop_if_every_member_diverged(const Session& s, const RunDriver& driver, int64_t epoch) {
-  if (s.dist.member_parallel()) return;
   const auto& members = s.trainer.member_states();
-  if (std::any_of(members.begin(), members.end(), [](const runtime::MemberState& m) { return m.usable; })) return;
+  double usable = static_cast<double>(
+      std::count_if(members.begin(), members.end(), [](const runtime::MemberState& m) { return m.usable; }));
+  if (s.dist.member_parallel()) {
+    at::Tensor count = at::full({1}, usable, at::kDouble);
+    s.dist.group->all_reduce_sum_(count, "divergence check");
+    usable = count.item<double>();
+  }
+  if (usable > 0) return;
   const std::string& path = driver.checkpoint().path;
   throw runtime::DataError(fmt::format(
       "every member diverged by epoch {} (a non-finite loss before any good weights): nothing was saved{}; try a "
@@ -144,7 +154,7 @@ void stop_if_every_member_diverged(const Session& s, const RunDriver& driver, in
 }
 
 // The epochs, with progress, checkpoints and the --trace window; false when interrupted.
-bool train_epochs(const Session& s, RunDriver& driver, Progress& progress) {
+bool train_epochs(const Session& s, RunDriver& driver, Progress& progress, DeferredWriteError& writes) {
   if (!s.args.trace.empty()) profiling::trace_start();
   const bool finished = s.trainer.train(
       [&](const runtime::EpochReport& r) {
@@ -156,8 +166,9 @@ bool train_epochs(const Session& s, RunDriver& driver, Progress& progress) {
   driver.end_line();
   if (!s.args.trace.empty()) {
     profiling::trace_stop();
-    runtime::write_file_atomically(s.args.trace, profiling::chrome_trace_json());
-    driver.note("Chrome trace written to " + s.args.trace);
+    if (writes.attempt([&] { runtime::write_file_atomically(s.args.trace, profiling::chrome_trace_json()); })) {
+      driver.note("Chrome trace written to " + s.args.trace);
+    }
   }
   return finished;
 }
@@ -218,10 +229,14 @@ nlohmann::json result_json(const Session& s, const RunDriver& driver, const Prog
   return out;
 }
 
-// One process or data parallel: rank 0 exports and reports the test metrics.
-int report(const Session& s, const RunDriver& driver, const Progress& progress) {
+// One process or data parallel: rank 0 exports and reports the test metrics
+// (`saved`: whether the final checkpoint was written).
+int report(const Session& s, const RunDriver& driver, const Progress& progress, DeferredWriteError& writes,
+           bool saved) {
   if (!driver.primary()) return 0;
-  if (!s.args.export_path.empty()) runtime::export_members(s.args.export_path, s.trainer, s.data.all.feature_names, {});
+  const bool exported = !s.args.export_path.empty() && writes.attempt([&] {
+    runtime::export_members(s.args.export_path, s.trainer, s.data.all.feature_names, {});
+  });
   const double seconds = progress.seconds();
   const runtime::Dataset test = s.data.test();
   const bool has_test = test.features.size(0) > 0;
@@ -239,15 +254,16 @@ int report(const Session& s, const RunDriver& driver, const Progress& progress) 
   const runtime::EnsembleTrainerOptions& o = s.trainer.options();
   fmt::print("\nTrained {} members for {} epochs ({} steps) in {:.2f} s ({:.0f} member-steps/s) on {}.\n", o.members(),
              s.trainer.epoch(), s.trainer.steps_taken(), seconds, progress.member_steps_per_second(), o.device().str());
-  if (!driver.checkpoint().path.empty()) fmt::print("Checkpoint: {}\n", driver.checkpoint().path);
-  if (!s.args.export_path.empty()) fmt::print("PyTorch export: {}\n", s.args.export_path);
+  if (saved && !driver.checkpoint().path.empty()) fmt::print("Checkpoint: {}\n", driver.checkpoint().path);
+  if (exported) fmt::print("PyTorch export: {}\n", s.args.export_path);
   return 0;
 }
 
 int run_session(const Session& s, RunDriver& driver) {
   describe(s, driver);
   Progress progress(driver);
-  if (!train_epochs(s, driver, progress)) {
+  DeferredWriteError writes;  // the metrics are printed before a failed final write ends the run
+  if (!train_epochs(s, driver, progress, writes)) {
     save(s, driver);
     const std::string& path = driver.checkpoint().path;
     return driver.interrupted(s.trainer.epoch(), s.dist.member_parallel()
@@ -255,19 +271,26 @@ int run_session(const Session& s, RunDriver& driver) {
                                                                    s.dist.group->world_size(), path)
                                                      : "packtrain resume " + path);
   }
-  save(s, driver);  // the last epoch, with each member's best weights
-  return s.dist.member_parallel() ? report_member_parallel(s, driver, progress) : report(s, driver, progress);
+  if (s.dist.member_parallel()) {  // collective: a rank that fails to write its shard must stop the others
+    save(s, driver);
+    return writes.rethrow_or(report_member_parallel(s, driver, progress));
+  }
+  const bool saved = writes.attempt([&] { save(s, driver); });  // the last epoch, with each member's best weights
+  return writes.rethrow_or(report(s, driver, progress, writes, saved));
 }
 
-// Loads the run's rows, then fits the trainer's standardization and builds its
+// Loads the run's rows, refuses a run whose estimated memory is not available
+// (memory_estimate.h), then fits the trainer's standardization and builds its
 // steps on the training rows (with the validation rows when there are any).
-SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args) {
+SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, bool writes_checkpoints = true) {
   SplitData data = runtime::load_split_data(data_args);
   const runtime::EnsembleTrainerOptions& o = trainer.options();
   if (o.device().is_cpu()) runtime::retain_freed_cpu_memory();
   if (o.patience() > 0 && data.split.validation.empty()) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
+  runtime::check_memory(runtime::estimate_ensemble_run(o, runtime::ensemble_run_sizes(o, data, writes_checkpoints)),
+                        "lower --members, --hidden, --depth or --batch (or run where more memory is free)");
   const runtime::Dataset train = data.train(), val = data.validation();
   const bool validated = val.features.size(0) > 0;
   trainer.prepare(train.features, train.targets, validated ? val.features : at::Tensor(),
@@ -299,11 +322,9 @@ runtime::distributed::RankInfo member_parallel_rank(const std::string& what) {
 // The files a run reads (its data, index files) and writes (checkpoint, export,
 // trace, log), checked before any work (output_paths.h).
 void check_session_outputs(const SessionArgs& s, const DataArgs& data) {
-  std::vector<NamedPath> inputs{{"--data", data.data}, {"--train-index", data.train_index},
-                                {"--val-index", data.val_index}, {"--test-index", data.test_index}};
   check_outputs({{"--checkpoint", s.checkpoint.path}, {"--export", s.export_path}, {"--trace", s.trace},
                  {"--log", s.output.log}},
-                inputs);
+                data_inputs(data));
 }
 
 int run_member_parallel(const TrainCommand& c) {
@@ -321,7 +342,7 @@ int run_member_parallel(const TrainCommand& c) {
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());  // outlives the trainer's log
   options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
-  const SplitData data = prepare(trainer, c.data);
+  const SplitData data = prepare(trainer, c.data, !c.session.checkpoint.path.empty());
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, K);
   return run_session({trainer, data, c.data, c.session, "train", Distribution::members_over(*group, sharded, shard, K)}, driver);
 }
@@ -337,7 +358,7 @@ int run_train(const TrainCommand& c) {
   options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);
-  const SplitData data = prepare(trainer, c.data);
+  const SplitData data = prepare(trainer, c.data, !c.session.checkpoint.path.empty());
   return run_session({trainer, data, c.data, c.session, "train", Distribution::over(group.get())}, driver);
 }
 
@@ -355,17 +376,9 @@ std::shared_ptr<const runtime::EnsembleTrainer::Checkpoint> shard_checkpoint(con
                                                                               runtime::MemberShard mine) {
   using runtime::EnsembleTrainer;
   std::vector<EnsembleTrainer::MemberSource> sources;
-  for (const runtime::ShardManifest::Shard& shard : manifest.shards) {
-    if (shard.first_member >= mine.first + mine.count || shard.first_member + shard.members <= mine.first) continue;
-    auto checkpoint = EnsembleTrainer::read_checkpoint(shard.file);
-    const runtime::EnsembleTrainerOptions held = EnsembleTrainer::checkpoint_options(*checkpoint);
-    if (held.members() != shard.members || held.first_member() != shard.first_member) {
-      throw runtime::DataError(fmt::format("{}: holds members {}..{}, but the manifest names {}..{} for it",
-                                           shard.file.string(), held.first_member(),
-                                           held.first_member() + held.members() - 1, shard.first_member,
-                                           shard.first_member + shard.members - 1));
-    }
-    sources.emplace_back(std::move(checkpoint), shard.first_member);
+  for (auto& [checkpoint, first] : runtime::read_shards(manifest)) {
+    const int64_t count = EnsembleTrainer::checkpoint_options(*checkpoint).members();
+    if (first < mine.first + mine.count && first + count > mine.first) sources.emplace_back(std::move(checkpoint), first);
   }
   const bool same_shards = sources.size() == 1 && sources.front().second == mine.first &&
                            EnsembleTrainer::checkpoint_options(*sources.front().first).members() == mine.count;
@@ -399,14 +412,16 @@ int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& ma
   const runtime::MemberShard mine = runtime::member_shard(K, W, rank.rank);
   const auto checkpoint = shard_checkpoint(manifest, mine);
   runtime::EnsembleTrainerOptions options = resumed_options(*checkpoint, c);
-  const DataArgs data_args =
-      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
+  const runtime::RunDescription run =
+      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint));
+  const DataArgs& data_args = run.data;
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;  // in place: the next commit replaces it
   auto group = ProcessGroup::join(rank, collective_timeout());
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());  // outlives the trainer's log
   options.log(driver.graph_log());
   runtime::EnsembleTrainer trainer(options);
   const SplitData data = prepare(trainer, data_args);
+  runtime::check_same_data(run, data, "resume continues a run on its own data only");
   trainer.restore(*checkpoint);
   check_epochs_ahead(c, trainer.epoch());
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, manifest.members);
@@ -420,8 +435,9 @@ int run_resume(ResumeCommand c) {
   }
   const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(c.from);
   runtime::EnsembleTrainerOptions options = resumed_options(*checkpoint, c);
-  const DataArgs data_args =
-      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint)).data;
+  const runtime::RunDescription run =
+      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint));
+  const DataArgs& data_args = run.data;
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;
   check_session_outputs(c.session, data_args);  // the checkpoint resumed may be replaced: it is not an input here
   const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
@@ -430,6 +446,7 @@ int run_resume(ResumeCommand c) {
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
   const SplitData data = prepare(trainer, data_args);
+  runtime::check_same_data(run, data, "resume continues a run on its own data only");
   trainer.restore(*checkpoint);
   check_epochs_ahead(c, trainer.epoch());
   return run_session({trainer, data, data_args, c.session, "resume", Distribution::over(group.get())}, driver);

@@ -2,6 +2,7 @@
 
 #include "packtrain/base/enum_names.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/fingerprint.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,7 +12,8 @@ namespace packtrain::runtime {
 // Each field once: the JSON keys are the member names (from_json throws on a missing key).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataArgs, data, features, target, delimiter, header, split, train_index, val_index,
                                    test_index, val_fraction, test_fraction, split_seed)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunDescription, data, feature_names, target_name)
+// Missing keys keep their defaults: earlier checkpoints have no data_fingerprint.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RunDescription, data, feature_names, target_name, data_fingerprint)
 
 std::string to_json(const RunDescription& run) { return nlohmann::json(run).dump(); }
 
@@ -115,7 +117,19 @@ SplitData load_split_data(const DataArgs& a) {
   out.description = fmt::format("{} {} ({} train / {} validation / {} test rows, {} features)", out.all.name, how,
                                 out.split.train.size(), out.split.validation.size(), out.split.test.size(),
                                 out.all.features.size(1));
+  out.fingerprint = fingerprint(out);
   return out;
+}
+
+bool check_same_data(const RunDescription& run, const SplitData& data, const std::string& advice) {
+  if (run.data_fingerprint.empty()) return false;
+  const std::string now = fingerprint_hex(data.fingerprint);
+  if (run.data_fingerprint != now) {
+    throw DataError(fmt::format("{}: the data or its split changed since this run was trained (fingerprint {}, now "
+                                "{}); {}",
+                                run.data.data, run.data_fingerprint, now, advice));
+  }
+  return true;
 }
 
 }  // namespace packtrain::runtime

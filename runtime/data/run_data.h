@@ -33,6 +33,9 @@ struct RunDescription {
   DataArgs data;
   std::vector<std::string> feature_names;
   std::string target_name;
+  // fingerprint_hex of the split data (rows and split) when it was written; empty in
+  // checkpoints from before fingerprints were stored.
+  std::string data_fingerprint;
 };
 std::string to_json(const RunDescription& run);
 // DataError when the text is not a run description.
@@ -47,11 +50,17 @@ struct SplitData {
   Dataset all;
   DataSplit split;
   std::string description;  // e.g. "concrete split 0 (834 train / 93 validation / 103 test rows)"
+  uint64_t fingerprint = 0;  // of every row and of the split (runtime/data/fingerprint.h)
   Dataset train() const { return subset(all, split.train); }
   Dataset validation() const { return subset(all, split.validation); }
   Dataset test() const { return subset(all, split.test); }
 };
 // Loads and splits; throws DataError on bad data or split arguments.
 SplitData load_split_data(const DataArgs& args);
+
+// Whether `data` are the rows and split `run` was trained on: DataError (ending with
+// `advice`) when its recorded fingerprint differs; false when it records none (a
+// checkpoint from before fingerprints), true when they match.
+bool check_same_data(const RunDescription& run, const SplitData& data, const std::string& advice);
 
 }  // namespace packtrain::runtime

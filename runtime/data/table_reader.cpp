@@ -4,6 +4,7 @@
 #include "packtrain/runtime/data/input_file.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <system_error>
+#include <unordered_map>
 
 namespace packtrain::runtime {
 
@@ -311,6 +313,15 @@ Table read_table(const fs::path& file, const TableFormat& format) {
   if (table.has_header && records.size() == 1) throw DataError(file.string() + ": no data rows (only a header line)");
   if (table.has_header) {
     table.columns = std::move(records.front().fields);
+    // A name twice would pick one of its columns by chance (as the target, or a feature).
+    std::unordered_map<std::string_view, size_t> seen;
+    for (size_t c = 0; c < table.columns.size(); ++c) {
+      if (const auto [at, added] = seen.emplace(table.columns[c], c); !added) {
+        throw DataError(fmt::format("{}: the header names column '{}' twice (columns {} and {}, 0-based); column "
+                                    "names must be unique",
+                                    at_line(file, records.front().line), shown(table.columns[c]), at->second, c));
+      }
+    }
   } else {
     for (size_t c = 0; c < records.front().fields.size(); ++c) table.columns.push_back(std::to_string(c));
   }

@@ -18,15 +18,30 @@
 #endif
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <cstring>
-#include <cerrno>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <mutex>
+#include <thread>
 
 namespace packtrain::runtime::distributed {
+
+namespace {
+// The first line of an error's message, without c10's backtrace.
+std::string first_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+}  // namespace
 
 struct ProcessGroup::Impl {
   RankInfo info;
@@ -51,11 +66,9 @@ struct ProcessGroup::Impl {
     try {
       work->wait(timeout);
     } catch (const std::exception& e) {
-      std::string reason = e.what();
-      reason = reason.substr(0, reason.find('\n'));
       throw CollectiveError(fmt::format("{}{} failed on rank {} of {} (timeout {} ms): {}", what,
                                         step >= 0 ? fmt::format(" at step {}", step) : "", info.rank,
-                                        info.world_size, timeout.count(), reason));
+                                        info.world_size, timeout.count(), first_line(e)));
     }
   }
   void check_cpu(const at::Tensor& t, const char* what) const {
@@ -145,35 +158,169 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(const RankInfo&
 #endif
 
 namespace {
-// A listening TCP socket bound to `address` (a name or a numeric address, resolved
-// here) and `port`, for the store to take over. Exit 2 naming the address when it
-// is not one of this host's.
-int listen_on(const std::string& address, int64_t port) {
+using Clock = std::chrono::steady_clock;
+
+// "10 s", "2.5 s".
+std::string in_seconds(std::chrono::milliseconds t) { return fmt::format("{} s", t.count() / 1000.0); }
+
+// MASTER_ADDR:MASTER_PORT resolved (a name or a numeric address); DataError naming
+// the address when it does not resolve.
+std::unique_ptr<addrinfo, void (*)(addrinfo*)> resolve(const std::string& address, int64_t port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int rc = ::getaddrinfo(address.c_str(), service.c_str(), &hints, &found); rc != 0) {
+  if (const int rc = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
     throw DataError(fmt::format("MASTER_ADDR={}: cannot resolve it: {}", address, ::gai_strerror(rc)));
   }
+  return {found, ::freeaddrinfo};
+}
+
+// A listening TCP socket bound to `address` and `port`, for the store to take over.
+// Exit 2 naming the address when it is not one of this host's or the port is taken.
+int listen_on(const std::string& address, int64_t port) {
+  const auto found = resolve(address, port);
   std::string why = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int yes = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-      ::freeaddrinfo(found);
-      return fd;
-    }
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) return fd;
     why = std::strerror(errno);
     ::close(fd);
   }
-  ::freeaddrinfo(found);
   throw DataError(fmt::format("rank 0 cannot serve the store on {}:{}: {} (MASTER_ADDR must name an address of "
                               "rank 0's host, MASTER_PORT a free port)",
                               address, port, why));
+}
+
+// Whether a TCP connection to `a` opens before `deadline`; otherwise `why` says why.
+bool connects(const addrinfo& a, Clock::time_point deadline, std::string& why) {
+  const int fd = ::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol);
+  if (fd < 0) {
+    why = std::strerror(errno);
+    return false;
+  }
+  int error = ::connect(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
+  if (error == EINPROGRESS) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    pollfd p{fd, POLLOUT, 0};
+    socklen_t size = sizeof(error);
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1) {
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+    } else {
+      error = ETIMEDOUT;
+    }
+  }
+  ::close(fd);
+  if (error != 0) why = std::strerror(error);
+  return error == 0;
+}
+
+// Ranks other than 0: waits until the store's address accepts connections (rank 0
+// may start later), trying every 100 ms; DataError naming the address, the port and
+// the last cause once `deadline` passes. (c10d's own client would wait the timeout
+// once per retry, with a backoff between, and log each try.)
+void wait_for_store(const RankInfo& info, std::chrono::milliseconds timeout, Clock::time_point deadline) {
+  const auto found = resolve(info.master_addr, info.master_port);
+  std::string why = "no address";
+  for (;;) {
+    for (const addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
+      if (connects(*a, deadline, why)) return;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - now));
+  }
+  throw DataError(fmt::format("rank {} of {} could not reach the store at {}:{} within {}: {} (rank 0 serves it: "
+                              "is it running, with the same MASTER_ADDR and MASTER_PORT?)",
+                              info.rank, info.world_size, info.master_addr, info.master_port, in_seconds(timeout),
+                              why));
+}
+
+// Waits until every rank has reached the store, at most until `deadline`: each adds
+// itself to a count; rank 0 waits for the whole count and posts the outcome, which
+// the others poll (every 10 ms: c10d's blocking wait logs its timeout, and so does
+// a read from a store that went away). A rank that never comes is a DataError on
+// each rank naming the store and how many came; rank 0 keeps the store until the
+// others have read that or left (at most a second more).
+void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milliseconds timeout,
+                    Clock::time_point deadline) {
+  // The outcome: 0 while waiting, 1 when all came, -n when only n did by the deadline.
+  const std::string joined = "packtrain/ranks-joined", outcome = "packtrain/rendezvous-outcome",
+                    told = "packtrain/ranks-told";
+  const auto poll_until = [](Clock::time_point until, const std::function<bool()>& done) {
+    while (!done()) {
+      if (Clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  };
+  const auto too_few = [&](int64_t came) {
+    return DataError(fmt::format("rank {} of {}: {} of {} ranks reached the store at {}:{} within {} (start every "
+                                 "rank, each with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT)",
+                                 info.rank, info.world_size, came, info.world_size, info.master_addr,
+                                 info.master_port, in_seconds(timeout)));
+  };
+  if (info.rank == 0) {
+    int64_t came = store.add(joined, 1);
+    if (poll_until(deadline, [&] { return (came = store.add(joined, 0)) >= info.world_size; })) {
+      store.add(outcome, 1);
+      return;
+    }
+    store.add(outcome, -came);
+    poll_until(Clock::now() + std::chrono::seconds(1), [&] { return store.add(told, 0) >= came - 1; });
+    throw too_few(came);
+  }
+  int64_t result = 0;
+  try {
+    store.add(joined, 1);
+    poll_until(deadline, [&] { return (result = store.add(outcome, 0)) != 0; });
+    if (result <= 0) store.add(told, 1);  // read the failure, or leaving: rank 0 need not wait
+  } catch (const std::exception& e) {
+    throw DataError(fmt::format("rank {} of {}: lost the store at {}:{} before all {} ranks reached it: {}", info.rank,
+                                info.world_size, info.master_addr, info.master_port, info.world_size, first_line(e)));
+  }
+  if (result < 0) throw too_few(-result);
+  if (result == 0) {
+    throw DataError(fmt::format("rank {} of {}: not all {} ranks reached the store at {}:{} within {} (rank 0 "
+                                "says how many did)",
+                                info.rank, info.world_size, info.world_size, info.master_addr, info.master_port,
+                                in_seconds(timeout)));
+  }
+}
+
+// The store of a run of several processes, once every rank has reached it: rank 0
+// serves it at MASTER_ADDR:MASTER_PORT (on that address only, not on every interface
+// as c10d's own socket would), the others connect. Ends within `timeout` with one
+// line (DataError) naming the address, the port and the cause.
+c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(info.master_port);
+  options.isServer = info.rank == 0;
+  options.numWorkers = static_cast<std::size_t>(info.world_size);
+  options.waitWorkers = false;  // wait_for_ranks, within the deadline
+  if (options.isServer) {
+    options.masterListenFd = listen_on(info.master_addr, info.master_port);
+  } else {
+    wait_for_store(info, timeout, deadline);
+  }
+  // Connecting to a store that accepts connections is quick: what is left, at least a second.
+  options.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                             std::chrono::milliseconds(1000));
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+  } catch (const std::exception& e) {
+    throw DataError(fmt::format("rank {} of {}: cannot {} the store at {}:{}: {}", info.rank, info.world_size,
+                                options.isServer ? "start" : "connect to", info.master_addr, info.master_port,
+                                first_line(e)));
+  }
+  wait_for_ranks(*store, info, timeout, deadline);
+  store->setTimeout(timeout);  // each later wait on it (Gloo's, NCCL's setup) gets the whole timeout
+  return store;
 }
 }  // namespace
 
@@ -196,26 +343,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
   impl->info = info;
   impl->timeout = timeout;
   PACKTRAIN_NVTX_RANGE("rendezvous");
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(info.master_port);
-  options.isServer = info.rank == 0;
-  options.numWorkers = static_cast<std::size_t>(info.world_size);
-  options.waitWorkers = true;
-  options.timeout = timeout;
-  // Rank 0's store listens only on the address MASTER_ADDR names (loopback for a
-  // one-node launch), not on every interface as c10d's own socket would.
-  if (options.isServer && info.world_size > 1) options.masterListenFd = listen_on(info.master_addr, info.master_port);
-  try {
-    // One process needs no server: an in-memory store.
-    if (info.world_size == 1) {
-      impl->store = c10::make_intrusive<c10d::HashStore>();
-    } else {
-      impl->store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
-    }
-  } catch (const std::exception& e) {
-    throw DataError(fmt::format("rank {} of {}: cannot reach the store at {}:{} within {} ms: {}", info.rank,
-                                info.world_size, info.master_addr, info.master_port, timeout.count(), e.what()));
-  }
+  // One process needs no server: an in-memory store.
+  impl->store = info.world_size == 1 ? c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>())
+                                     : open_store(info, timeout);
 #if defined(PACKTRAIN_HAVE_GLOO)
   impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
       impl->store, static_cast<int>(info.rank), static_cast<int>(info.world_size), gloo_options(info, timeout));

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
-#include <stdexcept>
 
 namespace packtrain::runtime::distributed {
 
@@ -84,18 +84,18 @@ RankInfo rank_info_from_environment(const Environment& env) {
 std::chrono::milliseconds collective_timeout(const Environment& env) {
   const std::optional<std::string> value = env("PACKTRAIN_COLLECTIVE_TIMEOUT");
   if (!value) return std::chrono::seconds(60);
-  double seconds = 0;
+  double seconds = std::nan("");
   try {
     size_t used = 0;
     seconds = std::stod(*value, &used);
-    if (used != value->size()) throw std::invalid_argument(*value);
-  } catch (const std::exception&) {
-    seconds = -1;
+    if (used != value->size()) seconds = std::nan("");
+  } catch (const std::exception&) {  // not a number, or out of double's range
   }
-  if (!(seconds > 0)) {
-    throw DataError("PACKTRAIN_COLLECTIVE_TIMEOUT='" + *value + "' is not a positive number of seconds");
+  if (!(seconds >= kMinTimeoutSeconds && seconds <= kMaxTimeoutSeconds)) {
+    throw DataError(fmt::format("PACKTRAIN_COLLECTIVE_TIMEOUT='{}': must be seconds between {} and {}", *value,
+                                kMinTimeoutSeconds, kMaxTimeoutSeconds));
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
 }  // namespace packtrain::runtime::distributed

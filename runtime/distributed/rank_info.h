@@ -36,9 +36,17 @@ Environment process_environment();
 // a port outside 1..65535, RANK without WORLD_SIZE, or WORLD_SIZE > 1 without MASTER_ADDR.
 RankInfo rank_info_from_environment(const Environment& environment = process_environment());
 
-// How long a collective may take before every rank fails with an error instead of
-// waiting on a dead or stuck peer: PACKTRAIN_COLLECTIVE_TIMEOUT (seconds; `packtrain
-// launch --timeout` sets it), default 60. Throws DataError for a non-positive value.
+// The range of a collective timeout, in seconds: a second (less fails on a loaded
+// machine's ordinary delays) to a day (a store or a peer that has not answered in a
+// day never will).
+inline constexpr double kMinTimeoutSeconds = 1;
+inline constexpr double kMaxTimeoutSeconds = 86400;
+
+// How long a collective (and the rendezvous at the store) may take before every rank
+// fails with an error instead of waiting on a dead or stuck peer:
+// PACKTRAIN_COLLECTIVE_TIMEOUT (seconds; `packtrain launch --timeout` sets it),
+// default 60. Throws DataError for a value that is not a number of seconds in
+// [kMinTimeoutSeconds, kMaxTimeoutSeconds] (nan, inf, 0.0001, 1e10), naming it.
 std::chrono::milliseconds collective_timeout(const Environment& environment = process_environment());
 
 }  // namespace packtrain::runtime::distributed

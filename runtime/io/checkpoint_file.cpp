@@ -1,5 +1,6 @@
 #include "packtrain/runtime/io/checkpoint_file.h"
 
+#include "packtrain/base/fnv1a.h"
 #include "packtrain/runtime/data/data_error.h"
 
 #include <ATen/core/ivalue.h>
@@ -33,7 +34,7 @@ namespace {
 // ---- Atomic writes -------------------------------------------------------------
 
 [[noreturn]] void throw_write_error(const std::filesystem::path& path, const std::string& step, int error) {
-  throw std::runtime_error("cannot write '" + path.string() + "': " + step + ": " +
+  throw WriteError("cannot write '" + path.string() + "': " + step + ": " +
                            std::system_category().message(error));
 }
 
@@ -135,17 +136,6 @@ constexpr std::string_view kMagic = "PKTRNCK1";
 constexpr uint32_t kFormatVersion = 1;
 constexpr size_t kVersionAt = 8, kLengthAt = 12, kChecksumAt = 20, kHeaderBytes = 28;
 
-// FNV-1a 64: a few lines with no dependency, enough to catch accidental damage
-// (flipped bits, overwritten blocks); it is not meant to resist tampering.
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const unsigned char c : bytes) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
 // Byte by byte, so the file layout does not depend on the host's endianness.
 void append_le(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
@@ -169,12 +159,16 @@ std::string hex(uint64_t value) {
   throw DataError("checkpoint '" + path.string() + "': " + problem);
 }
 
-std::string read_whole_file(const std::filesystem::path& path) {
+std::ifstream open_regular_file(const std::filesystem::path& path) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(status)) fail(path, "no such file");
   if (!std::filesystem::is_regular_file(status)) fail(path, "not a regular file");
-  std::ifstream in(path, std::ios::binary);
+  return std::ifstream(path, std::ios::binary);
+}
+
+std::string read_whole_file(const std::filesystem::path& path) {
+  std::ifstream in = open_regular_file(path);
   std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   if (in.bad() || !in.is_open()) fail(path, "cannot be read");
   return bytes;
@@ -284,6 +278,16 @@ void save_checkpoint(const std::filesystem::path& path, const c10::IValue& paylo
 c10::IValue load_checkpoint(const std::filesystem::path& path) {
   const std::string file = read_whole_file(path);
   return decode_payload(path, checked_payload(path, file));
+}
+
+uint64_t checkpoint_checksum(const std::filesystem::path& path) {
+  std::ifstream in = open_regular_file(path);
+  if (!in) fail(path, "cannot be read");
+  std::string header(kHeaderBytes, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header.size()));
+  header.resize(static_cast<size_t>(in.gcount()));
+  check_header(path, header);
+  return read_le(header, kChecksumAt, 8);
 }
 
 }  // namespace packtrain::runtime

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <stdexcept>
 #include <string_view>
 
 // Declared only, to keep ivalue.h out of this header; callers that build or read
@@ -15,12 +16,19 @@ struct IValue;
 
 namespace packtrain::runtime {
 
+// A file that could not be written (a full disk, a directory made read-only during
+// the run): the environment failed, not the input and not the program.
+class WriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Writes `bytes` to `path` atomically: into a temporary `path` + ".tmp.<pid>.<random>"
 // in the same directory, created exclusively (a symlink or file planted at a
 // predictable name is never written through), fsync, close, rename over `path`,
 // then fsync the directory. A crash at any point leaves either the old file or the
 // new one at `path`, never a torn one; the temporaries of crashed saves are removed
-// by the next save to the same path. On failure throws std::runtime_error naming
+// by the next save to the same path. On failure throws WriteError naming
 // `path` and the errno text, and removes the temporary.
 // `crash_after_bytes` is a test hook (-1 = off): after writing that many bytes the
 // process ends with std::_Exit(70), as a crash mid-save would.
@@ -40,5 +48,9 @@ void save_checkpoint(const std::filesystem::path& path, const c10::IValue& paylo
 // unsupported version, truncated, corrupted (checksum mismatch or trailing bytes),
 // or its payload cannot be decoded.
 c10::IValue load_checkpoint(const std::filesystem::path& path);
+
+// The payload checksum in a checkpoint's header (the header alone is read and
+// checked): what a member-parallel manifest records of each shard it commits.
+uint64_t checkpoint_checksum(const std::filesystem::path& path);
 
 }  // namespace packtrain::runtime

@@ -4,6 +4,7 @@
 #include "packtrain/ensemble/optimizers/sgd.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 
@@ -33,18 +34,6 @@ ensemble::LossKind loss_kind(Head head) {
     case Head::kClassification: return ensemble::LossKind::kCrossEntropy;
   }
   return ensemble::LossKind::kMSE;
-}
-
-// FNV-1a over the bytes of contiguous tensors: identifies the training data a
-// checkpoint was made with, so a resume on other data is refused.
-uint64_t fingerprint(std::initializer_list<at::Tensor> tensors) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const at::Tensor& t : tensors) {
-    const at::Tensor c = t.contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
-  }
-  return h;
 }
 
 // Host staging for the once-per-epoch transfers: page-locked when the device is a
@@ -177,7 +166,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
     at::Tensor flat = model_->parameters().flat();
     group_->broadcast_(flat, 0, "initial-weights broadcast");  // every rank starts from rank 0's weights
   }
-  data_fingerprint_ = fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
+  data_fingerprint_ = tensor_fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options_.device());
   const at::Tensor xs = x_scale_.transform(x).to(f32);  // the whole set lives on the device
   const at::Tensor ys = encode_targets(y, "training");

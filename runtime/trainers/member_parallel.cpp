@@ -36,15 +36,40 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
   if (!j.is_object() || j.value("format", "") != kManifestFormat) {
     throw runtime::DataError(path + ": not a packtrain checkpoint or member-parallel manifest");
   }
+  const auto bad = [&](const std::string& problem) {
+    return runtime::DataError(path + ": bad member-parallel manifest: " + problem);
+  };
   ShardManifest m;
+  m.path = path;
+  std::set<std::string> names;
   try {
     m.members = j.at("members").get<int64_t>();
     m.ranks = j.value("ranks", static_cast<int64_t>(j.at("shards").size()));
     m.epoch = j.value("epoch", int64_t{0});
+    if (m.members < 1 || m.ranks < 1 || m.epoch < 0) {
+      throw bad(fmt::format("{} members, {} ranks, epoch {} (a run has at least one member on one rank)", m.members,
+                            m.ranks, m.epoch));
+    }
     const fs::path dir = fs::path(path).parent_path();
     for (const auto& s : j.at("shards")) {
-      m.shards.push_back({dir / s.at("file").get<std::string>(), s.at("first_member").get<int64_t>(),
-                          s.at("members").get<int64_t>()});
+      const std::string name = s.at("file").get<std::string>();
+      // Shards are written next to their manifest: a manifest never points elsewhere.
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+        throw bad(fmt::format("shard file '{}' is not a file name in the manifest's directory", name));
+      }
+      if (!names.insert(name).second) throw bad(fmt::format("shard file '{}' is named twice", name));
+      ShardManifest::Shard shard{dir / name, s.at("first_member").get<int64_t>(), s.at("members").get<int64_t>(), {}};
+      if (s.contains("checksum")) {
+        const std::string hex = s.at("checksum").get<std::string>();
+        size_t used = 0;
+        try {
+          shard.checksum = std::stoull(hex, &used, 16);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (hex.size() != 16 || used != hex.size()) throw bad(fmt::format("shard '{}': checksum '{}' is not 16 hex digits", name, hex));
+      }
+      m.shards.push_back(std::move(shard));
     }
   } catch (const nlohmann::json::exception& e) {
     throw runtime::DataError(path + ": malformed member-parallel manifest: " + e.what());
@@ -66,6 +91,59 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
   return m;
 }
 
+namespace {
+
+// What every shard of one run shares: its options but for which members the shard
+// holds, its run description (data, names, data fingerprint) and training rows.
+std::string run_identity(const runtime::EnsembleTrainer::Checkpoint& checkpoint) {
+  using runtime::EnsembleTrainer;
+  runtime::EnsembleTrainerOptions options = EnsembleTrainer::checkpoint_options(checkpoint);
+  options.first_member(0).members(1).device(c10::Device(c10::kCPU));  // ranks train on their own GPUs
+  return fmt::format("{}\n{}\n{:x}", runtime::to_json(options), EnsembleTrainer::checkpoint_extra(checkpoint),
+                     EnsembleTrainer::checkpoint_data_fingerprint(checkpoint));
+}
+
+}  // namespace
+
+std::vector<runtime::EnsembleTrainer::MemberSource> read_shards(const ShardManifest& manifest) {
+  using runtime::EnsembleTrainer;
+  std::vector<EnsembleTrainer::MemberSource> shards;
+  std::string identity;
+  for (const ShardManifest::Shard& shard : manifest.shards) {
+    const std::string where = fmt::format("{}: shard {}", manifest.path.string(), shard.file.filename().string());
+    if (shard.checksum) {
+      const uint64_t actual = runtime::checkpoint_checksum(shard.file);
+      if (actual != *shard.checksum) {
+        throw runtime::DataError(fmt::format("{} is not the file this manifest committed (its checksum is {:016x}, "
+                                             "the manifest's {:016x}): was it replaced or copied over?",
+                                             where, actual, *shard.checksum));
+      }
+    }
+    auto checkpoint = EnsembleTrainer::read_checkpoint(shard.file);
+    const runtime::EnsembleTrainerOptions held = EnsembleTrainer::checkpoint_options(*checkpoint);
+    if (held.members() != shard.members || held.first_member() != shard.first_member) {
+      throw runtime::DataError(fmt::format("{} holds members {}..{}, but the manifest names {}..{} for it", where,
+                                           held.first_member(), held.first_member() + held.members() - 1,
+                                           shard.first_member, shard.first_member + shard.members - 1));
+    }
+    const int64_t epoch = EnsembleTrainer::checkpoint_epoch(*checkpoint);
+    if (epoch != manifest.epoch) {
+      throw runtime::DataError(fmt::format("{} is at epoch {}, but the manifest committed epoch {}", where, epoch,
+                                           manifest.epoch));
+    }
+    const std::string id = run_identity(*checkpoint);
+    if (identity.empty()) {
+      identity = id;
+    } else if (id != identity) {
+      throw runtime::DataError(fmt::format("{} comes from another run than shard {} (options, data or run description "
+                                           "differ)",
+                                           where, manifest.shards.front().file.filename().string()));
+    }
+    shards.emplace_back(std::move(checkpoint), shard.first_member);
+  }
+  return shards;
+}
+
 ShardedCheckpoint::ShardedCheckpoint(fs::path manifest, runtime::distributed::ProcessGroup& group, int64_t members)
     : manifest_(std::move(manifest)), group_(&group), members_(members) {}
 
@@ -83,7 +161,11 @@ void ShardedCheckpoint::save(const runtime::EnsembleTrainer& trainer, const std:
     nlohmann::json shards = nlohmann::json::array();
     for (int64_t i = 0; i < W; ++i) {
       const MemberShard s = member_shard(members_, W, i);
-      shards.push_back({{"file", shard_name(i)}, {"first_member", s.first}, {"members", s.count}});
+      const uint64_t checksum = runtime::checkpoint_checksum(manifest_.parent_path() / shard_name(i));
+      shards.push_back({{"file", shard_name(i)},
+                        {"first_member", s.first},
+                        {"members", s.count},
+                        {"checksum", fmt::format("{:016x}", checksum)}});
     }
     runtime::write_file_atomically(manifest_, nlohmann::json{{"format", kManifestFormat},
                                                              {"members", members_},

@@ -28,18 +28,29 @@ struct MemberShard {
 MemberShard member_shard(int64_t members, int64_t ranks, int64_t rank);
 
 // {"format": "packtrain-member-parallel-1", "members": K, "ranks": W, "epoch": e,
-//  "shards": [{"file", "first_member", "members"}]}; files relative to the manifest.
+//  "shards": [{"file", "first_member", "members", "checksum"}]}; files are names in
+// the manifest's directory; checksum: the shard's payload checksum (16 hex digits;
+// absent in manifests from earlier versions).
 struct ShardManifest {
   struct Shard {
     std::filesystem::path file;  // resolved against the manifest's directory
     int64_t first_member = 0, members = 0;
+    std::optional<uint64_t> checksum;
   };
+  std::filesystem::path path;
   int64_t members = 0, ranks = 0, epoch = 0;
   std::vector<Shard> shards;
 };
 // The manifest at `path`; nothing when it is an ordinary checkpoint; DataError when
-// it is neither, or its shards do not cover members 0..K-1 exactly once.
+// it is neither, has no members or shards, names a shard outside its directory or
+// twice, or its shards do not cover members 0..K-1 exactly once.
 std::optional<ShardManifest> read_shard_manifest(const std::string& path);
+
+// Every shard of a manifest, read and checked against it (DataError naming the
+// shard and the disagreement): its checksum is the one the manifest committed, it
+// holds the members the manifest names for it, at the manifest's epoch, and every
+// shard comes from the same run (options, data and run description alike).
+std::vector<runtime::EnsembleTrainer::MemberSource> read_shards(const ShardManifest& manifest);
 
 // A member-parallel run's checkpoint. save() is collective (every rank calls it after
 // the same epoch): each rank writes its shard to "<manifest>.e<epoch>.shard-<r>-of-<W>",

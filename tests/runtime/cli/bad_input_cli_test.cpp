@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,7 +117,9 @@ TEST_F(Cli, SymlinksAtTemporaryNamesAreNeverWrittenThrough) {
 TEST_F(Cli, NonRegularOrUnboundedInputsAreRefusedBeforeReading) {
   const std::string fifo = path("fifo");
   ASSERT_EQ(run_command("mkfifo " + fifo).status, 0);
-  const std::string bounded = "timeout 60 " + binary() + " ";
+  // Under a 4 GB address-space limit too: code that read /dev/zero would fail at
+  // once instead of filling the machine's memory (it grew to 16.7 GB in 60 s).
+  const std::string bounded = "ulimit -v 4000000; timeout 60 " + binary() + " ";
   const struct {
     std::string args, says;
   } cases[] = {
@@ -138,6 +142,38 @@ TEST_F(Cli, NonRegularOrUnboundedInputsAreRefusedBeforeReading) {
   const Result r = run_command(bounded + "train --epochs 1 --device cpu --data " + path("long.csv") + " 2>&1");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("long.csv:2: a line of"));
+}
+
+// Peak memory grows with the table, by a bounded factor (a 200 MB one-line file
+// peaked at 12.1 GB, 60x its size). Two runs, 2,000 and 200,000 rows of 10 cells:
+// the larger one's extra peak resident memory over the smaller one's stays below
+// 8x the extra bytes of file (measured 6.0x on this project's 2-core machine: the
+// text, each cell's string, the float64 tensors and the split copies).
+TEST_F(Cli, PeakMemoryOfATableRunIsProportionalToTheFile) {
+  const auto table = [&](const std::string& name, int rows) {
+    std::ofstream out(path(name));
+    out << "c0,c1,c2,c3,c4,c5,c6,c7,c8,y\n";
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < 10; ++c) out << (c ? "," : "") << 0.5 + 1e-6 * ((r * 7919 + c * 104729) % 999983);
+      out << "\n";
+    }
+    return path(name);
+  };
+  const auto peak_kib = [&](const std::string& data) {
+    const pid_t pid = start_packtrain({"train", "--data", data, "--members", "2", "--epochs", "1", "--hidden", "8",
+                                       "--batch", "1024", "--device", "cpu", "--quiet"},
+                                      path("err.txt"));
+    int64_t kib = 0;
+    EXPECT_EQ(exit_status(pid, &kib), 0) << read_file(path("err.txt"));
+    return kib;
+  };
+  const std::string small = table("small.csv", 2000), large = table("large.csv", 200000);
+  const double extra_bytes = static_cast<double>(fs::file_size(large) - fs::file_size(small));
+  const double extra_peak = static_cast<double>(peak_kib(large) - peak_kib(small)) * 1024;
+  EXPECT_GT(extra_bytes, 15e6);
+  EXPECT_LT(extra_peak, 8 * extra_bytes) << "peak grew " << extra_peak / extra_bytes << "x the file";
+  std::printf("peak resident memory grew %.1fx the extra file bytes (%.1f MB of file)\n", extra_peak / extra_bytes,
+              extra_bytes / 1e6);
 }
 
 // A rate that passes a sign check but not a finiteness one made every member
@@ -329,6 +365,250 @@ TEST_F(Cli, MultitaskBadInputExitsTwoWithOneLine) {
     EXPECT_EQ(help.status, 0);
     EXPECT_THAT(help.out, HasSubstr("Usage"));
   }
+}
+
+// A member-parallel manifest is a small JSON file a user can edit or copy shards
+// under: each lie used to crash evaluate (a segfault on "members": 0), print a
+// phantom or duplicated member with exit 0, or pass a raw library message. Each is
+// now refused with exit 2 naming the problem, by evaluate, predict and resume alike.
+TEST_F(Cli, CraftedOrMismatchedMemberParallelManifestsAreRefused) {
+  const std::string args = "train --members 4 --epochs 2 --hidden 16 --device cpu --quiet --member-parallel";
+  ASSERT_EQ(launch(2, args + " --checkpoint " + path("mp.json")).status, 0);
+  ASSERT_EQ(launch(2, args + " --seed 7 --checkpoint " + path("other.json")).status, 0);
+  const nlohmann::json good = nlohmann::json::parse(read_file(path("mp.json")));
+  const std::string shard0 = path("mp.json.e2.shard-0-of-2"), shard1 = path("mp.json.e2.shard-1-of-2");
+  const std::string shard1_bytes = read_file(shard1);
+  const auto manifest = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json m = good;
+    edit(m);
+    write_file(path(name), m.dump());
+    return path(name);
+  };
+  const auto without_checksums = [](nlohmann::json& m) {
+    for (auto& s : m["shards"]) s.erase("checksum");
+  };
+  write_file(path("empty.json"), R"({"format":"packtrain-member-parallel-1","members":0,"ranks":0,"shards":[]})");
+  const struct {
+    std::string name, manifest, expected;
+    std::function<void()> damage = [] {};
+  } cases[] = {
+      {"no members (segfaulted)", path("empty.json"), "0 members, 0 ranks"},
+      {"another epoch", manifest("epoch.json", [](auto& m) { m["epoch"] = 1; }),
+       "is at epoch 2, but the manifest committed epoch 1"},
+      {"members miscounted (a phantom member)", manifest("count.json", [](auto& m) {
+         m["members"] = 5;
+         m["shards"][1]["members"] = 3;
+       }),
+       "holds members 2..3, but the manifest names 2..4"},
+      {"a shard outside the directory", manifest("up.json", [](auto& m) { m["shards"][0]["file"] = "../x"; }),
+       "is not a file name in the manifest's directory"},
+      {"one shard named twice", manifest("twice.json", [](auto& m) { m["shards"][1]["file"] = m["shards"][0]["file"]; }),
+       "is named twice"},
+      {"a shard copied over another", path("mp.json"), "is not the file this manifest committed",
+       [&] { fs::copy_file(shard0, shard1, fs::copy_options::overwrite_existing); }},
+      {"the same, with no checksums (duplicated members)", manifest("nosum.json", without_checksums),
+       "holds members 0..1, but the manifest names 2..3",
+       [&] { fs::copy_file(shard0, shard1, fs::copy_options::overwrite_existing); }},
+      {"a shard of another run", manifest("mixed.json", without_checksums), "comes from another run",
+       [&] { fs::copy_file(path("other.json.e2.shard-1-of-2"), shard1, fs::copy_options::overwrite_existing); }},
+      {"a missing shard", path("mp.json"), "shard-1-of-2': no such file", [&] { fs::remove(shard1); }},
+  };
+  const std::string table = concrete_csv("in.csv", 3, false);
+  for (const auto& c : cases) {
+    write_file(shard1, shard1_bytes);
+    c.damage();
+    for (const std::string& command : {"evaluate " + c.manifest, "predict " + c.manifest + " " + table,
+                                       "resume " + c.manifest + " --epochs 3"}) {
+      const Result r = command.starts_with("resume") ? launch(1, command + " --device cpu --quiet")
+                                                     : run(command + " --device cpu");
+      EXPECT_EQ(r.status, 2) << c.name << ": " << command << "\n" << r.out;
+      EXPECT_THAT(r.out, HasSubstr(c.expected)) << c.name << ": " << command;
+      if (!command.starts_with("resume")) {
+        EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.name << ": one line: " << r.out;
+      }
+    }
+  }
+}
+
+// Divergence where a run is spread or shaped otherwise: member parallel (each rank
+// sees only its own members: they count them together) and multitask (it carried on
+// with NaN losses, exit 0, and replaced a good checkpoint).
+TEST_F(Cli, DivergenceInMemberParallelAndMultitaskRunsKeepsThePreviousCheckpoint) {
+  const std::string mp = path("mp.json");
+  const std::string args = "train --members 4 --hidden 16 --device cpu --quiet --member-parallel";
+  ASSERT_EQ(launch(2, args + " --epochs 2 --checkpoint " + mp).status, 0);
+  const std::string manifest = read_file(mp);
+  const Result diverged = launch(2, args + " --epochs 4 --lr 1e30 --checkpoint " + mp);
+  EXPECT_NE(diverged.status, 0) << diverged.out;
+  EXPECT_THAT(diverged.out, HasSubstr("[rank 0] packtrain: error: every member diverged by epoch 1"));
+  EXPECT_THAT(diverged.out, HasSubstr("[rank 1] packtrain: error: every member diverged by epoch 1"));
+  EXPECT_EQ(read_file(mp), manifest) << "the committed manifest was replaced";
+  EXPECT_EQ(run("evaluate " + mp + " --device cpu").status, 0);
+
+  write_file(path("t.tsv"), yes_no_tsv(16));
+  const std::string ckpt = path("m.ckpt");
+  const std::string files = " --train " + path("t.tsv") + " --dev " + path("t.tsv") + " -o " + ckpt;
+  ASSERT_EQ(run("multitask train " + kTinyMultitask + files).status, 0);
+  const std::string before = read_file(ckpt);
+  const Result r = run("multitask train " + kTinyMultitask + " --lr 1e30" + files);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("the training loss became non-finite in epoch 1"));
+  EXPECT_THAT(r.out, HasSubstr(ckpt + " is as it was"));
+  EXPECT_EQ(read_file(ckpt), before) << "the good checkpoint was replaced";
+}
+
+// Data edited on disk after training: `evaluate CKPT` scored the new rows under the
+// run's name and `multitask resume` carried on with other sentences (exit 0, the
+// checkpoint overwritten). Fingerprints stored with the run catch both; a table
+// given explicitly is still evaluated (the user chose those rows).
+TEST_F(Cli, DataChangedSinceTrainingIsCaughtByEvaluateAndResume) {
+  const std::string csv = concrete_csv("data.csv", 200, true);
+  const std::string ckpt = path("c.ckpt");
+  ASSERT_EQ(run("train --data " + csv + " --members 2 --epochs 2 --hidden 16 --device cpu --quiet --checkpoint " +
+                ckpt)
+                .status,
+            0);
+  ASSERT_EQ(run("evaluate " + ckpt + " --device cpu").status, 0);
+  std::string rows = read_file(csv);
+  rows.insert(rows.size() - 1, "1");  // the last row's target (a test or a training row) gets another digit
+  write_file(csv, rows);
+  const std::string before = read_file(ckpt);
+  const Result evaluated = run("evaluate " + ckpt + " --device cpu");
+  EXPECT_EQ(evaluated.status, 2) << evaluated.out;
+  EXPECT_THAT(evaluated.out, HasSubstr("the data or its split changed since this run was trained"));
+  EXPECT_THAT(evaluated.out, HasSubstr("packtrain evaluate " + ckpt + " TABLE"));
+  EXPECT_EQ(run("evaluate " + ckpt + " " + csv + " --device cpu").status, 0) << "an explicit table is evaluated";
+  const Result resumed = run("resume " + ckpt + " --epochs 3 --device cpu --quiet");
+  EXPECT_EQ(resumed.status, 2) << resumed.out;
+  EXPECT_THAT(resumed.out, HasSubstr("changed since this run was trained"));
+  EXPECT_EQ(read_file(ckpt), before);
+
+  write_file(path("train.tsv"), yes_no_tsv(16));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const std::string m = path("m.ckpt");
+  ASSERT_EQ(run("multitask train " + kTinyShape + " --epochs 1 --train " + path("train.tsv") + " --dev " +
+                path("dev.tsv") + " -o " + m)
+                .status,
+            0);
+  const std::string trained = read_file(m);
+  const struct {
+    std::string file, text, expected;
+  } edits[] = {
+      {"train.tsv", yes_no_tsv(8), "train.tsv: the training sentences changed"},    // halved
+      {"dev.tsv", yes_no_tsv(6), "dev.tsv: the dev sentences changed"},             // shrunk
+      {"train.tsv", "src\t0\t\tyes edited.\n" + yes_no_tsv(16).substr(yes_no_tsv(16).find('\n') + 1),
+       "train.tsv: the training sentences changed"},                                // one sentence edited
+  };
+  for (const auto& e : edits) {
+    write_file(path("train.tsv"), yes_no_tsv(16));
+    write_file(path("dev.tsv"), yes_no_tsv(8));
+    write_file(path(e.file), e.text);
+    const Result r = run("multitask resume " + m + " --epochs 2 --device cpu -q");
+    EXPECT_EQ(r.status, 2) << e.expected << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(e.expected));
+    EXPECT_EQ(read_file(m), trained) << e.expected << ": the checkpoint was replaced";
+  }
+}
+
+// A final write that fails after the checks made before training (here a file-size
+// limit: the disk filled up meanwhile) used to end the run with "internal error"
+// before its results were printed: the results come first now, then one error
+// line naming the file, exit 1.
+TEST_F(Cli, AFinalWriteThatFailsStillPrintsTheResultsFirst) {
+  const std::string limited = "trap '' XFSZ; ulimit -f 2; " + binary() + " ";  // 2 KiB: smaller than every output here
+  const struct {
+    std::string args, results, file;
+  } cases[] = {
+      {std::string("train ") + kSmall + " --checkpoint-every 100 --checkpoint " + path("c.ckpt"), "Test metrics",
+       path("c.ckpt")},
+      {std::string("train ") + kSmall + " --export " + path("e.pt"), "Test metrics", path("e.pt")},
+      {"multitask train " + kTinyShape + " --epochs 1 --train " + path("t.tsv") + " --dev " + path("t.tsv") + " -o " +
+           path("m.ckpt"),
+       "Dev (t.tsv", path("m.ckpt")},
+      {"active-learn --members 2 --epochs 2 --rounds 2 --initial 20 --acquire 10 --runs 1 --hidden 8 --device cpu "
+       "--quiet --csv " + path("curve.csv") + " --plot " + path("curve.svg"),
+       "Learning curve", path("curve.svg")},
+  };
+  write_file(path("t.tsv"), yes_no_tsv(16));
+  for (const auto& c : cases) {
+    const Result r = run_command(limited + c.args + " 2>&1");
+    EXPECT_EQ(r.status, 1) << c.args << "\n" << r.out;
+    const size_t results = r.out.find(c.results), error = r.out.find("packtrain: error: cannot write '" + c.file);
+    EXPECT_NE(results, std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_NE(error, std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_LT(results, error) << "the results come first";
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("internal error")));
+    EXPECT_FALSE(fs::exists(c.file)) << "no torn file";
+  }
+}
+
+// Columns are never matched by chance: a header naming a column twice is refused
+// (the target was one of them, picked inconsistently), and a predict table whose
+// header lacks the training names is refused (it was read by position silently).
+TEST_F(Cli, AmbiguousOrMismatchedColumnNamesAreRefused) {
+  write_file(path("dup.csv"), "a,b,a\n1,2,3\n4,5,6\n7,8,9\n1,1,1\n2,2,2\n");
+  const Result dup = run("train --data " + path("dup.csv") + " --epochs 1 --device cpu");
+  EXPECT_EQ(dup.status, 2) << dup.out;
+  EXPECT_THAT(dup.out, HasSubstr("dup.csv:1: the header names column 'a' twice (columns 0 and 2"));
+
+  const std::string data = concrete_csv("data.csv", 120, true), ckpt = path("c.ckpt");
+  ASSERT_EQ(run("train --data " + data + " --members 2 --epochs 1 --hidden 8 --device cpu --quiet --checkpoint " + ckpt)
+                .status,
+            0);
+  std::string renamed = read_file(data);
+  renamed.replace(0, renamed.find(','), "something_else");  // the first feature's name
+  write_file(path("renamed.csv"), renamed);
+  const Result predicted = run("predict " + ckpt + " " + path("renamed.csv") + " --device cpu");
+  EXPECT_EQ(predicted.status, 2) << predicted.out;
+  EXPECT_THAT(predicted.out, HasSubstr("renamed.csv: its header lacks the model's feature column(s)"));
+  // The same rows without a header are read by position, as before.
+  const std::string rows = read_file(data).substr(read_file(data).find('\n') + 1);
+  write_file(path("rows.csv"), rows);
+  EXPECT_EQ(run("evaluate " + ckpt + " " + path("rows.csv") + " --header no --device cpu").status, 0);
+}
+
+// Config files: a key set twice was accepted silently (the first won) and syntax or
+// type errors named neither the file nor the line. Each is FILE:LINE now, exit 2.
+TEST_F(Cli, ConfigMistakesNameTheFileAndLine) {
+  const struct {
+    std::string text, expected;
+  } cases[] = {
+      {"members = 4\nepochs = 1\nmembers = 8\n", "c.toml:3: 'members' is set twice (first on line 1)"},
+      {"epochs = 1\nmembers 4\n", "c.toml:2: expected `key = value`"},
+      {"# runs\n\nmembers = \"abc\"\n", "c.toml:3: "},
+      {"epochs = 1\nmembers = 0\n", "c.toml:2: --members: must be > 0, got 0"},
+      {"[train\nmembers = 2\n", "c.toml:1: expected a [section] header"},
+      {"epochs = 1\nnope = 2\n", "c.toml:2: "},
+      {"lr = [1, 2]\n", "c.toml:1: "},
+  };
+  for (const auto& c : cases) {
+    write_file(path("c.toml"), c.text);
+    const Result r = run("train --config " + path("c.toml") + " --device cpu --quiet --checkpoint " + path("x.ckpt"));
+    EXPECT_EQ(r.status, 2) << c.text << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expected)) << c.text;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.text << ": one line: " << r.out;
+  }
+  // A flag on the command line wins over the config: its error is not the config's.
+  write_file(path("c.toml"), "members = 4\n");
+  const Result r = run("train --config " + path("c.toml") + " --members 0 --device cpu");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("c.toml:")));
+  // Arrays may span lines, sections hold a subcommand's keys, comments are skipped.
+  write_file(path("ok.toml"), "# a run\n[train]\nmembers = 2 # two\nepochs = 1\n");
+  EXPECT_EQ(run("train --config " + path("ok.toml") + " --device cpu --quiet").status, 0);
+}
+
+// `packtrain --threads N launch ...` ran every rank with LibTorch's default instead.
+TEST_F(Cli, ThreadsReachTheLaunchedRanks) {
+  const Result threads = run("--threads 3 launch --nproc 2 -- info --json");
+  ASSERT_EQ(threads.status, 0) << threads.out;
+  EXPECT_EQ(rank0_json(threads.out)["cpu_threads"], 3) << threads.out;
+  size_t ranks = 0;
+  for (size_t at = threads.out.find("\"cpu_threads\": 3"); at != std::string::npos;
+       at = threads.out.find("\"cpu_threads\": 3", at + 1)) {
+    ++ranks;
+  }
+  EXPECT_EQ(ranks, 2u) << "both ranks: " << threads.out;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,9 +156,11 @@ bool wait_for_text(const fs::path& file, const std::string& text) {
   return false;
 }
 
-int exit_status(pid_t pid) {
+int exit_status(pid_t pid, int64_t* peak_rss_kib) {
   int raw = 0;
-  if (::waitpid(pid, &raw, 0) != pid) return -1;
+  struct rusage usage {};
+  if (::wait4(pid, &raw, 0, &usage) != pid) return -1;
+  if (peak_rss_kib != nullptr) *peak_rss_kib = usage.ru_maxrss;  // KiB on Linux
   return WIFEXITED(raw) ? WEXITSTATUS(raw) : 1000 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
 }
 

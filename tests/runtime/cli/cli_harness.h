@@ -102,8 +102,9 @@ nlohmann::json rank0_json(const std::string& out);
 pid_t start_packtrain(const std::vector<std::string>& args, const fs::path& err);
 // Waits until `file` holds `text` (at most 120 s); false if it never does.
 bool wait_for_text(const fs::path& file, const std::string& text);
-// waitpid: the exit status, or 1000 + the signal that ended it.
-int exit_status(pid_t pid);
+// Waits for `pid`: its exit status, or 1000 + the signal that ended it; with
+// `peak_rss_kib`, also its peak resident memory.
+int exit_status(pid_t pid, int64_t* peak_rss_kib = nullptr);
 
 // --- files
 

@@ -1,12 +1,18 @@
 // The launcher against a hostile machine: --nproc is bounded, SIGTERM and SIGHUP
 // reach the ranks, no rank outlives the launcher (even one killed with SIGKILL), and
 // a stopped rank is killed after the grace periods, with the launcher saying so.
+// The rendezvous: timeouts outside their range are refused; a busy MASTER_PORT, an
+// unreachable store and a rank that never comes each end with one line, within the
+// timeout.
 #include "tests/runtime/cli/cli_harness.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -185,6 +191,101 @@ TEST_F(Cli, AStoppedRankIsKilledAfterTheGraceAndTheLauncherSaysSo) {
   EXPECT_THAT(said, ::testing::AnyOf(HasSubstr("killed them (SIGKILL)"), HasSubstr("sent SIGTERM to ranks 1")))
       << said;
   EXPECT_THAT(said, ::testing::Not(HasSubstr("stopped the remaining ranks"))) << "the old, untrue report";
+}
+
+TEST_F(Cli, TimeoutsOutsideASecondToADayAreRefused) {
+  for (const std::string t : {"nan", "inf", "1e300", "1e10", "0.0001", "1e400"}) {
+    const Result r = run("launch --nproc 2 --timeout " + t + " -- info --collectives");
+    EXPECT_EQ(r.status, 2) << t << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr("--timeout: must be between 1 and 86400, got " + t)) << r.out;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("[rank"))) << "nothing was started";
+  }
+  // The variable itself (set by hand, or by a launcher other than ours).
+  const Result r = run_with_env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", "nan"}, {"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(free_port())}},
+                                "info --collectives");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='nan': must be seconds between 1 and 86400"));
+}
+
+// A port someone else holds: a socket listening on 127.0.0.1, for the test's life.
+class BusyPort {
+ public:
+  BusyPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(a);
+    if (fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd_, 16) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &size) == 0) {
+      port_ = ntohs(a.sin_port);
+    }
+  }
+  ~BusyPort() { ::close(fd_); }
+  BusyPort(const BusyPort&) = delete;
+  BusyPort& operator=(const BusyPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+// `packtrain ARGS` as rank RANK of 2 with a store at 127.0.0.1:PORT and a timeout of
+// TIMEOUT seconds; what it printed and how long it took.
+struct TimedResult {
+  Result result;
+  double seconds;
+};
+TimedResult run_as_rank(int rank, int port, int timeout, const std::string& args) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = run_with_env({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", std::to_string(port)},
+                           {"PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(timeout)}},
+                          args);
+  return {std::move(r), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+long lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+
+TEST_F(Cli, ABusyMasterPortIsOneLineAtOnce) {
+  const BusyPort busy;
+  ASSERT_GT(busy.port(), 0);
+  const std::string where = "127.0.0.1:" + std::to_string(busy.port());
+  const auto [r, seconds] = run_as_rank(0, busy.port(), 10, "info --collectives");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(where));
+  EXPECT_THAT(r.out, HasSubstr("Address already in use"));
+  EXPECT_LT(seconds, 5) << "no wait for a port that is taken";
+  // The launcher checks --master-port before it starts a rank.
+  const auto start = std::chrono::steady_clock::now();
+  const Result launched = launch(2, "info --collectives", "--master-port " + std::to_string(busy.port()));
+  EXPECT_EQ(launched.status, 2) << launched.out;
+  EXPECT_EQ(lines(launched.out), 1) << launched.out;
+  EXPECT_THAT(launched.out, HasSubstr("cannot listen on " + where));
+  EXPECT_THAT(launched.out, HasSubstr("Address already in use"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+}
+
+TEST_F(Cli, AnUnreachableStoreIsOneLineWithinTheTimeout) {
+  const int port = free_port();
+  const auto [r, seconds] = run_as_rank(1, port, 2, "info --collectives");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("rank 1 of 2 could not reach the store at 127.0.0.1:" + std::to_string(port) +
+                               " within 2 s: Connection refused"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("frame #")));
+  EXPECT_LT(seconds, 2 + 3) << "the timeout (2 s) and the process's start, no retries after it\n" << r.out;
+}
+
+TEST_F(Cli, ARankThatNeverComesIsOneLineWithinTheTimeout) {
+  const int port = free_port();
+  const auto [r, seconds] = run_as_rank(0, port, 2, "info --collectives");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("1 of 2 ranks reached the store at 127.0.0.1:" + std::to_string(port) + " within 2 s"));
+  EXPECT_LT(seconds, 2 + 3) << "the timeout (2 s) and the process's start\n" << r.out;
 }
 
 }  // namespace

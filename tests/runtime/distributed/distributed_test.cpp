@@ -93,6 +93,21 @@ TEST(RankInfo, BadValuesNameTheVariable) {
               HasSubstr("local rank 2 is outside [0, 2)"));
 }
 
+TEST(RankInfo, CollectiveTimeoutIsBetweenASecondAndADay) {
+  EXPECT_EQ(collective_timeout(env({})), std::chrono::seconds(60));
+  EXPECT_EQ(collective_timeout(env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", "1"}})), std::chrono::seconds(1));
+  EXPECT_EQ(collective_timeout(env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", "2.5"}})), std::chrono::milliseconds(2500));
+  EXPECT_EQ(collective_timeout(env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", "86400"}})), std::chrono::hours(24));
+  for (const std::string t : {"nan", "inf", "-inf", "1e300", "1e400", "1e10", "0.0001", "0", "-5", "soon", "", "5s"}) {
+    try {
+      collective_timeout(env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", t}}));
+      ADD_FAILURE() << t << ": accepted";
+    } catch (const DataError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='" + t + "': must be seconds between 1 and 86400"));
+    }
+  }
+}
+
 TEST(ProcessGroupTest, OneProcessCollectivesAreTheIdentity) {
   if (!ProcessGroup::gloo_available()) GTEST_SKIP() << "built without Gloo's headers (Debian libgloo-dev)";
   auto group = ProcessGroup::join(RankInfo{}, std::chrono::seconds(10));

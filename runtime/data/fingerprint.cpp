@@ -1,0 +1,48 @@
+#include "packtrain/runtime/data/fingerprint.h"
+
+#include "packtrain/base/fnv1a.h"
+#include "packtrain/runtime/data/dataset.h"
+#include "packtrain/runtime/data/labelled_texts.h"
+#include "packtrain/runtime/data/run_data.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+namespace packtrain::runtime {
+
+uint64_t tensor_fingerprint(std::initializer_list<at::Tensor> tensors) {
+  Fnv1a hash;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor c = t.cpu().contiguous();
+    hash.add(c.data_ptr(), c.nbytes());
+  }
+  return hash.value();
+}
+
+uint64_t fingerprint(const Dataset& data) {
+  return tensor_fingerprint({data.features.to(at::kDouble), data.targets.to(at::kDouble)});
+}
+
+uint64_t fingerprint(const SplitData& data) {
+  Fnv1a hash;
+  const uint64_t rows = fingerprint(data.all);
+  hash.add(&rows, sizeof rows);
+  for (const std::vector<int64_t>* part : {&data.split.train, &data.split.validation, &data.split.test}) {
+    const int64_t n = static_cast<int64_t>(part->size());
+    hash.add(&n, sizeof n).add(part->data(), part->size() * sizeof(int64_t));
+  }
+  return hash.value();
+}
+
+uint64_t fingerprint(const LabelledTexts& texts) {
+  Fnv1a hash;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const int64_t label = texts.labels[i], bytes = static_cast<int64_t>(texts.texts[i].size());
+    hash.add(&label, sizeof label).add(&bytes, sizeof bytes).add(texts.texts[i]);
+  }
+  return hash.value();
+}
+
+std::string fingerprint_hex(uint64_t fingerprint) { return fmt::format("{:016x}", fingerprint); }
+
+}  // namespace packtrain::runtime

@@ -1,0 +1,30 @@
+// Fingerprints of the data a run used. Checkpoints store them, so a resume or an
+// evaluation on data that changed on disk since (edited rows, a halved file) is
+// caught instead of carrying on with other data.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace packtrain::runtime {
+
+struct Dataset;
+struct LabelledTexts;
+struct SplitData;
+
+// FNV-1a over the bytes of the tensors (each made contiguous), in order.
+uint64_t tensor_fingerprint(std::initializer_list<at::Tensor> tensors);
+// Every row of a loaded data set: features and targets (float64).
+uint64_t fingerprint(const Dataset& data);
+// Every row and which rows are train, validation and test.
+uint64_t fingerprint(const SplitData& data);
+// Every sentence and label, in file order.
+uint64_t fingerprint(const LabelledTexts& texts);
+
+// 16 hex digits: how fingerprints are written into a checkpoint's JSON.
+std::string fingerprint_hex(uint64_t fingerprint);
+
+}  // namespace packtrain::runtime
