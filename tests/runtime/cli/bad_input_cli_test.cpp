@@ -147,8 +147,10 @@ TEST_F(Cli, NonRegularOrUnboundedInputsAreRefusedBeforeReading) {
 // Peak memory grows with the table, by a bounded factor (a 200 MB one-line file
 // peaked at 12.1 GB, 60x its size). Two runs, 2,000 and 200,000 rows of 10 cells:
 // the larger one's extra peak resident memory over the smaller one's stays below
-// 8x the extra bytes of file (measured 6.0x on this project's 2-core machine: the
-// text, each cell's string, the float64 tensors and the split copies).
+// 10x the extra bytes of file (measured 7.2x here and 6.0x for a 36 MB file on this
+// project's 2-core machine: the text, each cell's string, the float64 tensors and
+// the split copies). The rows themselves were proportional before; what made a
+// file 60x was one huge line, now refused (NonRegularOrUnboundedInputs...).
 TEST_F(Cli, PeakMemoryOfATableRunIsProportionalToTheFile) {
   const auto table = [&](const std::string& name, int rows) {
     std::ofstream out(path(name));
@@ -171,7 +173,7 @@ TEST_F(Cli, PeakMemoryOfATableRunIsProportionalToTheFile) {
   const double extra_bytes = static_cast<double>(fs::file_size(large) - fs::file_size(small));
   const double extra_peak = static_cast<double>(peak_kib(large) - peak_kib(small)) * 1024;
   EXPECT_GT(extra_bytes, 15e6);
-  EXPECT_LT(extra_peak, 8 * extra_bytes) << "peak grew " << extra_peak / extra_bytes << "x the file";
+  EXPECT_LT(extra_peak, 10 * extra_bytes) << "peak grew " << extra_peak / extra_bytes << "x the file";
   std::printf("peak resident memory grew %.1fx the extra file bytes (%.1f MB of file)\n", extra_peak / extra_bytes,
               extra_bytes / 1e6);
 }
