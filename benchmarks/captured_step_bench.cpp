@@ -1,7 +1,8 @@
 // PackedGraph / PackedGraphUnrolled: the packed step captured as a CUDA graph and
 // replayed, with batches gathered on the device (runtime/EnsembleSteps over a
-// SyntheticWorkload: 8 inputs, 1 output, ReLU, MSE, AdamW lr 1e-3, float32) —
-// one replay per step, or one per U steps.
+// SyntheticWorkload: 8 inputs, 1 output, `depth` hidden layers, ReLU, MSE, AdamW
+// lr 1e-3, float32) — one replay per step, or one per U steps. Arguments: members,
+// hidden, batch, depth. gflops: the step's GEMM FLOPs per second of device time.
 //
 // Timing: manual, from CUDA events around each iteration's replays (device time);
 // host_us_per_step is the host time to issue them (no waiting). The memory-traffic
@@ -11,6 +12,8 @@
 // copy measures here; device_over_bound and device_over_copy_bound are the ratios.
 // <kind>_nodes_per_step: the graph's nodes per step by kind (kernel, memset, ...).
 #include "benchmarks/captured_step_bench.h"
+
+#include "benchmarks/bench_workload.h"
 
 #include "packtrain/graphs/captured_step.h"
 #include "packtrain/profiling/step_timer.h"
@@ -87,8 +90,8 @@ double copy_bandwidth(int device) {
   return measured;
 }
 
-void run_captured(benchmark::State& state, c10::Device device, int64_t depth, int64_t unroll) {
-  const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2);
+void run_captured(benchmark::State& state, c10::Device device, int64_t unroll) {
+  const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2), depth = state.range(3);
   runtime::SyntheticWorkload w(runtime::WorkloadOptions()
                                    .members(members)
                                    .hidden(hidden)
@@ -120,6 +123,7 @@ void run_captured(benchmark::State& state, c10::Device device, int64_t depth, in
   const double steps = static_cast<double>(state.iterations() * replays * unroll);
   state.SetItemsProcessed(static_cast<int64_t>(steps) * members);
   state.counters["host_us_per_step"] = host_us / steps;
+  state.counters["gflops"] = step_flops(hidden, depth, batch) * static_cast<double>(members) * steps / (device_us * 1e3);
   state.counters["device_us_per_step"] = device_us / steps;
   state.counters["graph_nodes_per_step"] = static_cast<double>(step.graph_nodes()) / static_cast<double>(unroll);
   for (const auto& [kind, n] : step.graph_nodes_by_kind()) {
@@ -145,13 +149,13 @@ void run_captured(benchmark::State& state, c10::Device device, int64_t depth, in
 
 }  // namespace
 
-void register_captured_step_benchmarks(c10::Device device, int64_t depth, int64_t unroll,
+void register_captured_step_benchmarks(c10::Device device, int64_t unroll,
                                        void (*apply_args)(benchmark::internal::Benchmark*)) {
-  benchmark::RegisterBenchmark("PackedGraph", [=](benchmark::State& s) { run_captured(s, device, depth, 1); })
+  benchmark::RegisterBenchmark("PackedGraph", [=](benchmark::State& s) { run_captured(s, device, 1); })
       ->Apply(apply_args)
       ->UseManualTime();
   benchmark::RegisterBenchmark("PackedGraphUnrolled",
-                               [=](benchmark::State& s) { run_captured(s, device, depth, unroll); })
+                               [=](benchmark::State& s) { run_captured(s, device, unroll); })
       ->Apply(apply_args)
       ->UseManualTime();
 }

@@ -1,5 +1,6 @@
 // Registration of the captured-step benchmark families (CUDA only), so they run
 // in the same process as NaiveLoop and PackedEager and ratios come from one run.
+// apply_args gives the arguments members, hidden, batch, depth (in that order).
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -9,7 +10,7 @@
 
 namespace packtrain::benchmarks {
 
-void register_captured_step_benchmarks(c10::Device device, int64_t depth, int64_t unroll,
+void register_captured_step_benchmarks(c10::Device device, int64_t unroll,
                                        void (*apply_args)(benchmark::internal::Benchmark*));
 
 }  // namespace packtrain::benchmarks

@@ -21,21 +21,6 @@ namespace {
 
 using namespace packtrain::ensemble;
 
-// FLOPs of one member's step: forward and weight gradients for every layer, input
-// gradients for every layer above the first (the inputs need none).
-double step_flops(int64_t hidden, int64_t depth, int64_t batch) {
-  const int64_t I = packtrain::benchmarks::kWorkloadInputs, O = packtrain::benchmarks::kWorkloadOutputs;
-  double macs = 0, above_first = 0;
-  int64_t in = I;
-  for (int64_t l = 0; l <= depth; ++l) {
-    const int64_t out = l < depth ? hidden : O;
-    macs += static_cast<double>(in * out);
-    if (l > 0) above_first += static_cast<double>(in * out);
-    in = out;
-  }
-  return 2.0 * static_cast<double>(batch) * (2 * macs + above_first);
-}
-
 double measure_gemm_rate() {
   const int64_t n = 2048;
   const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
@@ -68,14 +53,15 @@ void CpuGemmRate(benchmark::State& state) {
 }
 
 void CpuTrainStep(benchmark::State& state) {
-  const int64_t depth = state.range(0), hidden = state.range(1), members = state.range(2), batch = 128;
+  const int64_t depth = state.range(0), hidden = state.range(1), members = state.range(2),
+                batch = packtrain::benchmarks::kGridBatch;
   const c10::Device cpu(c10::kCPU);
   PackedMLP model(packtrain::benchmarks::workload_options(members, hidden, depth, cpu));
   PackedAdam optimizer(model.parameters(), adamw_options().lr(packtrain::benchmarks::kWorkloadLr));
   const auto data = packtrain::benchmarks::fixed_batch(batch, cpu);
   const double limit = gemm_rate();
   for (auto _ : state) packed_train_step(model, optimizer, data.x, data.y, LossKind::kMSE);
-  const double flops = step_flops(hidden, depth, batch) * static_cast<double>(members);
+  const double flops = packtrain::benchmarks::step_flops(hidden, depth, batch) * static_cast<double>(members);
   state.SetItemsProcessed(state.iterations() * members);
   state.counters["gflops"] =
       benchmark::Counter(flops / 1e9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
@@ -83,15 +69,14 @@ void CpuTrainStep(benchmark::State& state) {
   state.SetLabel("cpu");
 }
 
-// The grid of the peers table; packs above ~1 GiB of weights and AdamW state skipped.
+// The grid of the peers table (bench_workload.h), less the packs over its state limit.
 void Grid(benchmark::internal::Benchmark* b) {
+  namespace w = packtrain::benchmarks;
   b->ArgNames({"depth", "hidden", "members"});
-  for (int64_t depth : {1, 2, 3}) {
-    for (int64_t hidden : {32, 64, 256, 512}) {
-      for (int64_t members : {1, 8, 64, 512, 4096}) {
-        const double params = static_cast<double>(members) * (hidden * (8 + 2) + (depth - 1) * hidden * (hidden + 1));
-        if (params * 4 * 4 > 1.0 * (1 << 30)) continue;  // weights, gradients, two moments
-        b->Args({depth, hidden, members});
+  for (int64_t depth : w::kGridDepths) {
+    for (int64_t hidden : w::kGridHiddens) {
+      for (int64_t members : w::kGridMembers) {
+        if (w::within_state_limit(members, hidden, depth)) b->Args({depth, hidden, members});
       }
     }
   }

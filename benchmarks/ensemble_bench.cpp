@@ -5,13 +5,20 @@
 //                  ensemble::packed_train_step (on CPU its fused member-wise step);
 //   PackedGraph, PackedGraphUnrolled - the packed step captured as a CUDA graph
 //                  (benchmarks/captured_step_bench.cpp; CUDA only).
-// Workload: I=8 inputs, 1 output, hidden layers of width `hidden` (one by default:
-// the Deep Ensembles UCI regressor; PACKTRAIN_BENCH_DEPTH=2 for two), ReLU, MSE,
-// AdamW lr 1e-3, float32, one fixed batch already on the device.
-// items_per_second counts member-steps (one member doing one optimizer step).
+// Workload: I=8 inputs, 1 output, `depth` hidden layers of width `hidden`, ReLU,
+// MSE, AdamW lr 1e-3, float32, one fixed batch already on the device.
+// Arguments members/hidden/batch/depth over the grid of bench_workload.h: depth 1-3,
+// hidden 32-512, members 1-4096, batch 128, less the packs whose weights, gradients
+// and AdamW moments exceed 1 GiB (named in the JSON context, "skipped_over_1gib");
+// NaiveLoop only up to K = 64 (a loop of K models: larger K only takes longer);
+// the captured families add K = 2048 at hidden 64.
+// items_per_second counts member-steps (one member doing one optimizer step); the
+// packed families' gflops counter is the step's GEMM FLOPs per second
+// (bench_workload.h's step_flops), to set against CpuGemmRate (cpu_step_bench.cpp).
 // Device: CUDA when available (or PACKTRAIN_BENCH_DEVICE=cpu|cuda), else CPU.
-// Members 1..4096 at hidden 64 and batch 128, plus a wider model (hidden 512);
-// PACKTRAIN_BENCH_UNROLL sets U for PackedGraphUnrolled (default: the trainer's).
+// PACKTRAIN_BENCH_DEPTH=D registers only depth D (one of the grid's, or any other);
+// PACKTRAIN_BENCH_UNROLL sets U for PackedGraphUnrolled
+// (default: the trainer's).
 #include "benchmarks/bench_workload.h"
 #include "benchmarks/captured_step_bench.h"
 #include "benchmarks/data_parallel_bench.h"
@@ -32,15 +39,27 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
 using namespace packtrain::ensemble;
 
-int64_t bench_depth() {
+// The depths registered: the grid's, or only PACKTRAIN_BENCH_DEPTH's.
+std::vector<int64_t> bench_depths() {
   const char* env = std::getenv("PACKTRAIN_BENCH_DEPTH");
-  return env != nullptr ? std::stoll(env) : 1;
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long depth = std::strtoll(env, &end, 10);
+    if (*end != '\0' || depth < 0) {
+      throw std::invalid_argument(std::string("PACKTRAIN_BENCH_DEPTH=") + env +
+                                  ": expected a number of hidden layers (0 or more), or unset for the grid's 1, 2, 3");
+    }
+    return {depth};
+  }
+  return {std::begin(packtrain::benchmarks::kGridDepths), std::end(packtrain::benchmarks::kGridDepths)};
 }
 
 c10::Device bench_device() {
@@ -53,8 +72,21 @@ void synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-PackedMLPOptions workload(int64_t members, int64_t hidden, c10::Device device) {
-  return packtrain::benchmarks::workload_options(members, hidden, bench_depth(), device);
+// The benchmark's arguments: members, hidden, batch, depth.
+struct Shape {
+  int64_t members, hidden, batch, depth;
+  explicit Shape(const benchmark::State& state)
+      : members(state.range(0)), hidden(state.range(1)), batch(state.range(2)), depth(state.range(3)) {}
+  PackedMLPOptions options(c10::Device device) const {
+    return packtrain::benchmarks::workload_options(members, hidden, depth, device);
+  }
+};
+
+// The step's GEMM FLOPs per second over the run (a rate counter: Google Benchmark
+// divides by the run's time, real time here).
+benchmark::Counter gflops(const benchmark::State& state, const Shape& s) {
+  const double flops = packtrain::benchmarks::step_flops(s.hidden, s.depth, s.batch) * static_cast<double>(s.members);
+  return benchmark::Counter(flops / 1e9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 // Host time to issue a step (before waiting for the device); a step of all K members.
@@ -66,9 +98,10 @@ struct HostClock {
 };
 
 void NaiveLoop(benchmark::State& state) {
-  const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2);
+  const Shape shape(state);
+  const int64_t members = shape.members;
   const c10::Device device = bench_device();
-  const auto options = workload(members, hidden, device);
+  const auto options = shape.options(device);
   std::vector<torch::nn::Sequential> models;
   std::vector<std::unique_ptr<torch::optim::AdamW>> optimizers;
   for (int64_t k = 0; k < members; ++k) {
@@ -76,7 +109,7 @@ void NaiveLoop(benchmark::State& state) {
     optimizers.push_back(std::make_unique<torch::optim::AdamW>(models.back()->parameters(),
                                                                torch::optim::AdamWOptions(packtrain::benchmarks::kWorkloadLr)));
   }
-  const auto data = packtrain::benchmarks::fixed_batch(batch, device);
+  const auto data = packtrain::benchmarks::fixed_batch(shape.batch, device);
   HostClock host;
   for (auto _ : state) {
     host.start();
@@ -94,11 +127,11 @@ void NaiveLoop(benchmark::State& state) {
 }
 
 void PackedEager(benchmark::State& state) {
-  const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2);
+  const Shape shape(state);
   const c10::Device device = bench_device();
-  PackedMLP model(workload(members, hidden, device));
+  PackedMLP model(shape.options(device));
   PackedAdam optimizer(model.parameters(), adamw_options().lr(packtrain::benchmarks::kWorkloadLr));
-  const auto data = packtrain::benchmarks::fixed_batch(batch, device);
+  const auto data = packtrain::benchmarks::fixed_batch(shape.batch, device);
   HostClock host;
   for (auto _ : state) {
     host.start();
@@ -106,23 +139,54 @@ void PackedEager(benchmark::State& state) {
     host.stop();
     synchronize(device);
   }
-  state.SetItemsProcessed(state.iterations() * members);
+  state.SetItemsProcessed(state.iterations() * shape.members);
   state.counters["host_us_per_step"] = host.total_us / static_cast<double>(state.iterations());
+  state.counters["gflops"] = gflops(state, shape);
   state.SetLabel(device.str());
 }
 
-void Args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"members", "hidden", "batch"});
-  for (int64_t members : {1, 8, 64, 512, 4096}) b->Args({members, 64, 128});
-  b->Args({64, 512, 128});  // the wider model
+// The grid's shapes with at most `max_members` members, within the state limit.
+void Grid(benchmark::internal::Benchmark* b, int64_t max_members) {
+  namespace pb = packtrain::benchmarks;
+  b->ArgNames({"members", "hidden", "batch", "depth"});
+  for (int64_t depth : bench_depths()) {
+    for (int64_t hidden : pb::kGridHiddens) {
+      for (int64_t members : pb::kGridMembers) {
+        if (members <= max_members && pb::within_state_limit(members, hidden, depth)) {
+          b->Args({members, hidden, pb::kGridBatch, depth});
+        }
+      }
+    }
+  }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-// The captured families add K = 2048, for the scaling target (K = 2048 step <= 2x
-// the K = 1 step).
+// The registered depths' shapes over the state limit, "members:4096/hidden:256/batch:128/depth:2"
+// each (the JSON context's "skipped_over_1gib").
+std::string skipped_shapes() {
+  namespace pb = packtrain::benchmarks;
+  std::string out;
+  for (int64_t depth : bench_depths()) {
+    for (int64_t hidden : pb::kGridHiddens) {
+      for (int64_t members : pb::kGridMembers) {
+        if (pb::within_state_limit(members, hidden, depth)) continue;
+        if (!out.empty()) out += ',';
+        out.append("members:").append(std::to_string(members)).append("/hidden:").append(std::to_string(hidden));
+        out.append("/batch:").append(std::to_string(pb::kGridBatch)).append("/depth:").append(std::to_string(depth));
+      }
+    }
+  }
+  return out;
+}
+
+void PackedArgs(benchmark::internal::Benchmark* b) { Grid(b, 4096); }
+void LoopArgs(benchmark::internal::Benchmark* b) { Grid(b, 64); }
+
+// The captured families add K = 2048 at hidden 64, for the scaling target (K = 2048
+// step <= 2x the K = 1 step).
 void CapturedArgs(benchmark::internal::Benchmark* b) {
-  Args(b);
-  b->Args({2048, 64, 128});
+  PackedArgs(b);
+  for (int64_t depth : bench_depths()) b->Args({2048, 64, packtrain::benchmarks::kGridBatch, depth});
 }
 
 int64_t bench_unroll() {
@@ -130,8 +194,8 @@ int64_t bench_unroll() {
   return env != nullptr ? std::stoll(env) : packtrain::runtime::kDefaultUnroll;
 }
 
-BENCHMARK(NaiveLoop)->Apply(Args);
-BENCHMARK(PackedEager)->Apply(Args);
+BENCHMARK(NaiveLoop)->Apply(LoopArgs);
+BENCHMARK(PackedEager)->Apply(PackedArgs);
 
 }  // namespace
 
@@ -142,11 +206,14 @@ int main(int argc, char** argv) {
   // trains (runtime/cpu_memory.h).
   packtrain::runtime::retain_freed_cpu_memory();
   benchmark::AddCustomContext("device", bench_device().str());
-  benchmark::AddCustomContext("depth", std::to_string(bench_depth()));
+  std::string depths;
+  for (int64_t depth : bench_depths()) depths.append(depths.empty() ? "" : ",").append(std::to_string(depth));
+  benchmark::AddCustomContext("depths", depths);
+  benchmark::AddCustomContext("skipped_over_1gib", skipped_shapes());
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
   const c10::Device device = bench_device();
   if (device.is_cuda()) {
-    packtrain::benchmarks::register_captured_step_benchmarks(device, bench_depth(), bench_unroll(), CapturedArgs);
+    packtrain::benchmarks::register_captured_step_benchmarks(device, bench_unroll(), CapturedArgs);
     benchmark::AddCustomContext("unroll", std::to_string(bench_unroll()));
   } else {
     std::fprintf(stderr, "PackedGraph, PackedGraphUnrolled: not run (CUDA graphs need a CUDA device; this run is on %s)\n",

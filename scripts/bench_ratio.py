@@ -16,7 +16,7 @@ import sys
 
 
 def read_rates(report):
-    """{(family, "members:8/hidden:64/batch:128"): (items_per_second, the benchmark's entry)}
+    """{(family, "members:8/hidden:64/batch:128/depth:2"): (items_per_second, the benchmark's entry)}
     from Google Benchmark's JSON (medians when repetitions were run), and whether
     they are medians. Skipped or failed benchmarks are left out."""
     found = {}

@@ -7,7 +7,8 @@
 //              trainer's step: captured on a GPU, eager on CPU). Every peer must
 //              reproduce that loss curve before its speed is reported.
 //   plot       draws member-steps/s against members, log-log, one line per system,
-//              from the harness's results JSON (runtime/svg_plot).
+//              for one shape (depth, hidden) from the harness's results JSON
+//              (runtime/svg_plot).
 //
 // Files: DIR/manifest.json names each tensor's shape and raw file (float32,
 // little-endian, C order): x (B, 8), y (B, 1), linear<i>.weight (K, I, O),
@@ -104,14 +105,15 @@ int reference(const ReferenceArgs& a) {
 }
 
 // results.json (benchmarks/peers/run_peers.py): {"device": ..., "rows": [{"workload":
-// {"members", "hidden", ...}, "systems": {name: {"member_steps_per_s": x | null}}}]}.
-int plot(const std::string& results_path, const std::string& out, int64_t hidden) {
+// {"members", "hidden", "depth", ...}, "systems": {name: {"member_steps_per_s": x | null}}}]}.
+int plot(const std::string& results_path, const std::string& out, int64_t hidden, int64_t depth) {
   std::ifstream in(results_path);
   if (!in) throw std::runtime_error("cannot read " + results_path);
   const json results = json::parse(in);
   std::map<std::string, runtime::PlotSeries> by_system;
   for (const json& row : results.at("rows")) {
-    if (row.at("workload").at("hidden").get<int64_t>() != hidden) continue;
+    const json& workload = row.at("workload");
+    if (workload.at("hidden").get<int64_t>() != hidden || workload.value("depth", int64_t{1}) != depth) continue;
     const double members = row.at("workload").at("members").get<double>();
     for (const auto& [name, system] : row.at("systems").items()) {
       const json& rate = system.at("member_steps_per_s");
@@ -127,7 +129,7 @@ int plot(const std::string& results_path, const std::string& out, int64_t hidden
   for (auto& [name, s] : by_system)
     if (name != "packtrain") series.push_back(s);
   runtime::PlotOptions options;
-  options.title = fmt::format("Member-steps/s vs members (hidden {}, {})", hidden,
+  options.title = fmt::format("Member-steps/s vs members (depth {}, hidden {}, {})", depth, hidden,
                               results.value("device_name", results.value("device", std::string("?"))));
   options.x_label = "members K";
   options.y_label = "member-steps/s";
@@ -152,15 +154,16 @@ int main(int argc, char** argv) {
   reference_cmd->add_option("--device", ref.device, "cpu or cuda");
   reference_cmd->add_option("--out", ref.out, "directory to write")->required();
   std::string results, svg;
-  int64_t hidden = 64;
+  int64_t hidden = 64, depth = 2;
   auto* plot_cmd = app.add_subcommand("plot", "Draw member-steps/s vs members (log-log) from results.json");
   plot_cmd->add_option("--results", results, "the harness's results.json")->required()->check(CLI::ExistingFile);
   plot_cmd->add_option("--out", svg, "SVG file to write")->required();
-  plot_cmd->add_option("--hidden", hidden, "the workloads of this hidden width");
+  plot_cmd->add_option("--hidden", hidden, "the workloads of this hidden width")->capture_default_str();
+  plot_cmd->add_option("--depth", depth, "the workloads of this depth (hidden layers)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (*reference_cmd) return reference(ref);
-    return plot(results, svg, hidden);
+    return plot(results, svg, hidden, depth);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "packtrain_peers: %s\n", e.what());
     return 1;

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# One command: packtrain against the PyTorch and JAX peers on this machine.
-#   benchmarks/peers/run.sh [run_peers.py options: --device, --repeats, --members 1,8,
+# One command: packtrain against the PyTorch and JAX peers on this machine, over the
+# shapes users train (depth 1-3 x hidden 32-512 x K 1-4096, batch 128; packs over
+# 1 GiB of training state left out and named), the CLI's default shape marked.
+#   benchmarks/peers/run.sh [run_peers.py options: --depths 1,2,3 --hiddens 32,64,256,512
+#                            --members 1,8,64,512,4096 (default: the whole grid),
+#                            --peers jax:scan,torch-vmap:fused, --device, --repeats,
 #                            --time-budget SECONDS, --unroll U, --out DIR ...]
+#   e.g. one shape, one peer: benchmarks/peers/run.sh --depths 2 --hiddens 64 --members 8 --peers jax:scan
 # Builds packtrain_bench and packtrain_peers (scripts/setup.sh first installs what
 # the build needs), prepares the peers' Python and runs benchmarks/peers/run_peers.py,
-# which writes benchmarks/peers/results/<cpu|gpu>/results.{md,json,svg} (or --out DIR).
+# which writes benchmarks/peers/results/<cpu|gpu>/results.{md,json,svg} (or --out DIR):
+# each peer / packtrain, the best peer per row, packtrain's GFLOP/s against the
+# machine's GEMM rate (CPU), and the verdict (packtrain >= 1.2x the best peer at
+# every K >= 8 row).
 #
 # Python: by default the project's cached virtual environment (PyTorch 2.11.0), with
 # JAX and optax installed for this benchmark only into their own cached directory

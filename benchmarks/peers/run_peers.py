@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
 """packtrain against what users would run instead, on packtrain_bench's workloads.
 
-For every workload packtrain_bench measures (members, hidden width, batch, depth):
+The workloads are the shapes users train: depth 1, 2, 3 x hidden 32, 64, 256, 512 x
+K = 1, 8, 64, 512, 4096 at batch 128 (packtrain_bench's grid, bench_workload.h),
+less the packs whose weights, gradients and two AdamW moments exceed 1 GiB (named
+in the results); --depths, --hiddens and --members narrow it. The CLI's default
+shape (`packtrain train`: depth 2, hidden 64) is marked in the table.
+
+For every workload (members, hidden width, batch, depth):
   1. packtrain_bench times packtrain (median of --repeats repetitions): on CPU its
      eager step (PackedEager, the fused member-wise step), on a GPU the trainer's
      captured, unrolled step (PackedGraphUnrolled, U steps per replay; PackedGraph,
-     one step per replay, is kept in the JSON);
+     one step per replay, is kept in the JSON). Each row's achieved GFLOP/s (the
+     step's GEMM FLOPs, the benchmark's gflops counter) is set against the
+     machine's measured FP32 GEMM rate — on CPU, CpuGemmRate in the same
+     packtrain_bench run (a 2048^3 at::mm on all threads); on a GPU, n/a;
   2. `packtrain_peers reference` writes the workload's initial weights, batch and
      packtrain's loss curve over --check-steps steps;
   3. every peer variant (benchmarks/peers/peers.py, each in its own process) trains
@@ -15,21 +24,25 @@ For every workload packtrain_bench measures (members, hidden width, batch, depth
      passed — each peer at its best as its documentation recommends: JAX with U
      steps per jitted call (lax.scan), PyTorch's whole step captured with
      torch.cuda.graphs, U steps per replay — with U packtrain's own unroll.
-Writes results.json, results.md (with the verdict: does packtrain lead at every
-K >= 8) and results.svg (member-steps/s against members, log-log) into --out,
-after every variant and at the end, also when the run is cut short.
+Writes results.json, results.md (each peer / packtrain, the best peer per row and
+its ratio, packtrain's GFLOP/s and its fraction of the GEMM rate, and the verdict:
+does packtrain lead the best peer by at least 1.2x at every K >= 8 row that ran)
+and results.svg (member-steps/s against members, log-log, at the CLI's default
+shape) into --out, after every variant and at the end, also when the run is cut
+short.
 
 Order and time budget: the peers' fastest forms run first on every workload, the
-workloads in the order K = 8, 64, 512, 4096 (the main hidden width), other widths,
-then K < 8; then the other variants, the Python loop last. With --time-budget S, a
-variant starts only if the time so far plus its estimate (its time on the last
-workload it ran, scaled to this one; a prior before that) fits in S; otherwise it
-is recorded as "not run: time budget". A running variant is stopped at the budget.
+workloads in the order K = 8, 64, 512, 4096 at the CLI's default shape, then K >= 8
+at the other shapes (by K, depth, hidden), then K < 8; then the other variants, the
+Python loop last. With --time-budget S, a variant starts only if the time so far
+plus its estimate (its time on the last workload it ran, scaled to this one; a
+prior before that) fits in S; otherwise it is recorded as "not run: time budget".
+A running variant is stopped at the budget.
 
 Usage: run_peers.py [--build-dir build] [--out DIR] [--device auto|cpu|cuda]
                     [--repeats 5] [--min-time 0.3] [--check-steps 20] [--unroll U]
-                    [--members 1,8,64] [--peers torch-loop,jax:scan,...]
-                    [--time-budget SECONDS]
+                    [--depths 1,2,3] [--hiddens 32,64,256,512] [--members 1,8,64]
+                    [--peers torch-loop,jax:scan,...] [--time-budget SECONDS]
 Run it through benchmarks/peers/run.sh, which builds packtrain and prepares Python.
 """
 import argparse
@@ -41,6 +54,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -76,6 +90,8 @@ UNROLLED = {"torch-cudagraph:unrolled", "jax:scan", "jax:scan-unrolled"}
 # which packtrain_bench uses unless PACKTRAIN_BENCH_UNROLL says otherwise; on a GPU the
 # benchmark's JSON context states the U it ran, and that is used.
 DEFAULT_UNROLL = 8
+CLI_DEPTH, CLI_HIDDEN = 2, 64  # `packtrain train`'s default shape (runtime/cli/trainer_flags.cpp)
+LEAD = 1.2  # the verdict: packtrain at least this many times the best peer at every K >= 8
 BUDGET_RESERVE_S = 5  # kept back from --time-budget for writing the results and the plot
 NOT_RUN_BUDGET = "not run: time budget"
 NO_CUDA_GRAPHS_ON_CPU = "not run: torch.cuda.graphs needs a CUDA device"  # peers.py says the same
@@ -143,19 +159,24 @@ def parse_workload(rest):
 
 
 def workload_key(w):
-    return f"k{w['members']}_h{w['hidden']}_b{w['batch']}"
+    return f"k{w['members']}_h{w['hidden']}_b{w['batch']}_d{w['depth']}"
 
 
-def label(w, main_hidden):
-    return f"K {w['members']}" + ("" if w["hidden"] == main_hidden else f" (hidden {w['hidden']})")
+def cli_default(w):
+    return w["depth"] == CLI_DEPTH and w["hidden"] == CLI_HIDDEN
+
+
+def label(w):
+    """'K 8' at the CLI's default shape, else 'K 8 (depth 1, hidden 32)'."""
+    return f"K {w['members']}" + ("" if cli_default(w) else f" (depth {w['depth']}, hidden {w['hidden']})")
 
 
 def priority_order(workloads):
-    """K >= 8 at the main hidden width by K (8, 64, 512, 4096), then K >= 8 at other
-    widths, then K < 8: a run cut short has answered 'does packtrain lead at K >= 8'."""
-    main_hidden = collections.Counter(w["hidden"] for w in workloads).most_common(1)[0][0] if workloads else 0
-    return sorted(workloads, key=lambda w: (0 if w["members"] >= 8 and w["hidden"] == main_hidden
-                                            else 1 if w["members"] >= 8 else 2, w["members"], w["hidden"]))
+    """K >= 8 at the CLI's default shape by K (8, 64, 512, 4096), then K >= 8 at the
+    other shapes (by K, depth, hidden: the cheaper first), then K < 8: a run cut
+    short has answered 'does packtrain lead at K >= 8' where users train most."""
+    return sorted(workloads, key=lambda w: (0 if w["members"] >= 8 and cli_default(w) else 1 if w["members"] >= 8
+                                            else 2, w["members"], w["depth"], w["hidden"]))
 
 
 def plan(workloads, args, unroll):
@@ -198,7 +219,7 @@ class Budget:
     @staticmethod
     def work(w):
         h = w["hidden"]
-        return w["members"] * w["batch"] * (8 * h + (w.get("depth", 1) - 1) * h * h + 2 * h + 1)
+        return w["members"] * w["batch"] * (8 * h + (w["depth"] - 1) * h * h + 2 * h + 1)
 
     def prior(self, variant, w):
         gpu = self.device != "cpu"
@@ -236,12 +257,53 @@ class Budget:
 
 # --- running ----------------------------------------------------------------------
 
-def run_packtrain_bench(args, device, out_json):
+def bench_filter(args, device):
+    """packtrain_bench's --benchmark_filter: the packed family over the selected
+    shapes; on CPU also CpuGemmRate, the machine's GEMM rate."""
     # On a GPU the figure is PackedGraphUnrolled (PackedGraph kept beside it).
     families = "PackedEager" if device == "cpu" else "PackedGraph"
-    members = "|".join(str(m) for m in args.members) if args.members else "[0-9]+"
+    pick = lambda values: "|".join(str(v) for v in values) if values else "[0-9]+"
+    packed = (f"^({families})[A-Za-z]*/members:({pick(args.members)})/hidden:({pick(args.hiddens)})/batch:[0-9]+"
+              f"/depth:({pick(args.depths)})(/|$)")
+    return packed + ("|^CpuGemmRate(/|$)" if device == "cpu" else "")
+
+
+def selected_shape(args, shape):
+    """Whether "members:K/hidden:H/batch:B/depth:D" is among --members, --hiddens, --depths."""
+    w = parse_workload(shape)
+    return all(not chosen or w[field] in chosen
+               for field, chosen in (("members", args.members), ("hidden", args.hiddens), ("depth", args.depths)))
+
+
+def gemm_rate(report):
+    """CpuGemmRate's gflops and threads (the median when repetitions ran), or None."""
+    runs = [b for b in report["benchmarks"] if b.get("run_name", b["name"]).startswith("CpuGemmRate")
+            and "gflops" in b and not b.get("error_occurred")]
+    medians = [b for b in runs if b.get("aggregate_name") == "median"]
+    runs = medians or [b for b in runs if "aggregate_name" not in b]
+    if not runs:
+        return None
+    threads = runs[0].get("threads")
+    return {"gflops": statistics.median(b["gflops"] for b in runs), "threads": int(threads) if threads else None}
+
+
+def selection_error(args, device):
+    """Why the selection has no workload in packtrain_bench's grid, or None."""
+    listed = subprocess.run([os.path.join(args.build_dir, "bin", "packtrain_bench"), "--benchmark_list_tests",
+                             f"--benchmark_filter={bench_filter(args, device)}"], capture_output=True, text=True,
+                            env=dict(os.environ, PACKTRAIN_BENCH_DEVICE=device))
+    if listed.returncode == 0 and any(line.startswith("Packed") for line in listed.stdout.splitlines()):
+        return None
+    depth = os.environ.get("PACKTRAIN_BENCH_DEPTH")
+    return ("no packtrain_bench workload matches --members/--hiddens/--depths"
+            + (f" and PACKTRAIN_BENCH_DEPTH={depth}" if depth else "") + ": the grid is depth 1, 2, 3; hidden 32, "
+            "64, 256, 512; K 1, 8, 64, 512, 4096; batch 128, less the packs over 1 GiB of training state "
+            "(`packtrain_bench --benchmark_list_tests` lists it)")
+
+
+def run_packtrain_bench(args, device, out_json):
     command = [os.path.join(args.build_dir, "bin", "packtrain_bench"),
-               f"--benchmark_filter=^({families})[A-Za-z]*/members:({members})/",
+               f"--benchmark_filter={bench_filter(args, device)}",
                f"--benchmark_repetitions={args.repeats}", f"--benchmark_min_time={args.min_time}",
                "--benchmark_report_aggregates_only=true",
                f"--benchmark_out={out_json}", "--benchmark_out_format=json"]
@@ -347,49 +409,67 @@ def unmeasured(status):
     return not (status == "ok" or status.startswith("refused") or status == NO_CUDA_GRAPHS_ON_CPU)
 
 
+def best_peer(systems):
+    """The row's fastest peer with a figure: {"system", "form", "member_steps_per_s",
+    "over_packtrain"}, or None when no peer has one."""
+    rated = [(name, systems[name]) for name, _ in SYSTEMS if systems[name]["member_steps_per_s"] is not None]
+    if not rated:
+        return None
+    name, s = max(rated, key=lambda ns: ns[1]["member_steps_per_s"])
+    return {"system": name, "form": s.get("form"), "member_steps_per_s": s["member_steps_per_s"],
+            "over_packtrain": s["member_steps_per_s"] / systems["packtrain"]["member_steps_per_s"]}
+
+
 def verdict(rows):
-    """Does packtrain lead every peer at every workload with K >= 8?"""
-    main_hidden = collections.Counter(r["workload"]["hidden"] for r in rows).most_common(1)[0][0] if rows else 0
-    considered, losses, missing = [], [], []
-    for row in priority_order([r["workload"] for r in rows]):
-        if row["members"] < 8:
+    """Does packtrain lead the best peer by at least LEAD at every row with K >= 8?"""
+    considered, short, missing, leads = [], [], [], []
+    by_workload = {id(r["workload"]): r for r in rows}
+    for w in priority_order([r["workload"] for r in rows]):
+        if w["members"] < 8:
             continue
-        systems = next(r["systems"] for r in rows if r["workload"] is row)
-        where = label(row, main_hidden)
+        row = by_workload[id(w)]
+        where = label(w)
         considered.append(where)
-        base = systems["packtrain"]["member_steps_per_s"]
-        gaps = []
-        for name, _ in SYSTEMS:
-            s = systems[name]
-            rate = s["member_steps_per_s"]
-            if rate is not None and rate >= base:
-                losses.append(f"{where}: {name} ({s['form']}) {rate / base:.2f}x packtrain")
-            gaps += [v for v, r in s.get("variants", {}).items() if unmeasured(r["status"])]
-        if gaps:
-            missing.append(f"{where}: {', '.join(gaps)}")
+        gaps = [v for name, _ in SYSTEMS for v, r in row["systems"][name].get("variants", {}).items()
+                if unmeasured(r["status"])]
+        best = best_peer(row["systems"])
+        if gaps or best is None:
+            missing.append(f"{where}: {', '.join(gaps) or 'no peer passed the check'}")
+        if best is None:
+            continue
+        lead = 1 / best["over_packtrain"]
+        leads.append((lead, where))
+        if lead < LEAD:
+            short.append(f"{where}: {best['system']} ({best['form']}) {best['over_packtrain']:.2f}x packtrain, "
+                         f"a lead of {lead:.2f}x")
+    least = min(leads) if leads else None
     if not considered:
         text = "not measured (no workload with K ≥ 8 in this run)"
-    elif losses:
-        text = "no (" + "; ".join(losses) + ")"
+    elif not leads:
+        text = "not measured (" + "; ".join(missing) + ")"
     else:
-        text = "yes (" + ", ".join(considered) + ")"
+        if short:
+            text = "no (" + "; ".join(short) + ")"
+        else:
+            rows_text = ", ".join(considered) if len(considered) <= 6 else f"all {len(considered)} rows"
+            text = f"yes ({rows_text}; least lead {least[0]:.2f}x at {least[1]})"
         if missing:
-            text += " among the variants measured; not measured: " + "; ".join(missing)
-    return {"leads": bool(considered) and not losses, "complete": not missing, "workloads": considered,
-            "losses": losses, "not_measured": missing,
-            "text": "packtrain leads at every K ≥ 8: " + text}
+            text += ("; " if short else " among the variants measured; ") + "not measured: " + "; ".join(missing)
+    return {"leads": bool(leads) and not short, "complete": not missing, "margin": LEAD, "workloads": considered,
+            "losses": short, "not_measured": missing,
+            "least_lead": {"lead": least[0], "workload": least[1]} if least else None,
+            "text": f"packtrain leads the best peer by ≥ {LEAD:g}x at every K ≥ 8 row: " + text}
 
 
 def chosen_forms(rows):
     """['JAX vmap + jit: JAX lax.scan U=8', 'torch.func vmap: ... fused (K 1, K 8); ... foreach (K 512)']"""
-    main_hidden = collections.Counter(r["workload"]["hidden"] for r in rows).most_common(1)[0][0] if rows else 0
     parts = []
     for name, _ in SYSTEMS:
         by_form = {}
         for row in rows:
             chosen = row["systems"][name].get("form")
             if chosen:
-                by_form.setdefault(chosen, []).append(label(row["workload"], main_hidden))
+                by_form.setdefault(chosen, []).append(label(row["workload"]))
         if len(by_form) == 1:
             parts.append(f"{name}: {next(iter(by_form))}")
         elif by_form:
@@ -401,7 +481,7 @@ def assemble(state):
     """results.json's content from what has run so far."""
     args, unroll = state["args"], state["unroll"]
     rows = []
-    for w in sorted(state["workloads"], key=lambda w: (w["members"], w["hidden"], w["batch"])):
+    for w in sorted(state["workloads"], key=lambda w: (w["depth"], w["hidden"], w["members"], w["batch"])):
         key = workload_key(w)
         systems = {"packtrain": state["packtrain"][key]}
         for name, variants in SYSTEMS:
@@ -409,12 +489,15 @@ def assemble(state):
             results = {v: state["results"].get((key, v), {"status": state["pending"]}) for v in chosen}
             systems[name] = best_of(results, unroll) if results else {"member_steps_per_s": None,
                                                                         "status": "not selected"}
-        rows.append({"workload": w, "systems": systems})
+        rows.append({"workload": w, "cli_default": cli_default(w), "systems": systems,
+                     "best_peer": best_peer(systems)})
     device = state["device"]
     results = {
         "date": state["date"], "device": device, "device_name": state["device_name"], "host": platform.node(),
         "versions": state["versions"], "repeats": args.repeats, "min_time_s": args.min_time,
-        "depth": state["depth"], "unroll": unroll,
+        "depths": sorted({w["depth"] for w in state["workloads"]}), "unroll": unroll,
+        "cli_default_shape": {"depth": CLI_DEPTH, "hidden": CLI_HIDDEN},
+        "gemm": state["gemm"], "skipped_over_memory": state["skipped"],
         "check": {"steps": args.check_steps, "rtol": peers.RTOL, "atol": peers.ATOL},
         "packtrain_path": (f"{state['family']}" + (f" (U={unroll} steps per replay)" if device != "cpu" else "")
                            + f" (timed); reference loss curve from {state['packtrain_path'] or 'no workload run'}"),
@@ -428,15 +511,22 @@ def assemble(state):
     return results
 
 
+def shape_text(w):
+    return f"depth {w['depth']}, hidden {w['hidden']}, K {w['members']}"
+
+
 def write_markdown(results, path):
     rows = results["rows"]
     names = [name for name, _ in SYSTEMS]
+    gemm = results.get("gemm")
     lines = [f"# packtrain vs peers: {results['device_name']}, {results['date']}", ""]
     if results.get("error"):
         lines += [f"**Run stopped: {results['error']}** — what follows is what was measured before.", ""]
     lines += [f"**{results['verdict']['text']}.**", "",
               "Member-steps/s (one member taking one AdamW step), median of "
-              f"{results['repeats']} timed runs; `÷ pt` = peer / packtrain (below 1: packtrain is faster). "
+              f"{results['repeats']} timed runs; `÷ pt` = peer / packtrain (below 1: packtrain is faster); "
+              "`best peer` is the row's fastest peer and `best ÷ pt` its ratio (packtrain leads by "
+              f"≥ {LEAD:g}x where it is at most {1 / LEAD:.2f}). "
               f"Same-work check: {results['check']['steps']} steps from the same weights and batch, every "
               f"member's loss within rtol {results['check']['rtol']:g} + atol {results['check']['atol']:g} "
               "of packtrain's; a peer that fails is refused (no figure). Each system's figure is its fastest "
@@ -447,30 +537,47 @@ def write_markdown(results, path):
         lines += [f"Time budget {results['time_budget_s']:g} s (elapsed {results['elapsed_s']:.0f} s): "
                   f"{skipped} of {len(variants)} variant runs not run for it"
                   + (" (listed below)." if skipped else "."), ""]
-    lines += ["| members | hidden | batch | packtrain | " + " | ".join(f"{n} | ÷ pt" for n in names) + " |",
-              "|---:|---:|---:|---:|" + "---:|---:|" * len(names)]
+    lines += ["| depth | hidden | members | batch | packtrain | GFLOP/s | ÷ GEMM | "
+              + " | ".join(f"{n} | ÷ pt" for n in names) + " | best peer | best ÷ pt |",
+              "|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(names) + "---|---:|"]
     notes = []
     for row in rows:
         w, systems = row["workload"], row["systems"]
-        base = systems["packtrain"]["member_steps_per_s"]
-        cells = []
+        packtrain = systems["packtrain"]
+        base = packtrain["member_steps_per_s"]
+        flops = packtrain.get("gflops")
+        cells = [f"{flops:,.1f}" if flops else "—",
+                 f"{flops / gemm['gflops']:.1%}" if flops and gemm else "n/a"]
         for name in names:
             s = systems[name]
             rate = s["member_steps_per_s"]
             if rate is None:
                 cells.append("— | —")
-                notes.append(f"members {w['members']}, hidden {w['hidden']}: {name}: {s['status']}")
+                notes.append(f"{label(w)}: {name}: {s['status']}")
             else:
                 cells.append(f"{rate:,.0f} | {rate / base:.2f}x")
                 missing = [f"{v} ({r['status']})" for v, r in s["variants"].items() if unmeasured(r["status"])
                            or r["status"].startswith("refused")]
                 if missing:
-                    notes.append(f"members {w['members']}, hidden {w['hidden']}: {name}: figure from "
-                                 f"{s['variant']}; " + ", ".join(missing))
-        lines.append(f"| {w['members']} | {w['hidden']} | {w['batch']} | {base:,.0f} | " + " | ".join(cells) + " |")
-    lines += ["", f"Depth {results['depth'] or '?'} hidden layer(s), 8 inputs, 1 output, ReLU, MSE, AdamW "
+                    notes.append(f"{label(w)}: {name}: figure from {s['variant']}; " + ", ".join(missing))
+        best = row.get("best_peer")
+        cells.append(f"{best['system']} | {best['over_packtrain']:.2f}x" if best else "— | —")
+        mark = (lambda v: f"**{v}**") if row.get("cli_default") else str
+        lines.append(f"| {mark(w['depth'])} | {mark(w['hidden'])} | {w['members']} | {w['batch']} | {base:,.0f} | "
+                     + " | ".join(cells) + " |")
+    gemm_text = (f"the machine's measured FP32 GEMM rate, {gemm['gflops']:,.1f} GFLOP/s (CpuGemmRate: one 2048³ "
+                 f"at::mm through LibTorch's BLAS on {gemm.get('threads') or '?'} threads, in the same "
+                 "packtrain_bench run)" if gemm else
+                 "the machine's FP32 GEMM rate: n/a (measured on CPU runs only)")
+    lines += ["", f"**Bold** depth and hidden: the CLI's default shape (`packtrain train`: depth {CLI_DEPTH}, "
+              f"hidden {CLI_HIDDEN}). Depth = hidden layers; 8 inputs, 1 output, ReLU, MSE, AdamW "
               "(lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), float32, one fixed batch on the device.",
-              f"packtrain path: {results['packtrain_path']}.",
+              "GFLOP/s: packtrain's achieved rate, the step's GEMM FLOPs (forward, weight and input gradients) "
+              f"per second; ÷ GEMM: its fraction of {gemm_text}."]
+    if results.get("skipped_over_memory"):
+        lines.append("Not run, training state (weights, gradients, two AdamW moments) over 1 GiB: "
+                     + "; ".join(shape_text(w) for w in results["skipped_over_memory"]) + ".")
+    lines += [f"packtrain path: {results['packtrain_path']}.",
               "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v) + ".",
               "", "Forms used (each system's fastest that passed the check):"]
     lines += [f"- {part}" for part in chosen_forms(rows)] or ["- none"]
@@ -478,6 +585,13 @@ def write_markdown(results, path):
         lines += ["", "Not reported, or not every form measured:"] + [f"- {n}" for n in notes]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def plot_shape(rows):
+    """(depth, hidden) of the plot: the CLI's default shape when it ran, else the
+    shape with the most rows."""
+    shapes = collections.Counter((r["workload"]["depth"], r["workload"]["hidden"]) for r in rows)
+    return (CLI_DEPTH, CLI_HIDDEN) if (CLI_DEPTH, CLI_HIDDEN) in shapes else shapes.most_common(1)[0][0]
 
 
 def write_results(state, plot=False):
@@ -491,9 +605,10 @@ def write_results(state, plot=False):
         if not results["rows"]:
             say("results.svg not drawn: no workload measured")
             return
+        depth, hidden = plot_shape(results["rows"])
         subprocess.run([os.path.join(state["args"].build_dir, "bin", "packtrain_peers"), "plot", "--results",
-                        os.path.join(out, "results.json"), "--out", os.path.join(out, "results.svg")],
-                       check=True, stdout=subprocess.DEVNULL)
+                        os.path.join(out, "results.json"), "--out", os.path.join(out, "results.svg"),
+                        "--depth", str(depth), "--hidden", str(hidden)], check=True, stdout=subprocess.DEVNULL)
 
 
 def versions():
@@ -531,14 +646,22 @@ def run_all(state):
     """packtrain_bench, then every (workload, variant) of the plan within the budget."""
     args, device, budget = state["args"], state["device"], state["budget"]
     report, rates = run_packtrain_bench(args, device, os.path.join(state["work"], "packtrain_bench.json"))
-    state["depth"] = depth = int(report["context"].get("depth", 1))
-    state["unroll"] = unroll = int(report["context"].get("unroll", state["unroll"]))
+    context = report["context"]
+    state["unroll"] = unroll = int(context.get("unroll", state["unroll"]))
+    state["gemm"] = gemm_rate(report) if device == "cpu" else None
+    state["skipped"] = [parse_workload(shape) for shape in context.get("skipped_over_1gib", "").split(",")
+                        if shape and selected_shape(args, shape)]
     family = state["family"]
     for rest in sorted({rest for (f, rest) in rates if f == family},
                        key=lambda r: [int(n) for n in re.findall(r"\d+", r)]):
-        w = dict(parse_workload(rest), depth=depth)
+        w = parse_workload(rest)
+        if "depth" not in w:
+            raise RuntimeError(f"{family}/{rest}: no depth argument; rebuild packtrain_bench (its workloads take "
+                               "members/hidden/batch/depth)")
         state["workloads"].append(w)
-        packtrain = {"member_steps_per_s": rates[(family, rest)][0], "variant": family, "status": "ok"}
+        bench = rates[(family, rest)][1]
+        packtrain = {"member_steps_per_s": rates[(family, rest)][0], "variant": family, "status": "ok",
+                     "gflops": bench.get("gflops")}
         if device != "cpu" and ("PackedGraph", rest) in rates:
             packtrain["PackedGraph_member_steps_per_s"] = rates[("PackedGraph", rest)][0]
         state["packtrain"][workload_key(w)] = packtrain
@@ -551,7 +674,7 @@ def run_all(state):
     references = {}
     for i, (w, variant) in enumerate(state["plan"], 1):
         key = workload_key(w)
-        where = f"[{i}/{len(state['plan'])}] K {w['members']} hidden {w['hidden']}: {variant}"
+        where = f"[{i}/{len(state['plan'])}] {shape_text(w)}: {variant}"
         if (key, variant) in state["results"]:
             continue
         estimate = budget.estimate(variant, w, unroll) + (0 if key in references else budget.reference_s)
@@ -580,6 +703,13 @@ def run_all(state):
         write_results(state)
 
 
+def int_list(text):
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8,64, got {text!r}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
@@ -592,8 +722,12 @@ def main():
     ap.add_argument("--unroll", type=int, default=None,
                     help="U, steps per call for packtrain (PACKTRAIN_BENCH_UNROLL) and the peers' unrolled forms "
                          f"(default: packtrain's, {DEFAULT_UNROLL})")
-    ap.add_argument("--members", type=lambda s: [int(m) for m in s.split(",")], default=None,
-                    help="only these member counts (comma-separated)")
+    ap.add_argument("--members", type=int_list, default=None,
+                    help="only these member counts (comma-separated; default the grid's 1,8,64,512,4096)")
+    ap.add_argument("--hiddens", type=int_list, default=None,
+                    help="only these hidden widths (comma-separated; default the grid's 32,64,256,512)")
+    ap.add_argument("--depths", type=int_list, default=None,
+                    help="only these depths, hidden layers (comma-separated; default the grid's 1,2,3)")
     ap.add_argument("--peers", type=lambda s: s.split(","), default=None,
                     help="only these systems' variants, e.g. torch-loop,jax (all jax forms),jax:scan")
     ap.add_argument("--time-budget", type=float, default=None,
@@ -615,6 +749,9 @@ def main():
     import torch
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    why = selection_error(args, device)
+    if why:
+        ap.error(why)
     out = os.path.abspath(args.out or os.path.join(HERE, "results", "gpu" if device == "cuda" else "cpu"))
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
@@ -625,7 +762,7 @@ def main():
         "device_name": device_name(device), "versions": versions(), "torch_threads": torch.get_num_threads(),
         "family": "PackedEager" if device == "cpu" else "PackedGraphUnrolled",
         "unroll": args.unroll or int(os.environ.get("PACKTRAIN_BENCH_UNROLL", DEFAULT_UNROLL)),
-        "depth": None, "packtrain_path": None, "workloads": [], "packtrain": {}, "plan": [], "results": {},
+        "gemm": None, "skipped": [], "packtrain_path": None, "workloads": [], "packtrain": {}, "plan": [], "results": {},
         "pending": "not run: interrupted",
     }
     status = 0

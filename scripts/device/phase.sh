@@ -198,11 +198,14 @@ phase_bench() {
   ((HAVE_GPU)) || { reps=1; min_time=0.01; aggregates=false; }
   local common=("--benchmark_repetitions=$reps" "--benchmark_min_time=$min_time"
                 "--benchmark_report_aggregates_only=$aggregates" --benchmark_out_format=json)
-  run_step --needs-gpu "bench: PackedGraph, PackedGraphUnrolled (every K)" 200 "$bench" \
-    '--benchmark_filter=^PackedGraph(Unrolled)?/' "${common[@]}" --benchmark_out="$WORK/json/bench_captured.json"
+  # The targets' shapes (depth 1: every K at hidden 64, K 64 at hidden 512); the full
+  # grid of depths and widths is the peers phase's.
+  run_step --needs-gpu "bench: PackedGraph, PackedGraphUnrolled (every K, depth 1)" 200 "$bench" \
+    '--benchmark_filter=^PackedGraph(Unrolled)?/members:[0-9]+/hidden:64/batch:128/depth:1/|^PackedGraph(Unrolled)?/members:64/hidden:512/batch:128/depth:1/' \
+    "${common[@]}" --benchmark_out="$WORK/json/bench_captured.json"
   # The baselines of the targets (on CPU too: the dry run proves the JSON flow).
   run_step "bench: NaiveLoop K=64, MultiTask*, Decode*" 150 "$bench" \
-    '--benchmark_filter=^NaiveLoop/members:64/hidden:64/|^MultiTask|^Decode' "${common[@]}" \
+    '--benchmark_filter=^NaiveLoop/members:64/hidden:64/batch:128/depth:1/|^MultiTask|^Decode' "${common[@]}" \
     --benchmark_out="$WORK/json/bench_baselines.json"
   local k
   for k in 64 4096; do

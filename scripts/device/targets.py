@@ -24,7 +24,7 @@ import json
 import re
 import sys
 
-MAIN = "hidden:64/batch:128"  # the main workload's width and batch
+MAIN = "hidden:64/batch:128/depth:1"  # the main workload's width, batch and depth (the targets' shape)
 UNIT_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
@@ -35,7 +35,7 @@ def k_of(rest):
 
 class Bench:
     def __init__(self):
-        self.rows = {}  # (family, "members:64/hidden:64/batch:128") -> entry
+        self.rows = {}  # (family, "members:64/hidden:64/batch:128/depth:1") -> entry
         self.files, self.devices, self.medians = [], set(), False
         self.notes = []  # families the runs said they did not run
 

@@ -8,10 +8,13 @@ call and lax.scan over U steps per call — is checked when it is importable, or
 installed where benchmarks/peers/run.sh puts it (its cached directory goes on
 PYTHONPATH, as run.sh does; the project's setup does not install JAX). Steps are
 counted U per call in the check and the timing. And the one command's core,
-run_peers.py, must write a table, JSON and plot with figures, run the peers'
-fastest forms first on K = 8, 64, 512, 4096, state the verdict, and under a time
-budget too small for anything record every variant as "not run: time budget" and
-still write its results.
+run_peers.py, must write a table, JSON and plot with figures (a depth column, the
+CLI's default shape marked, the best peer per row, packtrain's GFLOP/s against the
+GEMM rate measured in the same run), run the peers' fastest forms first on K = 8,
+64, 512, 4096 at the CLI's default shape (depth 2, hidden 64), state the verdict
+(packtrain ahead of the best peer by at least 1.2x at every K >= 8 row), and under
+a time budget too small for anything record every variant as "not run: time
+budget" and still write its results.
 
 Usage: same_work_test.py BUILD_BIN_DIR   (packtrain_peers and packtrain_bench there)
 """
@@ -189,7 +192,7 @@ class UnrolledSteps(unittest.TestCase):
 
 
 class Plan(unittest.TestCase):
-    WORKLOADS = [dict(members=k, hidden=h, batch=128, depth=1)
+    WORKLOADS = [dict(members=k, hidden=h, batch=128, depth=2)
                  for k, h in ((1, 64), (8, 64), (64, 64), (64, 512), (512, 64), (4096, 64))]
 
     def args(self, **overrides):
@@ -210,6 +213,28 @@ class Plan(unittest.TestCase):
                                        (1, 64, "torch-cudagraph:unrolled"), (1, 64, "jax:scan")])
         self.assertEqual(order[-1][1], "torch-loop")
         self.assertEqual(len(order), 6 * 9)  # every variant of every system on every workload
+
+    def test_the_cli_default_shape_first_then_other_shapes_by_k(self):
+        shapes = [dict(members=k, hidden=h, batch=128, depth=d)
+                  for d, h, k in ((1, 64, 8), (2, 32, 64), (2, 64, 64), (3, 512, 8), (2, 64, 8), (1, 32, 1))]
+        order = [(w["depth"], w["hidden"], w["members"]) for w in run_peers.priority_order(shapes)]
+        self.assertEqual(order, [(2, 64, 8), (2, 64, 64), (1, 64, 8), (3, 512, 8), (2, 32, 64), (1, 32, 1)])
+
+    def test_workload_keys_labels_and_filter_carry_the_depth(self):
+        w = run_peers.parse_workload("members:8/hidden:32/batch:128/depth:3")
+        self.assertEqual(w, dict(members=8, hidden=32, batch=128, depth=3))
+        self.assertEqual(run_peers.workload_key(w), "k8_h32_b128_d3")
+        self.assertEqual(run_peers.label(w), "K 8 (depth 3, hidden 32)")
+        self.assertEqual(run_peers.label(dict(w, depth=2, hidden=64)), "K 8")
+        args = self.args(members=[8, 64], hiddens=[64], depths=None)
+        pattern = re.compile(run_peers.bench_filter(args, "cpu"))
+        self.assertTrue(pattern.search("PackedEager/members:8/hidden:64/batch:128/depth:3/real_time"))
+        self.assertTrue(pattern.search("CpuGemmRate/min_time:1.000"))
+        self.assertFalse(pattern.search("PackedEager/members:8/hidden:640/batch:128/depth:3/real_time"))
+        self.assertFalse(pattern.search("NaiveLoop/members:8/hidden:64/batch:128/depth:3/real_time"))
+        self.assertFalse(re.compile(run_peers.bench_filter(args, "cuda")).search("CpuGemmRate/min_time:1.000"))
+        self.assertTrue(run_peers.selected_shape(args, "members:64/hidden:64/batch:128/depth:1"))
+        self.assertFalse(run_peers.selected_shape(args, "members:512/hidden:64/batch:128/depth:1"))
 
     def test_unroll_1_drops_the_unrolled_forms_and_peers_selects(self):
         order = run_peers.plan(self.WORKLOADS, self.args(peers=["jax", "torch-loop"]), 1)
@@ -238,13 +263,17 @@ class Plan(unittest.TestCase):
             rows.append({"workload": w, "systems": systems})
         return rows
 
-    def test_verdict(self):
-        yes = run_peers.verdict(self.rows(90.0))
+    def test_verdict_asks_for_a_lead_of_1_2x_over_the_best_peer(self):
+        yes = run_peers.verdict(self.rows(80.0))
         self.assertTrue(yes["leads"] and yes["complete"], yes)
-        self.assertEqual(yes["text"], "packtrain leads at every K ≥ 8: yes (K 8, K 64)")
-        no = run_peers.verdict(self.rows(120.0))
-        self.assertFalse(no["leads"])
-        self.assertIn("no (K 64: JAX vmap + jit (JAX lax.scan U=8) 1.20x packtrain)", no["text"])
+        self.assertEqual(yes["text"], "packtrain leads the best peer by ≥ 1.2x at every K ≥ 8 row: "
+                                      "yes (K 8, K 64; least lead 1.25x at K 64)")
+        for rate, lead in ((90.0, "1.11"), (120.0, "0.83")):  # ahead, but by less than 1.2x; behind
+            with self.subTest(jax=rate):
+                no = run_peers.verdict(self.rows(rate))
+                self.assertFalse(no["leads"])
+                self.assertIn(f"no (K 64: JAX vmap + jit (JAX lax.scan U=8) {rate / 100:.2f}x packtrain, "
+                              f"a lead of {lead}x)", no["text"])
         partial = run_peers.verdict(self.rows(None, run_peers.NOT_RUN_BUDGET))
         self.assertTrue(partial["leads"])
         self.assertFalse(partial["complete"])
@@ -255,7 +284,7 @@ class Harness(unittest.TestCase):
     def run_peers(self, out, *extra, env=None):
         done = subprocess.run([sys.executable, os.path.join(PEERS, "run_peers.py"), "--build-dir",
                                os.path.dirname(BIN), "--device", "cpu", "--repeats", "1", "--min-time", "0.01",
-                               "--check-steps", "5", "--out", out, *extra], capture_output=True, text=True,
+                               "--check-steps", "5", "--depths", "2", "--hiddens", "64", "--out", out, *extra], capture_output=True, text=True,
                               timeout=900, env=env)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         with open(os.path.join(out, "results.json")) as f:
@@ -288,8 +317,18 @@ class Harness(unittest.TestCase):
                 self.assertIn("- JAX vmap + jit: JAX lax.scan U=8\n", table)
             else:
                 self.assertEqual(jax["status"], "not selected")
-            self.assertIn("| members | hidden | batch | packtrain |", table)
-            self.assertIn("packtrain leads at every K ≥ 8: not measured (no workload with K ≥ 8", table)
+            self.assertIn("| depth | hidden | members | batch | packtrain | GFLOP/s | ÷ GEMM |", table)
+            self.assertIn("| **2** | **64** | 1 | 128 |", table)  # the CLI's default shape, marked
+            self.assertIn("| best peer | best ÷ pt |", table)
+            self.assertEqual(row["workload"]["depth"], 2)
+            self.assertEqual(row["best_peer"]["system"], max(
+                (n for n, _ in run_peers.SYSTEMS if row["systems"][n]["member_steps_per_s"]),
+                key=lambda n: row["systems"][n]["member_steps_per_s"]))
+            self.assertGreater(results["gemm"]["gflops"], 0)
+            self.assertGreater(row["systems"]["packtrain"]["gflops"], 0)
+            self.assertIn("FP32 GEMM rate", table)
+            self.assertIn("packtrain leads the best peer by ≥ 1.2x at every K ≥ 8 row: not measured "
+                          "(no workload with K ≥ 8", table)
             self.assertIn("- PyTorch loop: Python loop, torch.optim.AdamW per member\n", table)
             self.assertIn("PyTorch loop", svg)
             self.assertIn("packtrain", svg)
@@ -309,11 +348,11 @@ class Harness(unittest.TestCase):
                     for variant in system["variants"].values():
                         self.assertEqual(variant["status"], "not run: time budget")
                         self.assertGreater(variant["estimate_s"], 0)
-            self.assertEqual(results["run_order"][0], "k8_h64_b128 torch-vmap:fused")  # the fastest forms first, K 8 first
+            self.assertEqual(results["run_order"][0], "k8_h64_b128_d2 torch-vmap:fused")  # the fastest forms first, K 8 first
             self.assertFalse(results["verdict"]["complete"])
             self.assertIn("not run: time budget", table)
             self.assertIn("Time budget 1 s", table)
-            self.assertIn("not measured: K 8: torch-loop, torch-vmap:foreach, torch-vmap:fused", table)
+            self.assertIn("not measured (K 8: torch-loop, torch-vmap:foreach, torch-vmap:fused)", table)
             self.assertIn("packtrain", svg)
 
 
