@@ -451,7 +451,10 @@ def verdict(rows):
         if short:
             text = "no (" + "; ".join(short) + ")"
         else:
-            rows_text = ", ".join(considered) if len(considered) <= 6 else f"all {len(considered)} rows"
+            led = [where for _, where in leads]
+            rows_text = ", ".join(led) if len(led) <= 6 else f"all {len(led)} rows with a peer figure"
+            if len(led) < len(considered):
+                rows_text += f"; {len(considered) - len(led)} of the {len(considered)} rows have none"
             text = f"yes ({rows_text}; least lead {least[0]:.2f}x at {least[1]})"
         if missing:
             text += ("; " if short else " among the variants measured; ") + "not measured: " + "; ".join(missing)
