@@ -19,13 +19,16 @@ uint64_t tensor_fingerprint(std::initializer_list<at::Tensor> tensors) {
   return hash.value();
 }
 
-uint64_t fingerprint(const Dataset& data) {
+namespace {
+// Every row of a loaded data set: features and targets (float64).
+uint64_t rows_fingerprint(const Dataset& data) {
   return tensor_fingerprint({data.features.to(at::kDouble), data.targets.to(at::kDouble)});
 }
+}  // namespace
 
 uint64_t fingerprint(const SplitData& data) {
   Fnv1a hash;
-  const uint64_t rows = fingerprint(data.all);
+  const uint64_t rows = rows_fingerprint(data.all);
   hash.add(&rows, sizeof rows);
   for (const std::vector<int64_t>* part : {&data.split.train, &data.split.validation, &data.split.test}) {
     const int64_t n = static_cast<int64_t>(part->size());

@@ -11,14 +11,11 @@
 
 namespace packtrain::runtime {
 
-struct Dataset;
 struct LabelledTexts;
 struct SplitData;
 
 // FNV-1a over the bytes of the tensors (each made contiguous), in order.
 uint64_t tensor_fingerprint(std::initializer_list<at::Tensor> tensors);
-// Every row of a loaded data set: features and targets (float64).
-uint64_t fingerprint(const Dataset& data);
 // Every row and which rows are train, validation and test.
 uint64_t fingerprint(const SplitData& data);
 // Every sentence and label, in file order.

@@ -122,8 +122,6 @@ uint64_t EnsembleTrainer::checkpoint_data_fingerprint(const Checkpoint& checkpoi
   return static_cast<uint64_t>(checkpoint.payload.at("data_fingerprint").toInt());
 }
 
-const fs::path& EnsembleTrainer::checkpoint_path(const Checkpoint& checkpoint) { return checkpoint.path; }
-
 std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_members(
     const std::vector<MemberSource>& shards, int64_t first, int64_t count) {
   TORCH_CHECK(!shards.empty() && count > 0, "select_members: no shards or no members");

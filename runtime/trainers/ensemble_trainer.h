@@ -121,7 +121,6 @@ class EnsembleTrainer {
   static int64_t checkpoint_epoch(const Checkpoint& checkpoint);
   // Of the training rows it was prepared with (0: never prepared).
   static uint64_t checkpoint_data_fingerprint(const Checkpoint& checkpoint);
-  static const std::filesystem::path& checkpoint_path(const Checkpoint& checkpoint);
   // A checkpoint of members [first, first + count) taken from the shards of a
   // member-parallel run (each shard's checkpoint with its first member): weights,
   // optimizer state and member states per member; epoch, batch order, data and
