@@ -2,6 +2,7 @@
 
 #include "packtrain/base/cpu_clones.h"
 #include "packtrain/base/denormals.h"
+#include "packtrain/ensemble/member_chunks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -9,7 +10,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <numbers>
 #include <type_traits>
@@ -306,33 +306,21 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y,
       TORCH_CHECK(false, "cross-entropy target ", label, " is out of range for ", classes, " classes");
     }
   }
-  // Members are handed out in chunks from a shared counter rather than split
-  // evenly up front: on a busy machine one core is often slower, and an even
-  // split left the other spinning at the barrier (13% of a K=64 step's time).
   // Below `grain` members the step is too small to be worth a second thread.
-  const int64_t K = model.members();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(s.activations * s.widest, 1));
-  const int64_t threads = K <= grain || at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, K / (8 * threads));
-  std::atomic<int64_t> next{0};
-  const auto work = [&](int64_t, int64_t) {
+  parallel_member_chunks(model.members(), grain, [&](MemberChunks& chunks) {
     const FlushDenormals no_subnormals;  // each worker thread: subnormals would halve the step's speed
     const int previous = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
     Workspace<T> w(s);
-    for (int64_t begin = next.fetch_add(chunk); begin < K; begin = next.fetch_add(chunk)) {
+    for (int64_t begin, end; chunks.next(begin, end);) {
       if constexpr (std::is_same_v<T, float>) {
-        step_members_f32(s, w, begin, std::min(begin + chunk, K));
+        step_members_f32(s, w, begin, end);
       } else {
-        step_members_f64(s, w, begin, std::min(begin + chunk, K));
+        step_members_f64(s, w, begin, end);
       }
     }
     if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous);  // 0: back to the global count
-  };
-  if (threads == 1) {
-    work(0, 1);
-  } else {
-    at::parallel_for(0, threads, 1, work);
-  }
+  });
 }
 
 bool contiguous_grad(const at::Tensor& t) { return t.grad().defined() && t.grad().is_contiguous(); }

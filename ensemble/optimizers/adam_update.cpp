@@ -3,6 +3,7 @@
 #include "packtrain/base/cpu_clones.h"
 #include "packtrain/base/denormals.h"
 
+#include "packtrain/ensemble/member_chunks.h"
 #include "packtrain/ensemble/optimizers/adam_math.h"
 
 #include <ATen/ATen.h>
@@ -83,9 +84,9 @@ void adam_block(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   scalar_t* M = m.data_ptr<scalar_t>();
   scalar_t* V = v.data_ptr<scalar_t>();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));
-  at::parallel_for(0, K, grain, [&](int64_t begin, int64_t end) {
+  parallel_member_chunks(K, grain, [&](MemberChunks& chunks) {
     const FlushDenormals no_subnormals;  // decaying moments of idle weights turn subnormal
-    adam_rows_cloned(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
+    for (int64_t begin, end; chunks.next(begin, end);) adam_rows_cloned(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
   });
 }
 
