@@ -5,6 +5,18 @@
 set(PACKTRAIN_TORCH_VERSION 2.11.0)
 
 # --- Torch -----------------------------------------------------------------
+# Building the Python package (pip install ., scikit-build-core): the torch of the
+# environment it installs into, which scikit-build-core's interpreter sees.
+if(SKBUILD AND NOT Torch_DIR)
+  set(Python3_EXECUTABLE "${Python_EXECUTABLE}")
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _pt_prefix OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _pt_rc)
+  if(NOT _pt_rc EQUAL 0)
+    message(FATAL_ERROR "packtrain's Python package builds against the torch of the environment, which ${Python_EXECUTABLE} cannot import: pip install torch==2.11.0, then pip install --no-build-isolation .")
+  endif()
+  set(Torch_DIR "${_pt_prefix}/Torch" CACHE PATH "Directory holding TorchConfig.cmake")
+endif()
 if(NOT Torch_DIR)
   if(DEFINED ENV{PACKTRAIN_CACHE})
     set(_pt_cache "$ENV{PACKTRAIN_CACHE}")
@@ -53,6 +65,12 @@ if(NOT Torch_VERSION VERSION_EQUAL PACKTRAIN_TORCH_VERSION)
 endif()
 # Torch's directory that holds its shared libraries, for RPATHs and tests.
 get_filename_component(PACKTRAIN_TORCH_LIB_DIR "${Torch_DIR}/../../../lib" ABSOLUTE)
+# The Python whose torch this is (the Python package and its tests use it):
+# <env>/lib/pythonX.Y/site-packages/torch/share/cmake/Torch -> <env>/bin/python3.
+get_filename_component(_pt_env "${Torch_DIR}/../../../../../../.." ABSOLUTE)
+if(NOT Python3_EXECUTABLE AND EXISTS "${_pt_env}/bin/python3")
+  set(Python3_EXECUTABLE "${_pt_env}/bin/python3")
+endif()
 
 # --- CUDA toolkit: NVTX (header-only nvtx3), NCCL later -------------------------
 find_package(CUDAToolkit QUIET)

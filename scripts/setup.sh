@@ -58,6 +58,17 @@ else
   torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $venv" >&2; exit 1; }
 fi
 
+# --- Python test and build tools, in the same environment -----------------------
+# pytest and scikit-learn for the Python package's tests, scikit-build-core to
+# build the package (pip install --no-build-isolation, against this torch).
+py_tools=(pytest scikit-learn scikit-build-core)
+if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core" 2>/dev/null; then
+  say "installing ${py_tools[*]} into $venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}"
+else
+  say "pytest, scikit-learn, scikit-build-core present"
+fi
+
 # --- CUDA toolkit (already on the machine) ------------------------------------
 if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   say "CUDA toolkit: $( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) )"

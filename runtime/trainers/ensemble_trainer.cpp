@@ -328,6 +328,8 @@ EpochReport EnsembleTrainer::run_epoch() {
 void EnsembleTrainer::update_members(const std::vector<double>& train, const std::vector<double>& val_loss,
                                      EpochReport& report) {
   const bool validating = !val_loss.empty();
+  report.member_train_loss = train;
+  report.member_val_loss = val_loss;
   double train_sum = 0, val_sum = 0;
   int64_t trained = 0, validated = 0;
   std::vector<int64_t> improved, to_restore;

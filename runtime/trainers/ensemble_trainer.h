@@ -59,6 +59,9 @@ struct EpochReport {
   double train_loss = 0;  // mean over members that trained this epoch (standardized units)
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // mean over usable members; NaN: no validation
   int64_t active = 0;  // members still training after this epoch
+  // Each member's loss this epoch (standardized units); validation empty without
+  // validation data. A stopped member's training loss is that of its last epoch.
+  std::vector<double> member_train_loss, member_val_loss;
   std::vector<std::string> events;  // members that stopped or diverged this epoch, in words
 };
 // Called after every epoch; return false to stop after it (an interrupt).

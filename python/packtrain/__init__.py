@@ -1,0 +1,28 @@
+"""packtrain: train many small models as one, from Python.
+
+K models of one shape are stacked into batched weight tensors and trained as one
+vectorized model by packtrain's C++ runtime (a captured CUDA Graph step on a GPU,
+a fused member-wise step on a CPU). The estimators follow scikit-learn's API:
+
+    import packtrain
+    model = packtrain.EnsembleRegressor(members=16, epochs=200).fit(X, y)
+    mean, std = model.predict(X_test, return_std=True)
+
+Options and defaults are the command-line tool's (`packtrain train --help`).
+"""
+import torch  # loads LibTorch's libraries before the extension module needs them
+
+from . import _build_info
+
+_installed = torch.__version__.split("+")[0]
+if _installed != _build_info.TORCH_VERSION:
+    raise ImportError(
+        f"packtrain was built against torch {_build_info.TORCH_VERSION} but this environment has torch "
+        f"{torch.__version__}: install torch=={_build_info.TORCH_VERSION}, or rebuild packtrain here "
+        f"(pip install --no-build-isolation --force-reinstall <packtrain checkout>)")
+
+from . import _core  # noqa: E402
+from .estimators import EnsembleClassifier, EnsembleRegressor, load  # noqa: E402
+
+__version__ = _build_info.PACKTRAIN_VERSION
+__all__ = ["EnsembleRegressor", "EnsembleClassifier", "load", "__version__"]

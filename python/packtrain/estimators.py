@@ -1,0 +1,306 @@
+"""EnsembleRegressor and EnsembleClassifier: packed deep ensembles with scikit-learn's API.
+
+Every option of `packtrain train` is a keyword argument with the CLI's default
+(read from the C++ trainer itself, one source of defaults). fit() does what the
+CLI does with its training rows: standardizes features (and regression targets)
+on them, holds out `val_fraction` of them for validation (seeded by `split_seed`,
+the same rows the CLI would hold out) unless validation data are given, trains all
+members as one pack, and stops members early with `patience`.
+"""
+import inspect
+import json
+
+import numpy as np
+import torch
+
+from . import _core
+
+_TRAINER_DEFAULTS = json.loads(_core.default_options())
+_TRAINER_DEFAULTS.pop("first_member")  # member-parallel shards only
+_TRAINER_DEFAULTS["device"] = "auto"   # the CLI's default: CUDA when there is one
+_DATA_DEFAULTS = dict(_core.default_data_options())
+_OPTION_NAMES = tuple(_TRAINER_DEFAULTS)
+
+
+def _resolve_device(name):
+    if name == "auto":
+        return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        return f"cuda:{torch.cuda.current_device()}"
+    return name
+
+
+def _as_tensor(a, what, dims):
+    """float64 CPU tensor of `dims` dimensions from a numpy array, a torch tensor
+    (any device) or anything numpy accepts (a DataFrame, a list)."""
+    if isinstance(a, torch.Tensor):
+        t = a.detach().to("cpu", torch.float64)
+    else:
+        t = torch.from_numpy(np.asarray(a, dtype=np.float64))
+    if dims == 1 and t.dim() == 2 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.dim() != dims:
+        raise ValueError(f"{what} must be {dims}-dimensional, got shape {tuple(t.shape)}")
+    if t.shape[0] == 0:
+        raise ValueError(f"{what} has no rows")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{what} contains NaN or infinity")
+    return t.contiguous()
+
+
+def _like(result, reference):
+    """`result` (a CPU tensor) as the caller gave their input: a torch tensor on the
+    input's device for tensor input, else a numpy array."""
+    if isinstance(reference, torch.Tensor):
+        return result.to(reference.device)
+    return result.numpy()
+
+
+def _feature_names(X, n):
+    columns = getattr(X, "columns", None)
+    if columns is not None and len(columns) == n:
+        return [str(c) for c in columns]
+    return [f"x{i}" for i in range(n)]
+
+
+class _PackedEnsemble:
+    """What the two estimators share: options, fitting, saving, get/set_params."""
+
+    _head = None  # fixed by the subclass, or a parameter
+
+    def __init__(self, **params):
+        for name, value in params.items():
+            setattr(self, name, value)
+
+    # scikit-learn's parameter protocol (clone() uses it).
+    @classmethod
+    def _get_param_names(cls):
+        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+    def get_params(self, deep=True):
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params):
+        valid = self._get_param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}; valid: {', '.join(valid)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self):
+        changed = {k: v for k, v in self.get_params().items() if v != self._defaults()[k]}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    @classmethod
+    def _defaults(cls):
+        return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
+
+    def _trainer_options(self):
+        options = {name: getattr(self, name) for name in _OPTION_NAMES if name in self._get_param_names()}
+        options["device"] = _resolve_device(self.device)
+        if self._head is not None:
+            options["head"] = self._head
+        return options
+
+    def _targets(self, y, what):
+        return _as_tensor(y, what, 1).reshape(-1, 1)
+
+    def fit(self, X, y, X_val=None, y_val=None, callback=None):
+        """Trains every member on (X, y). Validation: (X_val, y_val) when given, else
+        `val_fraction` of the rows held out as the CLI does (0: none). `callback`,
+        if given, is called after every epoch with a dict (epoch, epochs, steps,
+        train_loss, val_loss, active, member_train_loss, member_val_loss, events);
+        returning False stops training after that epoch. Ctrl-C does the same and
+        then raises KeyboardInterrupt (the model is usable)."""
+        x = _as_tensor(X, "X", 2)
+        t = self._targets(y, "y")
+        if t.shape[0] != x.shape[0]:
+            raise ValueError(f"X has {x.shape[0]} rows but y has {t.shape[0]}")
+        if (X_val is None) != (y_val is None):
+            raise ValueError("give both X_val and y_val, or neither")
+        if X_val is not None:
+            vx, vt = _as_tensor(X_val, "X_val", 2), self._targets(y_val, "y_val")
+            if vx.shape[1] != x.shape[1]:
+                raise ValueError(f"X_val has {vx.shape[1]} features, X has {x.shape[1]}")
+        elif self.val_fraction > 0:
+            train_rows, val_rows = _core.carve_validation(x.shape[0], float(self.val_fraction), int(self.split_seed))
+            train_rows, val_rows = torch.tensor(train_rows), torch.tensor(val_rows)
+            x, t, vx, vt = x[train_rows], t[train_rows], x[val_rows], t[val_rows]
+        else:
+            vx = vt = None
+        if self.patience > 0 and vx is None:
+            raise ValueError("patience > 0 needs validation rows (val_fraction > 0, or X_val and y_val)")
+        self._trainer = _core.Trainer(json.dumps(self._trainer_options()))
+        self._trainer.prepare(x, t, vx, vt) if vx is not None else self._trainer.prepare(x, t)
+        self.n_features_in_ = x.shape[1]
+        self.feature_names_in_ = np.asarray(_feature_names(X, x.shape[1]), dtype=object)
+        self._target_name = getattr(y, "name", None) or "y"
+        self._train(callback)
+        return self
+
+    def _train(self, callback):
+        self._trainer.train(callback)
+        self.history_ = {"train_loss": list(self._trainer.train_loss_history),
+                         "val_loss": list(self._trainer.val_loss_history)}
+        self.member_status_ = list(self._trainer.member_status)
+
+    def reinitialize(self, seed=None):
+        """Every member re-initialized in place (weights, optimizer state, early
+        stopping), from `seed` (default: the `seed` option), ready to train again on
+        the same data with continue_fit()."""
+        self._check_fitted()
+        self._trainer.reinitialize(int(self.seed if seed is None else seed))
+        return self
+
+    def continue_fit(self, callback=None):
+        """Runs the remaining epochs (after reinitialize(): all of them) on the data
+        of the last fit(), reusing its steps."""
+        self._check_fitted()
+        self._train(callback)
+        return self
+
+    def _check_fitted(self):
+        if getattr(self, "_trainer", None) is None:
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first")
+
+    def _predict(self, X):
+        self._check_fitted()
+        x = _as_tensor(X, "X", 2)
+        if x.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {x.shape[1]} features, but the model was fitted with {self.n_features_in_}")
+        return self._trainer.predict(x)
+
+    def save(self, path):
+        """Writes a checkpoint the CLI reads (`packtrain predict/evaluate/resume`)."""
+        self._check_fitted()
+        self._trainer.save(str(path), list(self.feature_names_in_), self._target_name)
+
+    @property
+    def epochs_done_(self):
+        self._check_fitted()
+        return self._trainer.epoch
+
+
+def _signature(cls, extra):
+    """cls.__init__ with one keyword argument per option, the CLI's defaults."""
+    names = [n for n in _OPTION_NAMES if n not in extra.get("omit", ())]
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name in names:
+        default = extra.get("defaults", {}).get(name, _TRAINER_DEFAULTS[name])
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
+    for name, default in _DATA_DEFAULTS.items():
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
+    signature = inspect.Signature(params)
+
+    def __init__(self, **kwargs):
+        bound = signature.bind(self, **kwargs)
+        bound.apply_defaults()
+        _PackedEnsemble.__init__(self, **{k: v for k, v in bound.arguments.items() if k != "self"})
+
+    __init__.__signature__ = signature
+    cls.__init__ = __init__
+    return cls
+
+
+class EnsembleRegressor(_PackedEnsemble):
+    """A deep ensemble regressor: `members` MLPs trained as one pack. head="gaussian"
+    (the default) predicts a mean and a variance per member (deep ensembles);
+    head="mean" a mean only (MSE)."""
+
+    _estimator_type = "regressor"
+
+    def fit(self, X, y, X_val=None, y_val=None, callback=None):
+        if self.head not in ("gaussian", "mean"):
+            raise ValueError(f"EnsembleRegressor: head must be 'gaussian' or 'mean', got {self.head!r}")
+        return super().fit(X, y, X_val, y_val, callback)
+
+    def predict(self, X, return_std=False):
+        """The ensemble's mean (N); with return_std, also its standard deviation (N):
+        the mixture's, members' own variances included (Gaussian head)."""
+        p = self._predict(X)
+        mean = _like(p["mean"], X)
+        if not return_std:
+            return mean
+        return mean, _like(p["variance"].sqrt(), X)
+
+    def predict_members(self, X):
+        """Each member's predicted means (K, N) and, with the Gaussian head,
+        variances (K, N); (means, None) with the mean head."""
+        p = self._predict(X)
+        variance = p.get("member_variance")
+        return _like(p["member_mean"], X), None if variance is None else _like(variance, X)
+
+    def score(self, X, y):
+        """R^2 of the ensemble mean (scikit-learn's regressor score)."""
+        target = _as_tensor(y, "y", 1).numpy()
+        mean = np.asarray(_like(self._predict(X)["mean"], None))
+        residual = np.sum((target - mean) ** 2)
+        total = np.sum((target - target.mean()) ** 2)
+        return float(1 - residual / total) if total > 0 else (1.0 if residual == 0 else 0.0)
+
+
+_signature(EnsembleRegressor, {})
+
+
+class EnsembleClassifier(_PackedEnsemble):
+    """A deep ensemble classifier: `members` MLPs trained as one pack with
+    cross-entropy; labels are any numbers (as the CLI reads a target column)."""
+
+    _estimator_type = "classifier"
+    _head = "classification"
+
+    def _targets(self, y, what):
+        t = _as_tensor(y, what, 1)
+        if not torch.equal(t, t.round()):
+            raise ValueError(f"{what}: class labels must be whole numbers")
+        return t.reshape(-1, 1)
+
+    def fit(self, X, y, X_val=None, y_val=None, callback=None):
+        super().fit(X, y, X_val, y_val, callback)
+        self.classes_ = np.asarray(self._trainer.classes)
+        return self
+
+    def predict(self, X):
+        """The class (one of classes_) with the highest mixture probability (N)."""
+        return _like(self._predict(X)["predicted"], X)
+
+    def predict_proba(self, X):
+        """The mixture's class probabilities (N, C), columns in the order of classes_."""
+        return _like(self._predict(X)["probabilities"], X)
+
+    def predict_member_proba(self, X):
+        """Each member's class probabilities as (N, C, K): the layout baal's
+        heuristics (BALD, ...) take."""
+        return _like(self._predict(X)["member_probabilities"].permute(1, 2, 0).contiguous(), X)
+
+    def score(self, X, y):
+        """Accuracy of predict(X)."""
+        target = _as_tensor(y, "y", 1).numpy()
+        return float(np.mean(np.asarray(_like(self._predict(X)["predicted"], None)) == target))
+
+
+_signature(EnsembleClassifier, {"omit": ("head", "min_variance")})
+
+
+def load(path, device="cpu"):
+    """A fitted estimator from a checkpoint written by the CLI (`train --checkpoint`)
+    or by save()."""
+    trainer = _core.Trainer.load(str(path), _resolve_device(device))
+    options = json.loads(trainer.options_json)
+    options.pop("first_member")
+    options["device"] = device
+    if options["head"] == "classification":
+        options.pop("head")
+        options.pop("min_variance")
+        model = EnsembleClassifier(**options)
+        model.classes_ = np.asarray(trainer.classes)
+    else:
+        model = EnsembleRegressor(**options)
+    model._trainer = trainer
+    model.n_features_in_ = trainer.in_features
+    model.feature_names_in_ = np.asarray([f"x{i}" for i in range(trainer.in_features)], dtype=object)
+    model._target_name = "y"
+    return model
+
+

@@ -1,0 +1,248 @@
+"""The Python package against the CLI (same data, same options: the same model),
+scikit-learn's parameter protocol, inputs and outputs, callbacks, Ctrl-C and the GIL.
+
+Run by CTest (python_tests) on the build tree's package; PACKTRAIN_BINARY names the
+CLI and PACKTRAIN_DATA_DIR the bundled data."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import packtrain
+
+DATA = Path(os.environ.get("PACKTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
+CLI = os.environ.get("PACKTRAIN_BINARY")
+
+
+def concrete(split=0):
+    """The bundled UCI concrete set as the CLI reads it: features, target, split k."""
+    d = DATA / "concrete"
+    table = np.loadtxt(d / "data.txt")
+    features = np.loadtxt(d / "index_features.txt", dtype=int).reshape(-1)
+    target = int(np.loadtxt(d / "index_target.txt"))
+    train = np.sort(np.loadtxt(d / f"index_train_{split}.txt", dtype=int))  # the CLI's rows are in table order
+    test = np.loadtxt(d / f"index_test_{split}.txt", dtype=int)
+    return table[:, features], table[:, target], train, test
+
+
+def blobs(n=300, seed=0, labels=(3, 7, 11)):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=4, size=(len(labels), 5))
+    which = rng.integers(0, len(labels), size=n)
+    return centers[which] + rng.normal(size=(n, 5)), np.asarray(labels, dtype=float)[which]
+
+
+SMALL = dict(members=4, epochs=15, hidden=32)
+
+
+def run_cli(*args):
+    if not CLI:
+        pytest.skip("PACKTRAIN_BINARY is not set (run through ctest)")
+    return subprocess.run([CLI, *map(str, args)], check=True, capture_output=True, text=True)
+
+
+def test_fit_is_the_cli_run(tmp_path):
+    """fit() on the training rows of concrete split 0, holding out val_fraction as the CLI
+    does, gives the very model `packtrain train` gives: identical predictions."""
+    x, y, train, test = concrete()
+    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--checkpoint", tmp_path / "cli.pt", "-q")
+    from_cli = packtrain.load(tmp_path / "cli.pt")
+    model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
+    mine, theirs = model.predict(x[test], return_std=True), from_cli.predict(x[test], return_std=True)
+    assert np.array_equal(mine[0], theirs[0]) and np.array_equal(mine[1], theirs[1])
+    assert model.history_["val_loss"] == pytest.approx(from_cli._trainer.val_loss_history, rel=0, abs=0)
+    # and it learned: R^2 on the test rows well above a constant's 0
+    assert model.score(x[test], y[test]) > 0.5
+
+
+def test_save_is_read_by_the_cli(tmp_path):
+    x, y, train, test = concrete()
+    model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
+    model.save(tmp_path / "py.pt")
+    np.savetxt(tmp_path / "rows.csv", x[test], delimiter=",")
+    out = run_cli("predict", tmp_path / "py.pt", tmp_path / "rows.csv").stdout.splitlines()
+    assert out[0].startswith("mean,std")
+    cli = np.array([[float(v) for v in line.split(",")[:2]] for line in out[1:]])
+    mean, std = model.predict(x[test], return_std=True)
+    np.testing.assert_allclose(cli[:, 0], mean, rtol=1e-8)
+    np.testing.assert_allclose(cli[:, 1], std, rtol=1e-8)
+    # and the evaluate command scores it on a table with the target
+    np.savetxt(tmp_path / "scored.csv", np.column_stack([x[test], y[test]]), delimiter=",")
+    report = json.loads(run_cli("evaluate", tmp_path / "py.pt", tmp_path / "scored.csv", "--json").stdout)
+    rmse = float(np.sqrt(np.mean((mean - y[test]) ** 2)))
+    assert report["ensemble"]["rmse"] == pytest.approx(rmse, rel=1e-9)
+
+
+def test_defaults_are_the_clis():
+    params = packtrain.EnsembleRegressor().get_params()
+    assert params["members"] == 16 and params["depth"] == 2 and params["hidden"] == 64
+    assert params["lr"] == 3e-3 and params["epochs"] == 200 and params["head"] == "gaussian"
+    assert params["val_fraction"] == 0.1 and params["device"] == "auto"
+    assert "head" not in packtrain.EnsembleClassifier().get_params()
+    with pytest.raises(TypeError):
+        packtrain.EnsembleRegressor(hiden=3)  # a misspelt option is an error, not ignored
+
+
+def test_scikit_learn_clone_and_params():
+    from sklearn.base import clone
+    model = packtrain.EnsembleRegressor(members=3, lr=1e-2)
+    copy = clone(model)
+    assert copy.get_params() == model.get_params() and copy is not model
+    copy.set_params(members=5)
+    assert copy.members == 5 and model.members == 3
+    with pytest.raises(ValueError, match="invalid parameter"):
+        copy.set_params(nonsense=1)
+    assert "members=3" in repr(model)
+
+
+def test_inputs_numpy_and_torch_outputs_follow():
+    x, y = blobs(200)
+    y = x[:, 0] * 2 + x[:, 1]
+    model = packtrain.EnsembleRegressor(**SMALL, head="mean").fit(torch.from_numpy(x), torch.from_numpy(y))
+    t = model.predict(torch.from_numpy(x[:7]))
+    a = model.predict(x[:7])
+    assert isinstance(t, torch.Tensor) and isinstance(a, np.ndarray)
+    np.testing.assert_array_equal(t.numpy(), a)
+    means, variances = model.predict_members(x[:7])
+    assert means.shape == (4, 7) and variances is None
+    with pytest.raises(ValueError, match="features"):
+        model.predict(x[:3, :2])
+    with pytest.raises(ValueError, match="NaN"):
+        model.fit(np.full((10, 5), np.nan), np.zeros(10))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        packtrain.EnsembleRegressor().predict(x)
+
+
+def test_classifier_probabilities_and_labels():
+    x, y = blobs(400)
+    model = packtrain.EnsembleClassifier(**SMALL).fit(x[:300], y[:300])
+    assert list(model.classes_) == [3.0, 7.0, 11.0]
+    p = model.predict_proba(x[300:])
+    members = model.predict_member_proba(x[300:])
+    assert p.shape == (100, 3) and members.shape == (100, 3, 4)  # (N, C, K): baal's layout
+    np.testing.assert_allclose(members.sum(axis=1), 1, rtol=1e-9)
+    np.testing.assert_allclose(members.mean(axis=2), p, rtol=1e-9)
+    assert set(np.unique(model.predict(x[300:]))) <= {3.0, 7.0, 11.0}
+    assert model.score(x[300:], y[300:]) > 0.9
+    with pytest.raises(ValueError, match="whole numbers"):
+        model.fit(x[:10], np.linspace(0, 1, 10))
+
+
+def test_callback_sees_every_member_and_can_stop():
+    x, y = blobs(200)
+    seen = []
+
+    def callback(report):
+        seen.append(report)
+        return report["epoch"] < 3
+
+    model = packtrain.EnsembleRegressor(members=5, epochs=50, hidden=16).fit(x, y, callback=callback)
+    assert [r["epoch"] for r in seen] == [1, 2, 3] and model.epochs_done_ == 3
+    assert len(seen[0]["member_train_loss"]) == 5 and len(seen[0]["member_val_loss"]) == 5
+    assert seen[0]["train_loss"] == pytest.approx(np.mean(seen[0]["member_train_loss"]))
+    assert seen[-1]["active"] == 5
+
+
+def test_callback_error_stops_and_is_raised():
+    x, y = blobs(100)
+
+    def callback(report):
+        raise ZeroDivisionError("from the callback")
+
+    model = packtrain.EnsembleRegressor(members=2, epochs=20, hidden=8)
+    with pytest.raises(ZeroDivisionError, match="from the callback"):
+        model.fit(x, y, callback=callback)
+    assert model.epochs_done_ == 1 and np.isfinite(model.predict(x)).all()
+
+
+def test_ctrl_c_stops_after_the_epoch_and_leaves_a_usable_model():
+    x, y = blobs(300)
+    model = packtrain.EnsembleRegressor(members=8, epochs=100000, hidden=32)
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y)
+    assert time.monotonic() - started < 30
+    assert 0 < model.epochs_done_ < 100000
+    assert np.isfinite(model.predict(x)).all()
+
+
+def test_the_gil_is_released_while_training():
+    """A second thread runs while C++ trains: it wakes at epoch 1 and has set its flag
+    by a later epoch (within 3000 epochs, however slowly the machine schedules it). With a 100 s switch interval the interpreter never hands the GIL
+    over by itself, so the flag can only be set while the fit has released it."""
+    x, y = blobs(300)
+    go, woke = threading.Event(), threading.Event()
+    seen_awake = []
+
+    def background():
+        go.wait()
+        woke.set()
+
+    def callback(report):
+        if report["epoch"] == 1:
+            go.set()
+        seen_awake.append(woke.is_set())
+        return not woke.is_set()  # done once the thread has run
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100)
+    try:
+        packtrain.EnsembleRegressor(members=4, epochs=3000, hidden=16).fit(x, y, callback=callback)
+    finally:
+        sys.setswitchinterval(interval)
+        go.set()
+        thread.join()
+    assert seen_awake[0] is False and seen_awake[-1] is True, seen_awake
+
+
+def test_reinitialize_then_train_again_repeats_the_run():
+    x, y = blobs(200)
+    model = packtrain.EnsembleRegressor(members=3, epochs=10, hidden=16).fit(x, y)
+    first = model.predict(x)
+    model.reinitialize().continue_fit()
+    np.testing.assert_array_equal(model.predict(x), first)
+    model.reinitialize(seed=5).continue_fit()
+    assert not np.array_equal(model.predict(x), first)
+
+
+def test_patience_needs_validation():
+    x, y = blobs(100)
+    with pytest.raises(ValueError, match="validation"):
+        packtrain.EnsembleRegressor(patience=3, val_fraction=0).fit(x, y)
+    model = packtrain.EnsembleRegressor(members=3, patience=2, epochs=400, hidden=16).fit(x, y)
+    assert model.epochs_done_ < 400 and set(model.member_status_) == {"stopped"}
+
+
+def test_import_refuses_another_torch(tmp_path):
+    """A package built against another torch says so at import."""
+    package = Path(packtrain.__file__).parent
+    copy = tmp_path / "packtrain"
+    shutil.copytree(package, copy, symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "_build_info.py").write_text('TORCH_VERSION = "1.0.0"\nPACKTRAIN_VERSION = "0"\n')
+    result = subprocess.run([sys.executable, "-c", "import packtrain"], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode != 0
+    assert "built against torch 1.0.0" in result.stderr and torch.__version__ in result.stderr
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_device_parameter(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    x, y = blobs(200)
+    model = packtrain.EnsembleRegressor(**SMALL, device=device).fit(torch.from_numpy(x).to(device), y)
+    out = model.predict(torch.from_numpy(x).to(device))
+    assert out.device.type == device and torch.isfinite(out).all()
