@@ -9,6 +9,9 @@ members as one pack, and stops members early with `patience`.
 """
 import inspect
 import json
+import os
+import tempfile
+import warnings
 
 import numpy as np
 import torch
@@ -22,6 +25,50 @@ _DATA_DEFAULTS = dict(_core.default_data_options())
 _OPTION_NAMES = tuple(_TRAINER_DEFAULTS)
 
 
+class _ParamsProtocol:
+    """scikit-learn's parameter protocol (get_params, set_params; clone() uses them),
+    for when scikit-learn is not installed: the package needs only torch and numpy."""
+
+    @classmethod
+    def _get_param_names(cls):
+        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+    def get_params(self, deep=True):
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params):
+        valid = self._get_param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}; valid: {', '.join(valid)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self):
+        defaults = {n: p.default for n, p in inspect.signature(type(self).__init__).parameters.items() if n != "self"}
+        changed = {k: v for k, v in self.get_params().items() if v != defaults[k]}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+try:  # with scikit-learn: its own base classes (tags, repr, check_estimator)
+    from sklearn.base import BaseEstimator as _Base, ClassifierMixin as _ClassifierMixin, RegressorMixin as _RegressorMixin
+    from sklearn.exceptions import DataConversionWarning as _DataConversionWarning, NotFittedError
+    from sklearn.utils import check_array as _check_array
+    from sklearn.utils.multiclass import check_classification_targets as _check_classification_targets
+except ImportError:  # pragma: no cover - exercised by the no-scikit-learn test
+    _Base = _ParamsProtocol
+
+    class _ClassifierMixin:
+        _estimator_type = "classifier"
+
+    class _RegressorMixin:
+        _estimator_type = "regressor"
+    _check_array = _check_classification_targets = _DataConversionWarning = None
+
+    class NotFittedError(ValueError, AttributeError):
+        """predict() before fit() (scikit-learn's exception when it is installed)."""
+
+
 def _resolve_device(name):
     if name == "auto":
         return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
@@ -30,19 +77,42 @@ def _resolve_device(name):
     return name
 
 
+def _column_vector_note(what):
+    """scikit-learn's warning for a (N, 1) target, which is read as (N)."""
+    if _DataConversionWarning is not None:
+        warnings.warn(f"A column-vector {what} was passed when a 1d array was expected; it is read as one value "
+                      "per row", _DataConversionWarning, stacklevel=4)
+
+
 def _as_tensor(a, what, dims):
     """float64 CPU tensor of `dims` dimensions from a numpy array, a torch tensor
     (any device) or anything numpy accepts (a DataFrame, a list)."""
+    if hasattr(a, "toarray") or getattr(a, "layout", torch.strided) != torch.strided:
+        raise TypeError(f"{what}: sparse input is not supported; pass a dense array")
     if isinstance(a, torch.Tensor):
+        if a.is_complex():
+            raise ValueError(f"{what}: complex data not supported")
         t = a.detach().to("cpu", torch.float64)
+    elif _check_array is not None:  # scikit-learn's checks and messages
+        t = torch.from_numpy(_check_array(a, dtype=np.float64, ensure_2d=dims == 2, ensure_all_finite=True,
+                                          input_name=what, copy=True))
     else:
-        t = torch.from_numpy(np.asarray(a, dtype=np.float64))
+        array = np.asarray(a)
+        if np.iscomplexobj(array):
+            raise ValueError(f"{what}: complex data not supported")
+        try:
+            t = torch.from_numpy(np.array(array, dtype=np.float64))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{what}: not numeric ({e})") from None
     if dims == 1 and t.dim() == 2 and t.shape[1] == 1:
+        _column_vector_note(what)
         t = t[:, 0]
     if t.dim() != dims:
         raise ValueError(f"{what} must be {dims}-dimensional, got shape {tuple(t.shape)}")
     if t.shape[0] == 0:
-        raise ValueError(f"{what} has no rows")
+        raise ValueError(f"{what} has 0 sample(s) (shape {tuple(t.shape)}): at least one row is needed")
+    if dims == 2 and t.shape[1] == 0:
+        raise ValueError(f"{what} has 0 feature(s) (shape {tuple(t.shape)}): at least one column is needed")
     if not torch.isfinite(t).all():
         raise ValueError(f"{what} contains NaN or infinity")
     return t.contiguous()
@@ -63,38 +133,14 @@ def _feature_names(X, n):
     return [f"x{i}" for i in range(n)]
 
 
-class _PackedEnsemble:
-    """What the two estimators share: options, fitting, saving, get/set_params."""
+class _PackedEnsemble(_Base):
+    """What the two estimators share: options, fitting, predicting, saving."""
 
     _head = None  # fixed by the subclass, or a parameter
 
     def __init__(self, **params):
         for name, value in params.items():
             setattr(self, name, value)
-
-    # scikit-learn's parameter protocol (clone() uses it).
-    @classmethod
-    def _get_param_names(cls):
-        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-
-    def get_params(self, deep=True):
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params):
-        valid = self._get_param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}; valid: {', '.join(valid)}")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self):
-        changed = {k: v for k, v in self.get_params().items() if v != self._defaults()[k]}
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
-
-    @classmethod
-    def _defaults(cls):
-        return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
 
     def _trainer_options(self):
         options = {name: getattr(self, name) for name in _OPTION_NAMES if name in self._get_param_names()}
@@ -113,6 +159,8 @@ class _PackedEnsemble:
         train_loss, val_loss, active, member_train_loss, member_val_loss, events);
         returning False stops training after that epoch. Ctrl-C does the same and
         then raises KeyboardInterrupt (the model is usable)."""
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
         x = _as_tensor(X, "X", 2)
         t = self._targets(y, "y")
         if t.shape[0] != x.shape[0]:
@@ -124,6 +172,9 @@ class _PackedEnsemble:
             if vx.shape[1] != x.shape[1]:
                 raise ValueError(f"X_val has {vx.shape[1]} features, X has {x.shape[1]}")
         elif self.val_fraction > 0:
+            if x.shape[0] < 2:
+                raise ValueError(f"{x.shape[0]} sample(s): too few to hold out val_fraction={self.val_fraction} "
+                                 "of them for validation (val_fraction=0 trains on all)")
             train_rows, val_rows = _core.carve_validation(x.shape[0], float(self.val_fraction), int(self.split_seed))
             train_rows, val_rows = torch.tensor(train_rows), torch.tensor(val_rows)
             x, t, vx, vt = x[train_rows], t[train_rows], x[val_rows], t[val_rows]
@@ -162,13 +213,36 @@ class _PackedEnsemble:
 
     def _check_fitted(self):
         if getattr(self, "_trainer", None) is None:
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first")
+
+    # Pickling (copy, joblib, multiprocessing): the trainer travels as its checkpoint.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        trainer = state.pop("_trainer", None)
+        if trainer is not None:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "model.pt")
+                trainer.save(path, list(self.feature_names_in_), self._target_name)
+                with open(path, "rb") as f:
+                    state["_checkpoint"] = f.read()
+        return state
+
+    def __setstate__(self, state):
+        checkpoint = state.pop("_checkpoint", None)
+        self.__dict__.update(state)
+        if checkpoint is not None:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "model.pt")
+                with open(path, "wb") as f:
+                    f.write(checkpoint)
+                self._trainer = _core.Trainer.load(path, _resolve_device(self.device))
 
     def _predict(self, X):
         self._check_fitted()
         x = _as_tensor(X, "X", 2)
         if x.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {x.shape[1]} features, but the model was fitted with {self.n_features_in_}")
+            raise ValueError(f"X has {x.shape[1]} features, but {type(self).__name__} is expecting "
+                             f"{self.n_features_in_} features as input")
         return self._trainer.predict(x)
 
     def save(self, path):
@@ -203,12 +277,10 @@ def _signature(cls, extra):
     return cls
 
 
-class EnsembleRegressor(_PackedEnsemble):
+class EnsembleRegressor(_RegressorMixin, _PackedEnsemble):
     """A deep ensemble regressor: `members` MLPs trained as one pack. head="gaussian"
     (the default) predicts a mean and a variance per member (deep ensembles);
     head="mean" a mean only (MSE)."""
-
-    _estimator_type = "regressor"
 
     def fit(self, X, y, X_val=None, y_val=None, callback=None):
         if self.head not in ("gaussian", "mean"):
@@ -243,27 +315,55 @@ class EnsembleRegressor(_PackedEnsemble):
 _signature(EnsembleRegressor, {})
 
 
-class EnsembleClassifier(_PackedEnsemble):
+class EnsembleClassifier(_ClassifierMixin, _PackedEnsemble):
     """A deep ensemble classifier: `members` MLPs trained as one pack with
     cross-entropy; labels are any numbers (as the CLI reads a target column)."""
 
-    _estimator_type = "classifier"
     _head = "classification"
 
     def _targets(self, y, what):
-        t = _as_tensor(y, what, 1)
-        if not torch.equal(t, t.round()):
-            raise ValueError(f"{what}: class labels must be whole numbers")
-        return t.reshape(-1, 1)
+        labels = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+        if labels.ndim == 2 and labels.shape[1] == 1:
+            _column_vector_note(what)
+            labels = labels[:, 0]
+        if labels.ndim != 1:
+            raise ValueError(f"{what} must be 1-dimensional (one label per row), got shape {labels.shape}")
+        if _check_classification_targets is not None:
+            _check_classification_targets(labels)
+        if self._label_values is None:  # numbers: the trainer's classes are the labels, as the CLI reads them
+            t = _as_tensor(labels, what, 1)
+            if not torch.equal(t, t.round()):
+                raise ValueError(f"{what}: numeric class labels must be whole numbers")
+            return t.reshape(-1, 1)
+        index = np.searchsorted(self._label_values, labels)
+        index = np.minimum(index, len(self._label_values) - 1)
+        unknown = self._label_values[index] != labels
+        if unknown.any():
+            raise ValueError(f"{what}: label {labels[unknown][0]!r} is not among the training labels")
+        return torch.from_numpy(index.astype(np.float64)).reshape(-1, 1)
 
     def fit(self, X, y, X_val=None, y_val=None, callback=None):
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
+        labels = np.asarray(y.detach().cpu() if isinstance(y, torch.Tensor) else y)
+        numeric = labels.dtype.kind in "biuf"
+        values = np.unique(labels)
+        if len(values) < 2:
+            raise ValueError(f"y has only one class ({values[0] if len(values) else 'none'}): a classifier needs "
+                             "at least 2 classes")
+        self._label_values = None if numeric else values  # other labels (strings) train as their indices
         super().fit(X, y, X_val, y_val, callback)
-        self.classes_ = np.asarray(self._trainer.classes)
+        self.classes_ = values if not numeric else np.asarray(self._trainer.classes)
         return self
+
+    _label_values = None
 
     def predict(self, X):
         """The class (one of classes_) with the highest mixture probability (N)."""
-        return _like(self._predict(X)["predicted"], X)
+        predicted = self._predict(X)["predicted"]
+        if self._label_values is not None:
+            return self._label_values[predicted.numpy().astype(np.int64)]
+        return _like(predicted, X)
 
     def predict_proba(self, X):
         """The mixture's class probabilities (N, C), columns in the order of classes_."""
@@ -276,8 +376,10 @@ class EnsembleClassifier(_PackedEnsemble):
 
     def score(self, X, y):
         """Accuracy of predict(X)."""
-        target = _as_tensor(y, "y", 1).numpy()
-        return float(np.mean(np.asarray(_like(self._predict(X)["predicted"], None)) == target))
+        predicted = self.predict(X)
+        predicted = predicted.cpu().numpy() if isinstance(predicted, torch.Tensor) else predicted
+        target = np.asarray(y.detach().cpu() if isinstance(y, torch.Tensor) else y).reshape(-1)
+        return float(np.mean(predicted == target))
 
 
 _signature(EnsembleClassifier, {"omit": ("head", "min_variance")})
