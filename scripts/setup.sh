@@ -59,14 +59,15 @@ else
 fi
 
 # --- Python test and build tools, in the same environment -----------------------
-# pytest and scikit-learn for the Python package's tests, scikit-build-core to
+# pytest, scikit-learn, BoTorch and baal for the Python package's tests (the
+# adapters are tested against the real libraries), scikit-build-core to
 # build the package (pip install --no-build-isolation, against this torch).
-py_tools=(pytest scikit-learn scikit-build-core)
-if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core" 2>/dev/null; then
+py_tools=(pytest scikit-learn scikit-build-core botorch baal)
+if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal" 2>/dev/null; then
   say "installing ${py_tools[*]} into $venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}" "torch==$TORCH_VERSION"
 else
-  say "pytest, scikit-learn, scikit-build-core present"
+  say "${py_tools[*]} present"
 fi
 
 # --- CUDA toolkit (already on the machine) ------------------------------------

@@ -13,6 +13,7 @@
 #include <torch/version.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -172,9 +173,11 @@ PYBIND11_MODULE(_core, m) {
            py::arg("options_json"))
       .def(
           "prepare",
-          [](EnsembleTrainer& t, const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
-             const at::Tensor& val_y) { t.prepare(x, y, val_x, val_y); },
-          py::arg("x"), py::arg("y"), py::arg("val_x") = at::Tensor(), py::arg("val_y") = at::Tensor(),
+          [](EnsembleTrainer& t, const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& val_x,
+             const std::optional<at::Tensor>& val_y) {
+            t.prepare(x, y, val_x.value_or(at::Tensor()), val_y.value_or(at::Tensor()));
+          },
+          py::arg("x"), py::arg("y"), py::arg("val_x") = py::none(), py::arg("val_y") = py::none(),
           py::call_guard<py::gil_scoped_release>())
       .def("train", &train, py::arg("callback") = py::none())
       .def(

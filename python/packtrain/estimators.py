@@ -183,7 +183,7 @@ class _PackedEnsemble(_Base):
         if self.patience > 0 and vx is None:
             raise ValueError("patience > 0 needs validation rows (val_fraction > 0, or X_val and y_val)")
         self._trainer = _core.Trainer(json.dumps(self._trainer_options()))
-        self._trainer.prepare(x, t, vx, vt) if vx is not None else self._trainer.prepare(x, t)
+        self._trainer.prepare(x, t, vx, vt)
         self.n_features_in_ = x.shape[1]
         self.feature_names_in_ = np.asarray(_feature_names(X, x.shape[1]), dtype=object)
         self._target_name = getattr(y, "name", None) or "y"

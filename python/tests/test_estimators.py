@@ -291,3 +291,9 @@ print("ok")
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_without_validation_rows():
+    x, y = blobs(120)
+    model = packtrain.EnsembleRegressor(members=2, epochs=4, hidden=8, val_fraction=0).fit(x, y)
+    assert all(np.isnan(model.history_["val_loss"])) and len(model.history_["train_loss"]) == 4

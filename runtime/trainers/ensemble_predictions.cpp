@@ -55,7 +55,9 @@ EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
     if (members_[k].usable) out.included.push_back(k);
   }
   if (out.included.empty()) throw std::runtime_error("every member diverged: no usable member to predict with");
-  at::NoGradGuard no_grad;
+  // Differentiable in x when x requires grad (Bayesian optimization's acquisition
+  // gradients, through the Python package); otherwise no autograd graph at all.
+  const at::AutoGradMode grad_mode(x.requires_grad());
   const at::Tensor xs = x_scale_.transform(x).to(at::TensorOptions().dtype(at::kFloat).device(options_.device()));
   const at::Tensor raw = model_->forward(xs).to(at::kDouble).cpu();  // (K, N, O)
   const at::Tensor inc = at::tensor(out.included, at::kLong);

@@ -108,6 +108,8 @@ class EnsembleTrainer {
   }
   int64_t per_rank_batch() const;
 
+  // Every member's predictions and their mixture for x (N, I), original units.
+  // Differentiable with respect to x when x requires grad.
   EnsemblePrediction predict(const at::Tensor& x) const;
   EnsembleMetrics evaluate(const at::Tensor& x, const at::Tensor& y) const;
 
