@@ -12,6 +12,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -167,6 +168,31 @@ PYBIND11_MODULE(_core, m) {
       py::arg("rows"), py::arg("fraction"), py::arg("seed"),
       "The training and validation rows the CLI's --val-fraction/--split-seed hold out of `rows` rows.");
   m.def("cuda_available", [] { return at::hasCUDA(); });
+  m.def(
+      "load_data",
+      [](const std::string& data, int split, double test_fraction, uint64_t split_seed) {
+        packtrain::runtime::DataArgs args;
+        args.data = data;
+        args.split = split;
+        args.val_fraction = 0;  // the estimators hold out validation rows themselves, as the CLI does
+        args.test_fraction = test_fraction;
+        args.split_seed = split_seed;
+        packtrain::runtime::SplitData loaded = without_gil([&] { return packtrain::runtime::load_split_data(args); });
+        // Table order, as the CLI's training rows are once it has held out validation rows.
+        std::sort(loaded.split.train.begin(), loaded.split.train.end());
+        const packtrain::runtime::Dataset train = loaded.train(), test = loaded.test();
+        py::dict out;
+        out["x_train"] = train.features;
+        out["y_train"] = train.targets.reshape({-1});
+        out["x_test"] = test.features;
+        out["y_test"] = test.targets.reshape({-1});
+        out["feature_names"] = loaded.all.feature_names;
+        out["target_name"] = loaded.all.target_name;
+        out["description"] = loaded.description;
+        return out;
+      },
+      py::arg("data"), py::arg("split") = 0, py::arg("test_fraction") = 0.2, py::arg("split_seed") = 0,
+      "A bundled data set, UCI directory or table, split as the CLI splits it (training rows in table order).");
 
   py::class_<EnsembleTrainer>(m, "Trainer")
       .def(py::init([](const std::string& options_json) { return std::make_unique<EnsembleTrainer>(options_from(options_json)); }),

@@ -10,6 +10,9 @@ a fused member-wise step on a CPU). The estimators follow scikit-learn's API:
 
 Options and defaults are the command-line tool's (`packtrain train --help`).
 """
+import os
+from pathlib import Path
+
 import torch  # loads LibTorch's libraries before the extension module needs them
 
 from . import _build_info
@@ -21,8 +24,13 @@ if _installed != _build_info.TORCH_VERSION:
         f"{torch.__version__}: install torch=={_build_info.TORCH_VERSION}, or rebuild packtrain here "
         f"(pip install --no-build-isolation --force-reinstall <packtrain checkout>)")
 
+# An installed package carries the bundled data sets beside its modules.
+if (Path(__file__).parent / "data").is_dir():
+    os.environ.setdefault("PACKTRAIN_DATA_DIR", str(Path(__file__).parent / "data"))
+
 from . import _core  # noqa: E402
+from .datasets import load_dataset  # noqa: E402
 from .estimators import EnsembleClassifier, EnsembleRegressor, load  # noqa: E402
 
 __version__ = _build_info.PACKTRAIN_VERSION
-__all__ = ["EnsembleRegressor", "EnsembleClassifier", "load", "__version__"]
+__all__ = ["EnsembleRegressor", "EnsembleClassifier", "load", "load_dataset", "__version__"]

@@ -297,3 +297,21 @@ def test_without_validation_rows():
     x, y = blobs(120)
     model = packtrain.EnsembleRegressor(members=2, epochs=4, hidden=8, val_fraction=0).fit(x, y)
     assert all(np.isnan(model.history_["val_loss"])) and len(model.history_["train_loss"]) == 4
+
+
+def test_load_dataset_is_the_clis_split():
+    x, y, train, test = concrete()
+    data = packtrain.load_dataset("concrete", split=0)
+    np.testing.assert_array_equal(data.X_train, x[train])
+    np.testing.assert_array_equal(data.y_test, y[test])
+    assert "concrete" in data.description and len(data.feature_names) == x.shape[1]
+
+
+def test_the_active_learning_example_runs(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "active_learning.py"
+    result = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("spread 40:") and lines[1].startswith("random 40:")
+    assert (tmp_path / "active_learning.png").exists() or (tmp_path / "active_learning.csv").exists()
