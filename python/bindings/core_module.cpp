@@ -6,6 +6,7 @@
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/loaded_ensemble.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 
 namespace py = pybind11;
 using packtrain::runtime::EnsembleTrainer;
+using packtrain::runtime::LoadedEnsemble;
 
 namespace {
 
@@ -130,16 +132,6 @@ std::string run_description(const std::vector<std::string>& feature_names, const
   return packtrain::runtime::to_json(run);
 }
 
-std::unique_ptr<EnsembleTrainer> load(const std::string& path, const std::string& device) {
-  const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
-  packtrain::runtime::EnsembleTrainerOptions options = EnsembleTrainer::checkpoint_options(*checkpoint);
-  options.device(c10::Device(device));
-  options.log(to_python_logging);
-  auto trainer = std::make_unique<EnsembleTrainer>(options);
-  trainer->restore(*checkpoint);
-  return trainer;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -194,6 +186,28 @@ PYBIND11_MODULE(_core, m) {
       py::arg("data"), py::arg("split") = 0, py::arg("test_fraction") = 0.2, py::arg("split_seed") = 0,
       "A bundled data set, UCI directory or table, split as the CLI splits it (training rows in table order).");
 
+  // A checkpoint read back: a single checkpoint's trainer (everything a fitted
+  // estimator does), or a member-parallel manifest's shards (predict only).
+  m.def(
+      "load",
+      [](const std::string& path, const std::string& device) -> py::object {
+        LoadedEnsemble loaded =
+            without_gil([&] { return LoadedEnsemble::load(path, c10::Device(device), to_python_logging); });
+        if (!loaded.sharded()) return py::cast(loaded.take_trainer());
+        return py::cast(std::make_unique<LoadedEnsemble>(std::move(loaded)));
+      },
+      py::arg("path"), py::arg("device") = "cpu");
+
+  py::class_<LoadedEnsemble, std::unique_ptr<LoadedEnsemble>>(m, "ShardedEnsemble")
+      .def("predict", [](const LoadedEnsemble& e, const at::Tensor& x) {
+        return prediction_dict(without_gil([&] { return e.predict(x); }));
+      }, py::arg("x"))
+      .def_property_readonly("members", &LoadedEnsemble::members)
+      .def_property_readonly("shards", &LoadedEnsemble::shards)
+      .def_property_readonly("options_json", [](const LoadedEnsemble& e) { return packtrain::runtime::to_json(e.first().options()); })
+      .def_property_readonly("in_features", [](const LoadedEnsemble& e) { return e.first().in_features(); })
+      .def_property_readonly("classes", [](const LoadedEnsemble& e) { return e.first().classes(); });
+
   py::class_<EnsembleTrainer>(m, "Trainer")
       .def(py::init([](const std::string& options_json) { return std::make_unique<EnsembleTrainer>(options_from(options_json)); }),
            py::arg("options_json"))
@@ -235,7 +249,6 @@ PYBIND11_MODULE(_core, m) {
             t.save(path, run_description(feature_names, target_name));
           },
           py::arg("path"), py::arg("feature_names"), py::arg("target_name"), py::call_guard<py::gil_scoped_release>())
-      .def_static("load", &load, py::arg("path"), py::arg("device") = "cpu")
       .def_property_readonly("options_json", [](const EnsembleTrainer& t) { return packtrain::runtime::to_json(t.options()); })
       .def_property_readonly("prepared", &EnsembleTrainer::prepared)
       .def_property_readonly("epoch", &EnsembleTrainer::epoch)

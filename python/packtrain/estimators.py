@@ -235,7 +235,7 @@ class _PackedEnsemble(_Base):
                 path = os.path.join(d, "model.pt")
                 with open(path, "wb") as f:
                     f.write(checkpoint)
-                self._trainer = _core.Trainer.load(path, _resolve_device(self.device))
+                self._trainer = _core.load(path, _resolve_device(self.device))
 
     def _predict(self, X):
         self._check_fitted()
@@ -248,6 +248,9 @@ class _PackedEnsemble(_Base):
     def save(self, path):
         """Writes a checkpoint the CLI reads (`packtrain predict/evaluate/resume`)."""
         self._check_fitted()
+        if isinstance(self._trainer, _core.ShardedEnsemble):
+            raise TypeError("a model loaded from a member-parallel manifest predicts only: its shards stay the "
+                            "checkpoint (packtrain resume MANIFEST continues it)")
         self._trainer.save(str(path), list(self.feature_names_in_), self._target_name)
 
     @property
@@ -387,22 +390,24 @@ _signature(EnsembleClassifier, {"omit": ("head", "min_variance")})
 
 def load(path, device="cpu"):
     """A fitted estimator from a checkpoint written by the CLI (`train --checkpoint`)
-    or by save()."""
-    trainer = _core.Trainer.load(str(path), _resolve_device(device))
-    options = json.loads(trainer.options_json)
+    or by save(), or from a member-parallel run's manifest (every shard checked
+    against it and loaded here, whatever number of ranks trained it; such a model
+    predicts but cannot be saved or trained further from Python)."""
+    loaded = _core.load(str(path), _resolve_device(device))
+    options = json.loads(loaded.options_json)
     options.pop("first_member")
     options["device"] = device
     if options["head"] == "classification":
         options.pop("head")
         options.pop("min_variance")
         model = EnsembleClassifier(**options)
-        model.classes_ = np.asarray(trainer.classes)
+        model.classes_ = np.asarray(loaded.classes)
     else:
         model = EnsembleRegressor(**options)
-    model._trainer = trainer
-    model.n_features_in_ = trainer.in_features
-    model.feature_names_in_ = np.asarray([f"x{i}" for i in range(trainer.in_features)], dtype=object)
+    if isinstance(loaded, _core.ShardedEnsemble):
+        model.members = loaded.members
+    model._trainer = loaded
+    model.n_features_in_ = loaded.in_features
+    model.feature_names_in_ = np.asarray([f"x{i}" for i in range(loaded.in_features)], dtype=object)
     model._target_name = "y"
     return model
-
-

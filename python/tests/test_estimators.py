@@ -315,3 +315,22 @@ def test_the_active_learning_example_runs(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("spread 40:") and lines[1].startswith("random 40:")
     assert (tmp_path / "active_learning.png").exists() or (tmp_path / "active_learning.csv").exists()
+
+
+def test_load_reads_a_member_parallel_manifest(tmp_path):
+    """A run split over 2 ranks (packtrain launch ... --member-parallel) loads from its
+    manifest: all 5 members, and the same predictions as the CLI's predict."""
+    x, y, train, test = concrete()
+    run_cli("launch", "--nproc", 2, "--", "train", "--members", 5, "--epochs", 5, "--hidden", 16, "--device", "cpu",
+            "--member-parallel", "--checkpoint", tmp_path / "mp.ckpt", "-q")
+    model = packtrain.load(tmp_path / "mp.ckpt")
+    means, variances = model.predict_members(x[test])
+    assert means.shape == (5, len(test)) and np.isfinite(means).all()
+    np.savetxt(tmp_path / "rows.csv", x[test], delimiter=",")
+    out = run_cli("predict", tmp_path / "mp.ckpt", tmp_path / "rows.csv").stdout.splitlines()
+    cli = np.array([[float(v) for v in line.split(",")[:2]] for line in out[1:]])
+    mean, std = model.predict(x[test], return_std=True)
+    np.testing.assert_allclose(cli[:, 0], mean, rtol=1e-8)
+    np.testing.assert_allclose(cli[:, 1], std, rtol=1e-8)
+    with pytest.raises(TypeError, match="member-parallel"):
+        model.save(tmp_path / "again.pt")

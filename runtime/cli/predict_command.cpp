@@ -9,7 +9,7 @@
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/member_parallel.h"
+#include "packtrain/runtime/trainers/loaded_ensemble.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -26,32 +26,14 @@ namespace packtrain::cli {
 
 namespace {
 
-struct LoadedModel {
-  std::unique_ptr<runtime::EnsembleTrainer> trainer;
-  runtime::RunDescription run;
-};
-
-LoadedModel load_model(const runtime::EnsembleTrainer::Checkpoint& checkpoint, const std::string& device) {
-  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(checkpoint);
-  options.device(pick_device(device));
-  LoadedModel out{std::make_unique<runtime::EnsembleTrainer>(options),
-                  runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(checkpoint))};
-  out.trainer->restore(checkpoint);
-  return out;
-}
-
-LoadedModel load_model(const std::string& path, const std::string& device) {
-  return load_model(*runtime::EnsembleTrainer::read_checkpoint(path), device);
-}
-
 // The model's feature columns of `table`: by name when the table has a header and
 // the model was trained on named columns (every name must be there: a header with
 // other names is refused, never read by position), else by position (the first I
 // columns). With `target`, also the target column (by name, or the column after
 // the features).
-std::vector<int64_t> model_columns(const runtime::Table& table, const LoadedModel& m, bool with_target) {
-  const int64_t I = m.trainer->in_features();
-  const std::vector<std::string>& names = m.run.feature_names;
+std::vector<int64_t> model_columns(const runtime::Table& table, const runtime::LoadedEnsemble& m, bool with_target) {
+  const int64_t I = m.first().in_features();
+  const std::vector<std::string>& names = m.run().feature_names;
   std::vector<int64_t> cols;
   const auto has = [&](const std::string& name) {
     return std::find(table.columns.begin(), table.columns.end(), name) != table.columns.end();
@@ -70,7 +52,7 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const LoadedMode
   }
   if (table.has_header && named) {
     for (const std::string& name : names) cols.push_back(table.column_index(name));
-    if (with_target) cols.push_back(table.column_index(m.run.target_name.empty() ? "-1" : m.run.target_name));
+    if (with_target) cols.push_back(table.column_index(m.run().target_name.empty() ? "-1" : m.run().target_name));
     return cols;
   }
   const int64_t needed = I + (with_target ? 1 : 0);
@@ -131,51 +113,22 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   return out;
 }
 
-// Every shard of a member-parallel run, checked against its manifest and loaded in
-// this process (whatever number of ranks trained it), with each shard's first member.
-using LoadedShards = std::vector<std::pair<LoadedModel, int64_t>>;
-LoadedShards load_shards(const runtime::ShardManifest& manifest, const std::string& device) {
-  LoadedShards shards;
-  for (const auto& [checkpoint, first] : runtime::read_shards(manifest)) {
-    shards.emplace_back(load_model(*checkpoint, device), first);
-  }
-  return shards;
-}
-
-// All shards' members predict x; the ensemble combines them all.
-runtime::EnsemblePrediction predict_shards(const LoadedShards& shards, const at::Tensor& x, int64_t members) {
-  const runtime::EnsembleTrainer& first = *shards.front().first.trainer;
-  runtime::EnsemblePrediction all;
-  for (const auto& [model, offset] : shards) runtime::place_members(all, model.trainer->predict(x), offset, members);
-  return runtime::combine_members(std::move(all), first.options().head(), first.classes());
-}
-
 int run_predict(const PredictCommand& c) {
   check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
-  if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) {
-    const LoadedShards shards = load_shards(*manifest, c.device);
-    const LoadedModel& m = shards.front().first;
-    const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
-    const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
-    const std::string csv = prediction_csv(*m.trainer, predict_shards(shards, x, manifest->members), c.members);
-    if (c.output.empty() || c.output == "-") {
-      std::cout << csv;
-    } else {
-      runtime::write_file_atomically(c.output, csv);
-      fmt::print(stderr, "packtrain predict: {} rows, {} members from {} shards -> {}\n", x.size(0),
-                 manifest->members, shards.size(), c.output);
-    }
-    return 0;
-  }
-  const LoadedModel m = load_model(c.checkpoint, c.device);
+  const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
-  const std::string csv = prediction_csv(*m.trainer, m.trainer->predict(x), c.members);
+  const std::string csv = prediction_csv(m.first(), m.predict(x), c.members);
   if (c.output.empty() || c.output == "-") {
     std::cout << csv;
   } else {
     runtime::write_file_atomically(c.output, csv);
-    fmt::print(stderr, "packtrain predict: {} rows -> {}\n", x.size(0), c.output);
+    if (m.sharded()) {
+      fmt::print(stderr, "packtrain predict: {} rows, {} members from {} shards -> {}\n", x.size(0), m.members(),
+                 m.shards(), c.output);
+    } else {
+      fmt::print(stderr, "packtrain predict: {} rows -> {}\n", x.size(0), c.output);
+    }
   }
   return 0;
 }
@@ -194,16 +147,16 @@ struct EvaluationRows {
   std::string what;
 };
 
-EvaluationRows evaluation_rows(const EvaluateCommand& c, const LoadedModel& m) {
+EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEnsemble& m) {
   if (c.input.empty()) {  // the checkpoint's own test rows, from the data it was trained on
-    const runtime::SplitData data = runtime::load_split_data(m.run.data);
+    const runtime::SplitData data = runtime::load_split_data(m.run().data);
     // On data changed since training these would be other rows under the run's name;
     // a table given explicitly is the user's choice of data.
-    if (!runtime::check_same_data(m.run, data, "to score the new data give it as a table: packtrain evaluate " +
+    if (!runtime::check_same_data(m.run(), data, "to score the new data give it as a table: packtrain evaluate " +
                                                      c.checkpoint + " TABLE")) {
       fmt::print(stderr, "packtrain evaluate: note: {} records no fingerprint of its data (an earlier version wrote "
                          "it): cannot check that {} is unchanged since training\n",
-                 c.checkpoint, m.run.data.data);
+                 c.checkpoint, m.run().data.data);
     }
     const runtime::Dataset test = data.test();
     if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
@@ -214,41 +167,25 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const LoadedModel& m) {
   return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input};
 }
 
-// Evaluates all shards of a member-parallel run in this process (any number of
-// ranks trained it): every shard's members predict, the ensemble combines them all.
-int run_evaluate_shards(const EvaluateCommand& c, const runtime::ShardManifest& manifest) {
-  const LoadedShards shards = load_shards(manifest, c.device);
-  const auto [x, y, what] = evaluation_rows(c, shards.front().first);
-  const runtime::EnsembleTrainer& first = *shards.front().first.trainer;
-  const runtime::Head head = first.options().head();
-  const runtime::EnsembleMetrics metrics =
-      runtime::ensemble_metrics(predict_shards(shards, x, manifest.members), y, head, first.classes());
-  if (c.json) {
-    nlohmann::json out = gathered_metrics_json(metrics, head);
-    out["data"] = what;
-    out["rows"] = x.size(0);
-    out["shards"] = shards.size();
-    std::cout << out.dump(2) << "\n";
-    return 0;
-  }
-  print_gathered_metrics(metrics, head,
-                         fmt::format("Metrics on {} ({} rows, original units), {} members from {} shards", what,
-                                     x.size(0), manifest.members, shards.size()));
-  return 0;
-}
-
+// A member-parallel manifest is evaluated with all its shards in this process (any
+// number of ranks trained it): the ensemble combines every shard's members.
 int run_evaluate(const EvaluateCommand& c) {
-  if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) return run_evaluate_shards(c, *manifest);
-  const LoadedModel m = load_model(c.checkpoint, c.device);
+  const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const auto [x, y, what] = evaluation_rows(c, m);
-  const runtime::EnsembleMetrics metrics = m.trainer->evaluate(x, y);
+  const runtime::EnsembleMetrics metrics = m.evaluate(x, y);
+  const runtime::Head head = m.first().options().head();
   if (c.json) {
-    nlohmann::json out = metrics_json(*m.trainer, metrics);
+    nlohmann::json out = m.sharded() ? gathered_metrics_json(metrics, head) : metrics_json(m.first(), metrics);
     out["data"] = what;
     out["rows"] = x.size(0);
+    if (m.sharded()) out["shards"] = m.shards();
     std::cout << out.dump(2) << "\n";
+  } else if (m.sharded()) {
+    print_gathered_metrics(metrics, head,
+                           fmt::format("Metrics on {} ({} rows, original units), {} members from {} shards", what,
+                                       x.size(0), m.members(), m.shards()));
   } else {
-    print_metrics(*m.trainer, metrics, fmt::format("Metrics on {} ({} rows, original units)", what, x.size(0)));
+    print_metrics(m.first(), metrics, fmt::format("Metrics on {} ({} rows, original units)", what, x.size(0)));
   }
   return 0;
 }
@@ -260,10 +197,11 @@ struct ExportCommand {
 
 int run_export(const ExportCommand& c) {
   check_outputs({{"output", c.output}}, {{"checkpoint", c.checkpoint}});
-  const LoadedModel m = load_model(c.checkpoint, "cpu");
-  runtime::export_members(c.output, *m.trainer, m.run.feature_names, c.members);
+  const runtime::LoadedEnsemble m =
+      runtime::LoadedEnsemble::from_checkpoint(*runtime::EnsembleTrainer::read_checkpoint(c.checkpoint), c10::kCPU);
+  runtime::export_members(c.output, m.first(), m.run().feature_names, c.members);
   fmt::print(stderr, "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",
-             c.members.empty() ? m.trainer->options().members() : static_cast<int64_t>(c.members.size()), c.output);
+             c.members.empty() ? m.members() : static_cast<int64_t>(c.members.size()), c.output);
   return 0;
 }
 
