@@ -53,6 +53,17 @@ DeviceBatcher::DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, i
 
 void DeviceBatcher::reseed(uint64_t seed) { restore_order_state({seed, 0}); }
 
+void DeviceBatcher::replace_data(const std::vector<at::Tensor>& data) {
+  TORCH_CHECK(data.size() == data_.size(), "device batcher: replace_data needs ", data_.size(), " tensors, got ",
+              data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    TORCH_CHECK(data[i].sizes() == data_[i].sizes(), "device batcher: replace_data needs tensor ", i, " shaped ",
+                data_[i].sizes(), ", got ", data[i].sizes());
+  }
+  for (size_t i = 0; i < data.size(); ++i) data_[i].copy_(data[i]);
+  active_ = at::Tensor();
+}
+
 void DeviceBatcher::restore_order_state(const OrderState& state) {
   TORCH_CHECK(state.epochs_drawn >= 0, "device batcher: negative epoch count ", state.epochs_drawn);
   seed_ = state.seed;

@@ -57,6 +57,9 @@ class DeviceBatcher {
   BatchOrder order() const { return order_; }
   c10::Device device() const { return device_; }
   const std::vector<at::Tensor>& data() const { return data_; }
+  // New rows of the same shapes, copied into the resident tensors in place (captured
+  // steps read those buffers and stay valid); the active rows are cleared.
+  void replace_data(const std::vector<at::Tensor>& data);
 
   // Outside any graph: draws the next epoch's order on the device, in place, and
   // rewinds the counter. Never waits for the device.

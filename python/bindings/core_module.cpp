@@ -251,6 +251,11 @@ PYBIND11_MODULE(_core, m) {
           py::arg("path"), py::arg("feature_names"), py::arg("target_name"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("options_json", [](const EnsembleTrainer& t) { return packtrain::runtime::to_json(t.options()); })
       .def_property_readonly("prepared", &EnsembleTrainer::prepared)
+      // Identifies the prepared steps (and so their captured graphs): unchanged when
+      // prepare() on data of the same shapes kept them.
+      .def_property_readonly("steps_id", [](EnsembleTrainer& t) {
+        return t.prepared() ? reinterpret_cast<uintptr_t>(&t.steps()) : uintptr_t{0};
+      })
       .def_property_readonly("epoch", &EnsembleTrainer::epoch)
       .def_property_readonly("steps_taken", &EnsembleTrainer::steps_taken)
       .def_property_readonly("in_features", &EnsembleTrainer::in_features)

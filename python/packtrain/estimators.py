@@ -137,6 +137,7 @@ class _PackedEnsemble(_Base):
     """What the two estimators share: options, fitting, predicting, saving."""
 
     _head = None  # fixed by the subclass, or a parameter
+    _options_json = None  # the trainer's options at the last fit
 
     def __init__(self, **params):
         for name, value in params.items():
@@ -182,7 +183,13 @@ class _PackedEnsemble(_Base):
             vx = vt = None
         if self.patience > 0 and vx is None:
             raise ValueError("patience > 0 needs validation rows (val_fraction > 0, or X_val and y_val)")
-        self._trainer = _core.Trainer(json.dumps(self._trainer_options()))
+        # Fitted before with the same options: the same trainer, whose steps (and
+        # captured graphs) prepare() keeps when the data have the same shapes; every
+        # member starts again from the seed either way.
+        options = json.dumps(self._trainer_options(), sort_keys=True)
+        if not (isinstance(getattr(self, "_trainer", None), _core.Trainer) and self._options_json == options):
+            self._trainer = _core.Trainer(options)
+        self._options_json = options
         self._trainer.prepare(x, t, vx, vt)
         self.n_features_in_ = x.shape[1]
         self.feature_names_in_ = np.asarray(_feature_names(X, x.shape[1]), dtype=object)

@@ -334,3 +334,21 @@ def test_load_reads_a_member_parallel_manifest(tmp_path):
     np.testing.assert_allclose(cli[:, 1], std, rtol=1e-8)
     with pytest.raises(TypeError, match="member-parallel"):
         model.save(tmp_path / "again.pt")
+
+
+def test_fitting_again_on_same_shaped_data_keeps_the_steps_and_equals_a_fresh_fit():
+    """The active-learning case: a second fit on new rows of the same shapes keeps the
+    prepared steps (on a GPU, their captured graphs: nothing is captured again) and
+    trains exactly as a fresh estimator would."""
+    x1, y1 = blobs(200, seed=1)
+    x2, y2 = blobs(200, seed=2)
+    model = packtrain.EnsembleRegressor(members=3, epochs=8, hidden=16).fit(x1, y1)
+    steps = model._trainer.steps_id
+    model.fit(x2, y2)
+    assert model._trainer.steps_id == steps
+    fresh = packtrain.EnsembleRegressor(members=3, epochs=8, hidden=16).fit(x2, y2)
+    np.testing.assert_array_equal(model.predict(x1), fresh.predict(x1))
+    model.fit(x2[:150], y2[:150])  # other shapes: new steps
+    assert model._trainer.steps_id != 0
+    np.testing.assert_array_equal(
+        model.predict(x1), packtrain.EnsembleRegressor(members=3, epochs=8, hidden=16).fit(x2[:150], y2[:150]).predict(x1))

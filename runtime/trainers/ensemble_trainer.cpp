@@ -140,6 +140,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   }
   const at::Tensor fx = fit_rows.defined() ? x.index_select(0, fit_rows) : x;
   const at::Tensor fy = fit_rows.defined() ? y.index_select(0, fit_rows) : y;
+  const size_t previous_classes = classes_.size();
   x_scale_ = Standardizer::fit(fx);
   if (options_.head() == Head::kClassification) {
     const at::Tensor labels = std::get<0>(at::_unique(fy.reshape({-1}), /*sorted=*/true)).contiguous();
@@ -149,6 +150,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   } else {
     y_scale_ = Standardizer::fit(fy);
   }
+  if (!fit_rows.defined() && classes_.size() == previous_classes && reuse_steps(x, y, val_x, val_y)) return;
   const int64_t world = group_ != nullptr ? group_->world_size() : 1;
   if (group_ != nullptr) {
     if (options_.device().is_cuda() && group_->device() != options_.device()) {
@@ -227,6 +229,21 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   steps_taken_ = 0;
   train_history_.clear();
   val_history_.clear();
+}
+
+bool EnsembleTrainer::reuse_steps(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
+                                  const at::Tensor& val_y) {
+  if (!steps_ || group_ != nullptr || x.size(1) != in_features_ || x.size(0) != steps_->batcher().rows() ||
+      val_x.defined() != val_x_.defined() || (val_x.defined() && val_x.size(0) != val_x_.size(0))) {
+    return false;
+  }
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options_.device());
+  steps_->batcher().replace_data({x_scale_.transform(x).to(f32), encode_targets(y, "training")});
+  val_x_ = val_x.defined() ? x_scale_.transform(val_x).to(f32) : at::Tensor();
+  val_y_ = val_x.defined() ? encode_targets(val_y, "validation") : at::Tensor();
+  data_fingerprint_ = tensor_fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
+  reinitialize(options_.seed());
+  return true;
 }
 
 void EnsembleTrainer::check_ranks_agree(int64_t step) const {

@@ -76,6 +76,10 @@ class EnsembleTrainer {
   // classification). Validation data are optional (undefined tensors). prepare()
   // fits the standardizers (on `fit_rows` only, when given) and the classes, and
   // builds the pack and its steps; train() then runs the epochs. fit() does both.
+  // Prepared again with data of the same shapes (rows, features, validation rows,
+  // number of classes), the pack and its steps are kept — their captured graphs
+  // too: the new rows are copied into the resident buffers and every member is
+  // re-initialized from the seed, which trains exactly as a fresh trainer would.
   void fit(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x = {}, const at::Tensor& val_y = {},
            const EpochCallback& on_epoch = {});
   void prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x = {}, const at::Tensor& val_y = {},
@@ -161,6 +165,8 @@ class EnsembleTrainer {
  private:
   int64_t out_features() const;
   void build_model(int64_t in_features);
+  // prepare() on data shaped as the prepared data: keeps the steps (see prepare).
+  bool reuse_steps(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x, const at::Tensor& val_y);
   at::Tensor encode_targets(const at::Tensor& y, const char* what) const;  // standardized or class indices
   EpochReport run_epoch();
   // Per-member losses of the epoch on the host (val empty without validation data).

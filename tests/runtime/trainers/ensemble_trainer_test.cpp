@@ -90,6 +90,33 @@ TEST_P(EnsembleTrainerTest, TrainsAndReportsMetricsInOriginalUnits) {
   EXPECT_TRUE((p.variance >= p.spread.square() - 1e-9).all().item<bool>()) << "mixture variance includes the spread";
 }
 
+TEST_P(EnsembleTrainerTest, PreparedAgainOnSameShapedDataKeepsItsStepsAndEqualsAFreshTrainer) {
+  const Data first = make_data(160, 40);
+  Data second = make_data(160, 40);
+  second.x = second.x * 3 - 2;  // other rows and other standardization, the same shapes
+  second.y = second.y.flip(0);
+  EnsembleTrainer trainer(small_options(device()));
+  trainer.fit(first.x, first.y, first.val_x, first.val_y);
+  EnsembleSteps* const steps = &trainer.steps();
+  const void* const weights = trainer.model().parameters().flat().data_ptr();
+  const int64_t captured = steps->unrolled_step().captures() + steps->single_step().captures();
+  trainer.fit(second.x, second.y, second.val_x, second.val_y);
+  EXPECT_EQ(&trainer.steps(), steps) << "the steps were rebuilt";
+  EXPECT_EQ(trainer.model().parameters().flat().data_ptr(), weights) << "the pack was rebuilt";
+  EXPECT_EQ(steps->unrolled_step().captures() + steps->single_step().captures(), captured) << "re-captured";
+  if (device().is_cuda()) EXPECT_GT(captured, 0) << "a GPU captures the step once";
+
+  EnsembleTrainer fresh(small_options(device()));
+  fresh.fit(second.x, second.y, second.val_x, second.val_y);
+  EXPECT_TRUE(all_close(trainer.predict(first.x).mean, fresh.predict(first.x).mean, tolerance(device())));
+  EXPECT_EQ(trainer.val_loss_history(), fresh.val_loss_history());
+  // Other shapes: new steps, still equal to a fresh trainer.
+  trainer.fit(second.x.narrow(0, 0, 100), second.y.narrow(0, 0, 100));
+  EnsembleTrainer other(small_options(device()));
+  other.fit(second.x.narrow(0, 0, 100), second.y.narrow(0, 0, 100));
+  EXPECT_TRUE(all_close(trainer.predict(first.x).mean, other.predict(first.x).mean, tolerance(device())));
+}
+
 TEST_P(EnsembleTrainerTest, EarlyStoppingStopsMembersOneByOneAndRestoresTheirBestWeights) {
   const Data d = make_data(96, 40);
   // A high learning rate makes the validation loss noisy, so members stop at different epochs.
