@@ -7,6 +7,8 @@
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/data/labelled_texts.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -132,6 +134,28 @@ std::string run_description(const std::vector<std::string>& feature_names, const
   return packtrain::runtime::to_json(run);
 }
 
+using packtrain::runtime::MultiTaskTrainer;
+
+packtrain::runtime::LabelledTexts labelled_texts(const std::vector<std::string>& texts,
+                                                 const std::vector<int64_t>& labels) {
+  if (texts.size() != labels.size()) {
+    throw py::value_error("texts and labels differ in length: " + std::to_string(texts.size()) + " and " +
+                          std::to_string(labels.size()));
+  }
+  return {texts, labels, "python"};
+}
+
+py::dict task_metrics_dict(const packtrain::runtime::TaskMetrics& m) {
+  py::dict d;
+  d["accuracy"] = m.accuracy;
+  d["mcc"] = m.mcc;
+  d["lm_loss"] = m.lm_loss;
+  d["perplexity"] = m.perplexity;
+  d["examples"] = m.examples;
+  d["tokens"] = m.tokens;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -207,6 +231,69 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("options_json", [](const LoadedEnsemble& e) { return packtrain::runtime::to_json(e.first().options()); })
       .def_property_readonly("in_features", [](const LoadedEnsemble& e) { return e.first().in_features(); })
       .def_property_readonly("classes", [](const LoadedEnsemble& e) { return e.first().classes(); });
+
+  // The multi-task transformer (runtime::MultiTaskTrainer): options as its JSON.
+  m.def("default_multitask_options", [] { return packtrain::runtime::to_json(packtrain::runtime::MultiTaskTrainerOptions()); });
+  py::class_<MultiTaskTrainer>(m, "MultiTask")
+      .def(py::init([](const std::string& options_json, const std::string& device) {
+             packtrain::runtime::MultiTaskTrainerOptions o = packtrain::runtime::multitask_options_from_json(options_json);
+             o.model().device(c10::Device(device));
+             o.log(to_python_logging);
+             o.validate();
+             return std::make_unique<MultiTaskTrainer>(o);
+           }),
+           py::arg("options_json"), py::arg("device") = "cpu")
+      .def(
+          "set_training_data",
+          [](MultiTaskTrainer& t, const std::vector<std::string>& texts, const std::vector<int64_t>& labels) {
+            const auto data = labelled_texts(texts, labels);
+            return without_gil([&] { return t.set_training_data(data); });
+          },
+          py::arg("texts"), py::arg("labels"))
+      .def(
+          "train_epoch",
+          [](MultiTaskTrainer& t) {
+            const packtrain::runtime::MultiTaskEpochReport r = without_gil([&] { return t.train_epoch(); });
+            py::dict d;
+            d["epoch"] = r.epoch;
+            d["steps"] = r.steps;
+            d["classification_loss"] = r.classification_loss;
+            d["lm_loss"] = r.lm_loss;
+            d["seconds"] = r.seconds;
+            return d;
+          })
+      .def(
+          "evaluate",
+          [](MultiTaskTrainer& t, const std::vector<std::string>& texts, const std::vector<int64_t>& labels) {
+            const auto data = labelled_texts(texts, labels);
+            return task_metrics_dict(without_gil([&] { return t.evaluate(data); }));
+          },
+          py::arg("texts"), py::arg("labels"))
+      .def("score", &MultiTaskTrainer::score, py::arg("texts"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "generate",
+          [](MultiTaskTrainer& t, const std::string& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+             uint64_t seed) {
+            packtrain::runtime::GenerateOptions g;
+            g.max_new_tokens = max_new_tokens;
+            g.temperature = temperature;
+            g.top_k = top_k;
+            g.seed = seed;
+            return t.generate(prompt, g);
+          },
+          py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("seed"),
+          py::call_guard<py::gil_scoped_release>())
+      .def("save", [](const MultiTaskTrainer& t, const std::string& path) { t.save(path); }, py::arg("path"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "load",
+          [](const std::string& path, const std::string& device) {
+            return MultiTaskTrainer::load(path, c10::Device(device), nullptr, to_python_logging);
+          },
+          py::arg("path"), py::arg("device") = "cpu")
+      .def_property_readonly("options_json", [](const MultiTaskTrainer& t) { return packtrain::runtime::to_json(t.options()); })
+      .def_property_readonly("epochs_done", &MultiTaskTrainer::epochs_done)
+      .def_property_readonly("steps_done", &MultiTaskTrainer::steps_done);
 
   py::class_<EnsembleTrainer>(m, "Trainer")
       .def(py::init([](const std::string& options_json) { return std::make_unique<EnsembleTrainer>(options_from(options_json)); }),

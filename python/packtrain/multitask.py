@@ -1,0 +1,72 @@
+"""MultiTaskModel: the multi-task transformer of `packtrain multitask` — one trunk, a
+classification head and a causal-LM head trained together (one trunk forward, one
+backward per step; on a GPU each length bucket's step is one captured graph).
+
+    model = packtrain.MultiTaskModel(width=128, layers=2).fit(texts, labels, epochs=6)
+    model.score(["The cat sat on the mat."])        # (N, C) class probabilities
+    model.generate("The cat", max_new_tokens=40)     # one continuation per member
+
+Options and defaults are `packtrain multitask train`'s (read from the C++ trainer).
+"""
+import json
+
+from . import _core
+from .estimators import _resolve_device
+
+_DEFAULTS = json.loads(_core.default_multitask_options())
+
+
+class MultiTaskModel:
+    def __init__(self, device="auto", **options):
+        unknown = set(options) - set(_DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}; options: {', '.join(_DEFAULTS)}")
+        self.options = {**_DEFAULTS, **options}
+        self.device = device
+        self._trainer = None
+
+    def fit(self, texts, labels, epochs=6, callback=None):
+        """Trains `epochs` epochs on the sentences and their labels (0 .. classes-1).
+        `callback(report)` after each epoch (epoch, steps, classification_loss,
+        lm_loss, seconds); returning False stops."""
+        texts, labels = list(texts), [int(v) for v in labels]
+        self._trainer = _core.MultiTask(json.dumps(self.options), _resolve_device(self.device))
+        self.truncated_ = self._trainer.set_training_data(texts, labels)
+        self.history_ = []
+        for _ in range(int(epochs)):
+            report = self._trainer.train_epoch()
+            self.history_.append(report)
+            if callback is not None and callback(report) is False:
+                break
+        return self
+
+    def _check_fitted(self):
+        if self._trainer is None:
+            raise RuntimeError("this MultiTaskModel is not fitted yet: call fit(texts, labels) first")
+
+    def score(self, texts):
+        """Class probabilities (N, C), the members' mean, as a numpy array."""
+        self._check_fitted()
+        return self._trainer.score(list(texts)).numpy()
+
+    def evaluate(self, texts, labels):
+        """Accuracy, Matthews correlation, LM loss per token and perplexity."""
+        self._check_fitted()
+        return self._trainer.evaluate(list(texts), [int(v) for v in labels])
+
+    def generate(self, prompt, max_new_tokens=64, temperature=0.8, top_k=20, seed=0):
+        """One continuation of `prompt` per member (sampled; temperature 0: greedy)."""
+        self._check_fitted()
+        return self._trainer.generate(prompt, int(max_new_tokens), float(temperature), int(top_k), int(seed))
+
+    def save(self, path):
+        """A checkpoint `packtrain multitask score/generate/resume` read."""
+        self._check_fitted()
+        self._trainer.save(str(path))
+
+    @classmethod
+    def load(cls, path, device="cpu"):
+        trainer = _core.MultiTask.load(str(path), _resolve_device(device))
+        model = cls(device=device, **{k: v for k, v in json.loads(trainer.options_json).items() if k in _DEFAULTS})
+        model._trainer = trainer
+        return model
