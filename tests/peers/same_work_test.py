@@ -3,7 +3,10 @@
 
 packtrain's loss curve (`packtrain_peers reference`, the trainer's step) must be
 reproduced by the PyTorch peers trained from the same weights on the same batch;
-a peer with a 1% different learning rate must be refused; JAX — one step per jit
+a peer with a 1% different learning rate must be refused; where honest float32
+curves part by more than the tolerance (depth 2, hidden 512: AdamW's bias
+corrections in float32, as JAX and torch.compile compute them), the float64
+criterion must accept them and still refuse a 1% different learning rate; JAX — one step per jit
 call and lax.scan over U steps per call — is checked when it is importable, or
 installed where benchmarks/peers/run.sh puts it (its cached directory goes on
 PYTHONPATH, as run.sh does; the project's setup does not install JAX). Steps are
@@ -191,6 +194,184 @@ class UnrolledSteps(unittest.TestCase):
         self.assertEqual(timing["steps_per_run"], 8 * timing["calls_per_run"])
 
 
+class Float32BiasCorrections:
+    """An honest float32 peer that differs from packtrain in rounding only: the torch-vmap
+    peer's model, with AdamW written out as optax computes it — the bias corrections
+    1 - beta^t from float32 betas and a float32 step count — and otherwise as
+    torch.optim.AdamW. Written here, apart from peers.float32_bias_correction, which
+    computes the float64 curve it is measured from."""
+    bias_correction = "float32"
+
+    def __init__(self, ref, lr_factor=1.0):
+        import torch
+        self.torch = torch
+        self.peer = peers.TorchPeer(ref, "cpu", "torch-vmap", "foreach")
+        self.params = list(self.peer.params.values())
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+        self.adamw = dict(ref["adamw"], lr=ref["adamw"]["lr"] * lr_factor)
+        self.t = 0
+
+    def step(self):
+        torch, a = self.torch, self.adamw
+        self.t += 1
+        for p in self.params:
+            p.grad = None
+        losses = self.peer._losses()
+        losses.sum().backward()
+        t = torch.tensor(float(self.t), dtype=torch.float32)
+        bc1 = 1 - torch.tensor(a["beta1"], dtype=torch.float32) ** t
+        bc2 = 1 - torch.tensor(a["beta2"], dtype=torch.float32) ** t
+        with torch.no_grad():
+            for p, m, v in zip(self.params, self.m, self.v):
+                m.mul_(a["beta1"]).add_(p.grad, alpha=1 - a["beta1"])
+                v.mul_(a["beta2"]).addcmul_(p.grad, p.grad, value=1 - a["beta2"])
+                p.mul_(1 - a["lr"] * a["weight_decay"])
+                p.sub_(a["lr"] / bc1 * m / (v.sqrt() / bc2.sqrt() + a["eps"]))
+        return losses.detach()
+
+    def losses_to_numpy(self, losses):
+        return self.peer.losses_to_numpy(losses)
+
+
+class Float64Criterion(unittest.TestCase):
+    """The float64 criterion on a shape where honest float32 curves part by more than rtol
+    (depth 2, hidden 512: AdamW's bias corrections in float32, as JAX and torch.compile
+    compute them, move the curve 3e-4 from packtrain's), and its rules on stand-ins."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.ref = os.path.join(cls.tmp.name, "deep")
+        subprocess.run([os.path.join(BIN, "packtrain_peers"), "reference", "--members", "2", "--hidden", "512",
+                        "--batch", "128", "--depth", "2", "--steps", "20", "--device", "cpu", "--out", cls.ref],
+                       check=True, capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def float64(self, bias_correction):
+        return peers.float64_losses(self.ref, bias_correction)
+
+    def test_float32_bias_corrections_pass_by_float64_not_by_packtrains_curve(self):
+        ref = peers.load_reference(self.ref)
+        result = peers.check(Float32BiasCorrections(ref), ref, self.float64)
+        self.assertGreater(result["max_rel_error"], peers.RTOL, result)  # the first criterion fails here
+        self.assertTrue(result["passed"], result)
+        self.assertEqual(result["criterion"], "float64")
+        f = result["float64"]
+        self.assertEqual(f["peer_bias_correction"], "float32")
+        self.assertLessEqual(f["peer_max_rel_dev"], f["worst_member"]["bound"])
+        self.assertLess(f["median_member"]["peer_rel_dev"], 1e-5, f)
+        self.assertGreater(f["peer_max_rel_dev_double_bias_correction"], peers.RTOL, f)
+        # Measured from the float64 curve of the other arithmetic (double bias corrections), it is refused.
+        peer = Float32BiasCorrections(ref)
+        peer.bias_correction = "float64"
+        self.assertFalse(peers.check(peer, ref, self.float64)["passed"])
+        cached = [n for n in os.listdir(self.ref) if n.startswith("float64_losses_")]
+        self.assertEqual(sorted(n.split("_")[2] for n in cached), ["float32", "float64"], cached)
+
+    def test_a_different_learning_rate_is_refused_by_both_criteria(self):
+        ref = peers.load_reference(self.ref)
+        result = peers.check(Float32BiasCorrections(ref, lr_factor=1.01), ref, self.float64)
+        self.assertFalse(result["passed"], result)
+        self.assertFalse(result["float64"]["passed"], result)
+        done = peer_check("torch-vmap", self.ref, "--perturb-lr", "1.01")
+        self.assertFalse(done["check"]["passed"], done["check"])
+        self.assertFalse(done["check"]["float64"]["passed"], done["check"])  # judged by the manifest's lr
+
+    def test_jax_scan_passes_by_float64_and_is_refused_with_a_different_learning_rate(self):
+        if JAX_ENV is None:
+            self.skipTest(NO_JAX)
+        result = peer_check("jax", self.ref, "--unroll", "8", env=JAX_ENV)
+        self.assertTrue(result["check"]["passed"], result["check"])
+        self.assertEqual(result["check"]["criterion"], "float64", result["check"])
+        self.assertEqual(result["check"]["float64"]["peer_bias_correction"], "float32")
+        result = peer_check("jax", self.ref, "--unroll", "8", "--perturb-lr", "1.01", env=JAX_ENV)
+        self.assertFalse(result["check"]["passed"], result["check"])
+
+    def test_float32_bias_correction_gives_torch_adamw_the_float32_update(self):
+        import torch
+        adamw = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+        generator = torch.Generator().manual_seed(0)
+        p = torch.randn(64, dtype=torch.float64, generator=generator)
+        p[:8] *= 1e-9  # gradients near eps
+        param = torch.nn.Parameter(p.clone())
+        opt = torch.optim.AdamW([param], lr=adamw["lr"], betas=(adamw["beta1"], adamw["beta2"]), eps=adamw["eps"],
+                                weight_decay=adamw["weight_decay"], foreach=True)
+        m, v, expected = torch.zeros_like(p), torch.zeros_like(p), p.clone()
+        for t in range(1, 21):
+            grad = torch.randn(64, dtype=torch.float64, generator=generator) * torch.logspace(-9, 0, 64,
+                                                                                               dtype=torch.float64)
+            bc1 = float(np.float32(1) - np.float32(adamw["beta1"]) ** np.float32(t))
+            bc2 = float(np.float32(1) - np.float32(adamw["beta2"]) ** np.float32(t))
+            m = adamw["beta1"] * m + (1 - adamw["beta1"]) * grad
+            v = adamw["beta2"] * v + (1 - adamw["beta2"]) * grad * grad
+            expected = expected * (1 - adamw["lr"] * adamw["weight_decay"]) - adamw["lr"] / bc1 * m / (
+                v.sqrt() / bc2 ** 0.5 + adamw["eps"])
+            opt.param_groups[0].update(peers.float32_bias_correction(adamw, t))
+            param.grad = grad
+            opt.step()
+            torch.testing.assert_close(param.detach(), expected, rtol=1e-13, atol=0)
+
+
+class Float64Rules(unittest.TestCase):
+    """check()'s float64 criterion on stand-in curves: member k's deviation is what it says."""
+
+    class Peer:
+        def __init__(self, curve, bias_correction="float64"):
+            self.curve, self.bias_correction = curve, bias_correction
+
+        def step(self):
+            return self.curve
+
+        def losses_to_numpy(self, losses):
+            return losses
+
+    F64 = np.linspace(1.0, 0.5, 10)[:, None] * np.ones((1, 8))  # (steps, K)
+
+    def curve(self, deviations):
+        """F64 with member k's relative deviation growing to deviations[k] at the last step."""
+        return self.F64 * (1 + np.linspace(0, 1, 10)[:, None] * np.asarray(deviations)[None, :])
+
+    def check(self, peer_devs, packtrain_devs=(1e-2,) + (1e-7,) * 7, **peer):
+        calls = []
+
+        def float64(bias_correction):
+            calls.append(bias_correction)
+            return self.F64
+
+        ref = {"losses": self.curve(packtrain_devs)}
+        return peers.check(self.Peer(self.curve(peer_devs), **peer), ref, float64), calls
+
+    def test_float64_only_when_the_first_criterion_fails(self):
+        result, calls = self.check((1e-2,) + (1e-7,) * 7)  # packtrain's own curve, nearly
+        self.assertEqual((result["passed"], result["criterion"], calls), (True, "packtrain", []))
+        result, calls = self.check((np.nan,) + (1e-7,) * 7)
+        self.assertEqual((result["passed"], calls), (False, []))
+
+    def test_worst_and_median_member_within_factor_of_packtrains(self):
+        # one chaotic member, elsewhere rounding: within 8x packtrain's worst, median as packtrain's
+        result, calls = self.check((1e-7,) * 7 + (7e-2,), bias_correction="float32")
+        self.assertEqual((result["passed"], result["criterion"]), (True, "float64"), result)
+        self.assertEqual(calls, ["float64", "float32"])
+        f = result["float64"]
+        self.assertAlmostEqual(f["packtrain_max_rel_dev"], 1e-2)
+        self.assertAlmostEqual(f["peer_max_rel_dev"], 7e-2)
+        self.assertAlmostEqual(f["worst_member"]["bound"], 8e-2)
+        self.assertEqual(f["median_member"]["bound"], peers.RTOL)
+        # the worst member past 8x packtrain's
+        result, _ = self.check((1e-7,) * 7 + (9e-2,))
+        self.assertFalse(result["passed"])
+        self.assertFalse(result["float64"]["worst_member"]["passed"])
+        # every member off by 1e-3 (a learning rate off): the worst within 8x, the median not
+        result, _ = self.check((1e-3,) * 8)
+        self.assertFalse(result["passed"])
+        self.assertEqual((result["float64"]["worst_member"]["passed"], result["float64"]["median_member"]["passed"]),
+                         (True, False))
+
+
 class Plan(unittest.TestCase):
     WORKLOADS = [dict(members=k, hidden=h, batch=128, depth=2)
                  for k, h in ((1, 64), (8, 64), (64, 64), (64, 512), (512, 64), (4096, 64))]
@@ -278,6 +459,38 @@ class Plan(unittest.TestCase):
         self.assertTrue(partial["leads"])
         self.assertFalse(partial["complete"])
         self.assertIn("not measured: K 64: jax:scan", partial["text"])
+
+
+    def test_figures_that_passed_by_float64_are_marked_and_their_deviations_listed(self):
+        f64 = {"peer_bias_correction": "float32", "factor": 8, "packtrain_max_rel_dev": 6.5e-3,
+               "peer_max_rel_dev": 1.2e-3, "peer_max_rel_dev_double_bias_correction": 1.2e-2,
+               "worst_member": {"packtrain_rel_dev": 6.5e-3, "peer_rel_dev": 1.2e-3, "bound": 5.2e-2, "passed": True},
+               "median_member": {"packtrain_rel_dev": 6.9e-6, "peer_rel_dev": 5.3e-7, "bound": 1e-4, "passed": True},
+               "passed": True}
+        rows = self.rows(80.0)
+        jax = rows[2]["systems"]["JAX vmap + jit"]  # K 64
+        jax["check"] = {"criterion": "float64", "max_rel_error": 9.2e-3, "float64": f64}
+        jax["variant"] = "jax:scan"
+        for row in rows:
+            row["best_peer"] = run_peers.best_peer(row["systems"])
+        results = {"device_name": "test", "date": "today", "verdict": run_peers.verdict(rows), "repeats": 1,
+                   "check": {"steps": 20, "rtol": peers.RTOL, "atol": peers.ATOL,
+                             "float64_factor": peers.FLOAT64_FACTOR},
+                   "unroll": 8, "gemm": None, "rows": rows, "packtrain_path": "test", "versions": {}}
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "results.md")
+            run_peers.write_markdown(results, path)
+            with open(path) as f:
+                table = f.read()
+        self.assertIn("| 80† | 0.80x |", table)
+        self.assertEqual(table.count("†"), 3, table)  # the explanation, the figure, the list's heading
+        self.assertIn("- K 64: JAX vmap + jit (JAX lax.scan U=8): max rel. deviation from float64: packtrain 6.5e-03, "
+                      "peer 1.2e-03 (≤ bound 5.2e-02); median member: packtrain 6.9e-06, peer 5.3e-07 (≤ bound "
+                      "1.0e-04); the peer's float64 curve with float32 bias corrections, as its AdamW; from "
+                      "packtrain's curve 9.2e-03\n", table)
+        self.assertIn("float64 criterion", table)
+        f64 = dict(f64, passed=False, worst_member=dict(f64["worst_member"], peer_rel_dev=0.42, passed=False))
+        self.assertIn("packtrain 6.5e-03, peer 4.2e-01 (> bound 5.2e-02)", run_peers.float64_text(f64))
 
 
 class Harness(unittest.TestCase):
