@@ -16,7 +16,7 @@ echo "install_python: building and installing packtrain into $(dirname "$(dirnam
 (cd / && "$python" -c '
 import numpy as np, packtrain
 x = np.random.default_rng(0).normal(size=(64, 3))
-mean, std = packtrain.EnsembleRegressor(members=2, epochs=2).fit(x, x.sum(1)).predict(x, return_std=True)
+mean, std = packtrain.EnsembleRegressor(members=2, epochs=2, batch_size=16).fit(x, x.sum(1)).predict(x, return_std=True)
 assert mean.shape == std.shape == (64,)
 print("install_python: import packtrain works:", packtrain.__file__)
 ')
