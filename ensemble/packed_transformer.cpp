@@ -96,18 +96,49 @@ void PackedTransformer::reinitialize(uint64_t seed) {
   parameters_.write_member_rows(at::stack(rows), selected);
 }
 
+// A pack of one is one model: its norms and matmuls run on (d) and (I, O) views of
+// its parameters as at::layer_norm with weight and bias (one kernel each way, which
+// also reduces the weight and bias gradients) and plain GEMMs (addmm, mm). Views,
+// not select(0, 0): a view's gradient is a reshape, a select's a zero-filled copy.
+// K > 1 members need per-member scales: layer_norm, then one addcmul; baddbmm.
 at::Tensor PackedTransformer::norm(const at::Tensor& x, const std::string& prefix) const {
-  const at::Tensor normalized = at::layer_norm(x, {options_.width()}, {}, {}, 1e-5);
-  return at::addcmul(param(prefix + ".bias"), normalized, param(prefix + ".weight"));
+  const int64_t d = options_.width();
+  const at::Tensor weight = param(prefix + ".weight");  // (K, 1, d)
+  const at::Tensor bias = param(prefix + ".bias");      // (K, 1, d)
+  if (members() == 1) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), 1e-5);
+  return at::addcmul(bias, at::layer_norm(x, {d}, {}, {}, 1e-5), weight);
 }
 
 at::Tensor PackedTransformer::linear(const at::Tensor& x, const std::string& prefix) const {
-  return at::baddbmm(param(prefix + ".bias"), x, param(prefix + ".weight"));
+  const at::Tensor weight = param(prefix + ".weight");  // (K, I, O)
+  const at::Tensor bias = param(prefix + ".bias");      // (K, 1, O)
+  if (members() == 1) {
+    const int64_t I = weight.size(1), O = weight.size(2);
+    const at::Tensor rows = x.reshape({-1, I});  // (N, I)
+    return at::addmm(bias.view({O}), rows, weight.view({I, O})).view({1, rows.size(0), O});
+  }
+  return at::baddbmm(bias, x, weight);
 }
 
-at::Tensor PackedTransformer::mlp(const at::Tensor& x, int64_t layer) const {
+// residual + linear(x): the bias is added to the residual, and the GEMM accumulates
+// into that sum in place (beta = 1), so neither the bias broadcast copy nor a separate
+// residual add is made. The in-place op is on a fresh tensor, never a view.
+at::Tensor PackedTransformer::residual_linear(const at::Tensor& residual, const at::Tensor& x,
+                                              const std::string& prefix) const {
+  const at::Tensor weight = param(prefix + ".weight");  // (K, I, O)
+  const at::Tensor bias = param(prefix + ".bias");      // (K, 1, O)
+  if (members() == 1) {
+    const int64_t I = weight.size(1), O = weight.size(2);
+    const at::Tensor rows = x.reshape({-1, I});  // (N, I)
+    at::Tensor out = residual.reshape({-1, O}) + bias.view({O});
+    return out.addmm_(rows, weight.view({I, O})).view({1, rows.size(0), O});
+  }
+  return (residual + bias).baddbmm_(x, weight);
+}
+
+at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, int64_t layer) const {
   const std::string b = block(layer);
-  return linear(at::gelu(linear(norm(x, b + ".ln2"), b + ".mlp.fc")), b + ".mlp.proj");
+  return residual_linear(x, at::gelu(linear(norm(x, b + ".ln2"), b + ".mlp.fc")), b + ".mlp.proj");
 }
 
 at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
@@ -123,13 +154,19 @@ at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
   at::Tensor x = (embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1)).reshape({K, B * T, d});
   for (int64_t l = 0; l < options_.layers(); ++l) {
     const std::string b = block(l);
-    const at::Tensor qkv = linear(norm(x, b + ".ln1"), b + ".attn.qkv")
-                               .view({K, B, T, 3, H, dh})
-                               .permute({3, 0, 1, 4, 2, 5})
-                               .reshape({3, K * B, H, T, dh});
-    const at::Tensor attended = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
-    x = x + linear(attended.reshape({K, B, H, T, dh}).permute({0, 1, 3, 2, 4}).reshape({K, B * T, d}), b + ".attn.out");
-    x = x + mlp(x, l);
+    // q, k, v: (K*B, H, T, dh) strided views of the qkv output (columns [3][H][dh]),
+    // which SDPA reads in place. Unbinding dim 2 of (K*B, T, 3, H, dh) makes the
+    // backward one stack of the three gradients straight into the qkv output's layout
+    // (a copy into (3, K*B, H, T, dh) and three selects would cost a zeroed buffer and
+    // a copy per tensor, and the stack then a permuting copy).
+    const std::vector<at::Tensor> qkv =
+        linear(norm(x, b + ".ln1"), b + ".attn.qkv").view({K * B, T, 3, H, dh}).unbind(2);
+    const at::Tensor attended = at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
+                                                                 qkv[2].transpose(1, 2), {}, 0.0, /*is_causal=*/true);
+    // (K*B, H, T, dh) -> (K, B*T, d): a view where the kernel returns it (K*B, T, H, dh)-major,
+    // as the fused CPU one does.
+    x = residual_linear(x, attended.transpose(1, 2).reshape({K, B * T, d}), b + ".attn.out");
+    x = mlp_residual(x, l);
   }
   return norm(x, "ln_f").view({K, B, T, d});
 }
@@ -147,8 +184,14 @@ at::Tensor PackedTransformer::classify(const at::Tensor& hidden, const at::Tenso
 at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
   const int64_t K = hidden.size(0), B = hidden.size(1), T = hidden.size(2), d = hidden.size(3);
   const at::Tensor h = hidden.reshape({K, B * T, d});
-  const at::Tensor logits = options_.tie_lm_head() ? at::bmm(h, param("tok_emb.weight").transpose(1, 2))
-                                                   : linear(h, "lm");
+  at::Tensor logits;
+  if (!options_.tie_lm_head()) {
+    logits = linear(h, "lm");
+  } else if (K == 1) {
+    logits = at::mm(h.reshape({B * T, d}), param("tok_emb.weight").view({options_.vocab(), d}).t());
+  } else {
+    logits = at::bmm(h, param("tok_emb.weight").transpose(1, 2));
+  }
   return logits.view({K, B, T, options_.vocab()});
 }
 
@@ -184,8 +227,8 @@ at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Te
     keys.index_copy_(2, position.view({1}), qkv[1]);
     values.index_copy_(2, position.view({1}), qkv[2]);
     const at::Tensor attended = at::scaled_dot_product_attention(qkv[0], keys, values, visible);
-    x = x + linear(attended.reshape({K, R, d}), b + ".attn.out");
-    x = x + mlp(x, l);
+    x = residual_linear(x, attended.reshape({K, R, d}), b + ".attn.out");
+    x = mlp_residual(x, l);
   }
   return norm(x, "ln_f");
 }

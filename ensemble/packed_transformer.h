@@ -7,9 +7,10 @@
 //
 // Parameters live in one PackedParameters flat buffer (member-major, so packed
 // optimizers, checkpoints and the flat-gradient all-reduce work unchanged); every
-// matmul is a baddbmm over the K members. Inputs are right-padded token rows
-// (B, T) with per-row lengths: causal attention never lets a real token see a pad,
-// so no padding mask is needed, and losses ignore pad positions.
+// matmul is a baddbmm over the K members, or a plain GEMM (addmm, mm) when K = 1, and
+// a pack of one normalizes with at::layer_norm's own weight and bias. Inputs are
+// right-padded token rows (B, T) with per-row lengths: causal attention never lets a
+// real token see a pad, so no padding mask is needed, and losses ignore pad positions.
 //
 // Decoding with a KV cache: decode_step runs one token per row at a position held in
 // a device tensor and attends over the whole preallocated cache with a mask built on
@@ -85,7 +86,9 @@ class PackedTransformer {
   at::Tensor param(const std::string& name) const { return parameters_.at(name); }
   at::Tensor norm(const at::Tensor& x, const std::string& prefix) const;  // x (K, N, d)
   at::Tensor linear(const at::Tensor& x, const std::string& prefix) const;  // x (K, N, in)
-  at::Tensor mlp(const at::Tensor& x, int64_t layer) const;
+  // residual (K, N, out) + linear(x, prefix)
+  at::Tensor residual_linear(const at::Tensor& residual, const at::Tensor& x, const std::string& prefix) const;
+  at::Tensor mlp_residual(const at::Tensor& x, int64_t layer) const;  // x + mlp(x)
 
   PackedTransformerOptions options_;
   PackedParameters parameters_;
