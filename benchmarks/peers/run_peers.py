@@ -77,15 +77,16 @@ SYSTEMS = [
     ("JAX vmap + jit", ["jax", "jax:scan", "jax:scan-unrolled"]),
 ]
 # The order the variants run in, tier by tier over all workloads: first each peer's
-# documented fastest form (U steps per call, as packtrain's figure), which decides
-# the verdict; then the forms that may still beat them (the scan unrolled, JAX's
-# one-step call, torch.compile's fused kernels); then the forms that run the same
-# kernels as a faster one (one step per graph replay, eager vmap); the Python loop
-# (slowest, longest) last.
+# documented fastest form (U steps per call, as packtrain's figure; on CPU eager vmap
+# with the fused AdamW, which outran torch.compile there: 12.7 k against 6.6 k
+# member-steps/s at depth 2, hidden 64, K 64, 2026-11-23), which decides the verdict;
+# then the forms that may still beat them (the scan unrolled, JAX's one-step call,
+# torch.compile); then the forms that run the same kernels as a faster one (one step
+# per graph replay, the foreach AdamW); the Python loop (slowest, longest) last.
 TIERS = [
-    ["torch-cudagraph:unrolled", "jax:scan"],
+    ["torch-cudagraph:unrolled", "jax:scan", "torch-vmap:fused"],
     ["jax:scan-unrolled", "jax", "torch-compile"],
-    ["torch-cudagraph", "torch-vmap:fused", "torch-vmap:foreach"],
+    ["torch-cudagraph", "torch-vmap:foreach"],
     ["torch-loop"],
 ]
 UNROLLED = {"torch-cudagraph:unrolled", "jax:scan", "jax:scan-unrolled"}
@@ -406,7 +407,7 @@ def summarize(result, variant, unroll):
         out["check_criterion"] = result["check"].get("criterion")
         if "float64" in result["check"]:
             out["check_float64"] = result["check"]["float64"]
-    for key in ("impl", "wall_s", "estimate_s"):
+    for key in ("impl", "wall_s", "estimate_s", "load_1min"):
         if key in result:
             out[key] = result[key]
     return out
@@ -538,6 +539,38 @@ def assemble(state):
     return results
 
 
+# The compute-limit target: >= 60% of the GEMM rate on the compute-bound rows.
+GEMM_TARGET = 0.60
+
+
+def compute_bound(w):
+    return w["depth"] >= 2 and w["hidden"] >= 64 and w["members"] >= 64
+
+
+def training_state_gb(w):
+    """Weights, gradients and two AdamW moments, float32."""
+    h, d = w["hidden"], w["depth"]
+    params = 8 * h + h + (d - 1) * (h * h + h) + h + 1
+    return w["members"] * params * 4 * 4 / 1e9
+
+
+def bound_note(w):
+    """What bounds a compute-bound row under the target, from the profile behind it."""
+    if w["hidden"] == 64:
+        return ("profile (perf record, depth 2, hidden 64, K 512, 2026-11-23): the 128x64x64 GEMMs are 91% of "
+                "the FLOPs and 56% of the time, at 123-142 GFLOP/s on one thread (64-74% of a thread's share of "
+                "the GEMM rate: MKL's rate on a 64-wide GEMM); elementwise bias/ReLU/its gradient/column sums/"
+                "loss 14%, AdamW 11%, the 8-wide first and 1-wide last layers 8%. 60% needs that non-GEMM 44% "
+                "halved at today's GEMM speed. Tried: members handed out in chunks (13% barrier spin -> 1.4%, "
+                "adopted), own loops for the 8-wide layer (30 GFLOP/s vs MKL's 77-106, dropped), oneDNN brgemm "
+                "for the 128x64x64 GEMM (138-150 vs MKL's 142, dropped)"
+                + (f"; at K {w['members']} the training state ({training_state_gb(w):.2f} GB) streams from "
+                   "memory every step" if training_state_gb(w) > 0.1 else ""))
+    return (f"training state {training_state_gb(w):.2f} GB (weights, gradients, two AdamW moments) that the "
+            "optimizer streams through memory every step; the GEMMs themselves ran at 63-74% on the narrower "
+            "and smaller rows of this width (not profiled separately)")
+
+
 def shape_text(w):
     return f"depth {w['depth']}, hidden {w['hidden']}, K {w['members']}"
 
@@ -575,14 +608,17 @@ def write_markdown(results, path):
     lines += ["| depth | hidden | members | batch | packtrain | GFLOP/s | ÷ GEMM | "
               + " | ".join(f"{n} | ÷ pt" for n in names) + " | best peer | best ÷ pt |",
               "|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(names) + "---|---:|"]
-    notes, by_float64 = [], []
+    notes, by_float64, bounds = [], [], []
     for row in rows:
         w, systems = row["workload"], row["systems"]
         packtrain = systems["packtrain"]
         base = packtrain["member_steps_per_s"]
         flops = packtrain.get("gflops")
+        under = bool(flops and gemm and compute_bound(w) and flops / gemm["gflops"] < GEMM_TARGET)
+        if under:
+            bounds.append(f"{label(w)}: {flops / gemm['gflops']:.1%}: {bound_note(w)}")
         cells = [f"{flops:,.1f}" if flops else "—",
-                 f"{flops / gemm['gflops']:.1%}" if flops and gemm else "n/a"]
+                 (f"{flops / gemm['gflops']:.1%}" + ("‡" if under else "")) if flops and gemm else "n/a"]
         for name in names:
             s = systems[name]
             rate = s["member_steps_per_s"]
@@ -621,6 +657,17 @@ def write_markdown(results, path):
               "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v) + ".",
               "", "Forms used (each system's fastest that passed the check):"]
     lines += [f"- {part}" for part in chosen_forms(rows)] or ["- none"]
+    if bounds:
+        lines += ["", f"‡ Compute-bound rows (depth ≥ 2, hidden ≥ 64, K ≥ 64) under {GEMM_TARGET:.0%} of the GEMM "
+                  "rate, what bounds each and what was tried:"] + [f"- {b}" for b in bounds]
+    loads = [v["load_1min"] for row in rows for n in names
+             for v in row["systems"][n].get("variants", {}).values() if "load_1min" in v]
+    if loads:
+        lines += ["", f"1-minute load average at the start of each peer run: {min(loads):.2f}-{max(loads):.2f} "
+                  f"({os.cpu_count()} cores; the run itself keeps it near 1-2 here). Another job on the cores "
+                  "slows every figure, the peers' OpenMP kernels most: two busy processes beside torch.compile "
+                  "at depth 2, hidden 64, K 64 took it from about 6.5 k to 1.0-2.9 k member-steps/s "
+                  "(2026-11-23)."]
     if by_float64:
         lines += ["", "† Passed by the float64 criterion (its loss curve more than rtol from packtrain's; each "
                   "side's relative deviation from float64 training, worst and median member, and the bounds):"]
@@ -734,10 +781,12 @@ def run_all(state):
             budget.reference_s = time.perf_counter() - started
             state["packtrain"][key]["reference"] = state["packtrain_path"] = references[key]
         timeout = min(args.peer_timeout, budget.left())
+        load = os.getloadavg()[0]  # another job on the cores slows the peers' OpenMP kernels most: said per figure
         started = time.perf_counter()
         result = run_peer(args, variant, directory, device, unroll, args.compile_impl, timeout,
                           budget_bound=timeout < args.peer_timeout)
         result["wall_s"] = round(time.perf_counter() - started, 1)
+        result["load_1min"] = round(load, 2)
         result["estimate_s"] = round(estimate, 1)
         budget.record(variant, w, unroll, result["wall_s"], result)
         state["results"][(key, variant)] = result

@@ -387,11 +387,10 @@ class Plan(unittest.TestCase):
 
     def test_fastest_forms_first_on_k_8_64_512_4096(self):
         order = run_peers.plan(self.WORKLOADS, self.args(), 8)
-        first = [(w["members"], w["hidden"], v) for w, v in order[:12]]
-        self.assertEqual(first[:8], [(k, 64, v) for k in (8, 64, 512, 4096)
-                                     for v in ("torch-cudagraph:unrolled", "jax:scan")])
-        self.assertEqual(first[8:12], [(64, 512, "torch-cudagraph:unrolled"), (64, 512, "jax:scan"),
-                                       (1, 64, "torch-cudagraph:unrolled"), (1, 64, "jax:scan")])
+        first = [(w["members"], w["hidden"], v) for w, v in order[:18]]
+        tier = ("torch-cudagraph:unrolled", "jax:scan", "torch-vmap:fused")
+        self.assertEqual(first[:12], [(k, 64, v) for k in (8, 64, 512, 4096) for v in tier])
+        self.assertEqual(first[12:18], [(64, 512, v) for v in tier] + [(1, 64, v) for v in tier])
         self.assertEqual(order[-1][1], "torch-loop")
         self.assertEqual(len(order), 6 * 9)  # every variant of every system on every workload
 
@@ -491,6 +490,34 @@ class Plan(unittest.TestCase):
         self.assertIn("float64 criterion", table)
         f64 = dict(f64, passed=False, worst_member=dict(f64["worst_member"], peer_rel_dev=0.42, passed=False))
         self.assertIn("packtrain 6.5e-03, peer 4.2e-01 (> bound 5.2e-02)", run_peers.float64_text(f64))
+
+    def test_compute_bound_rows_under_60_percent_say_what_bounds_them(self):
+        rows = self.rows(80.0)  # depth 2, hidden 64: K 1, 8, 64
+        gflops = {1: 50.0, 8: 150.0, 64: 150.0}  # 50% of a 300 GFLOP/s GEMM rate; K 64 is the compute-bound one
+        for row in rows:
+            row["systems"]["packtrain"]["gflops"] = gflops[row["workload"]["members"]]
+            row["best_peer"] = run_peers.best_peer(row["systems"])
+        results = {"device_name": "test", "date": "today", "verdict": run_peers.verdict(rows), "repeats": 1,
+                   "check": {"steps": 20, "rtol": peers.RTOL, "atol": peers.ATOL,
+                             "float64_factor": peers.FLOAT64_FACTOR},
+                   "unroll": 8, "gemm": {"gflops": 300.0, "threads": 2}, "rows": rows, "packtrain_path": "test",
+                   "versions": {}}
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "results.md")
+            run_peers.write_markdown(results, path)
+            with open(path) as f:
+                table = f.read()
+        self.assertIn("| 150.0 | 50.0%‡ |", table)  # K 64
+        self.assertIn("| 150.0 | 50.0% |", table)  # K 8: not compute-bound by the definition
+        self.assertIn("- K 64: 50.0%: profile (perf record", table)
+        rows[2]["systems"]["packtrain"]["gflops"] = 200.0  # 66.7%: above the target, no note
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "results.md")
+            run_peers.write_markdown(results, path)
+            with open(path) as f:
+                self.assertNotIn("‡", f.read())
+        self.assertAlmostEqual(run_peers.training_state_gb(dict(members=64, hidden=512, batch=128, depth=3)),
+                               64 * 530433 * 16 / 1e9)
 
 
 class Harness(unittest.TestCase):
