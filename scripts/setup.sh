@@ -60,10 +60,12 @@ fi
 
 # --- Python test and build tools, in the same environment -----------------------
 # pytest, scikit-learn, BoTorch and baal for the Python package's tests (the
-# adapters are tested against the real libraries), scikit-build-core to
-# build the package (pip install --no-build-isolation, against this torch).
-py_tools=(pytest scikit-learn scikit-build-core botorch baal)
-if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal" 2>/dev/null; then
+# adapters are tested against the real libraries), properscoring,
+# uncertainty-toolbox and torchmetrics (the calibration metrics' references),
+# scikit-build-core to build the package (pip install --no-build-isolation,
+# against this torch).
+py_tools=(pytest scikit-learn scikit-build-core botorch baal properscoring uncertainty-toolbox torchmetrics)
+if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal, properscoring, uncertainty_toolbox, torchmetrics" 2>/dev/null; then
   say "installing ${py_tools[*]} into $venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}" "torch==$TORCH_VERSION"
 else

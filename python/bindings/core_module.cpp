@@ -5,8 +5,11 @@
 // holds it again) is where Ctrl-C is seen, as the CLI sees it between epochs.
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/trainers/acquisition.h"
+#include "packtrain/runtime/trainers/calibration.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/predictive_distribution.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 
@@ -115,6 +118,72 @@ py::dict prediction_dict(const packtrain::runtime::EnsemblePrediction& p) {
   return d;
 }
 
+// A prediction dict (predict()'s, or one a caller builds from member tensors) back
+// as the runtime's EnsemblePrediction; `included` defaults to every member.
+packtrain::runtime::EnsemblePrediction prediction_from(const py::dict& d) {
+  packtrain::runtime::EnsemblePrediction p;
+  const auto get = [&](const char* name) {
+    return d.contains(name) && !d[name].is_none() ? d[name].cast<at::Tensor>().to(at::kDouble).cpu() : at::Tensor();
+  };
+  p.member_mean = get("member_mean");
+  p.member_variance = get("member_variance");
+  p.member_probabilities = get("member_probabilities");
+  const at::Tensor& first = p.member_probabilities.defined() ? p.member_probabilities : p.member_mean;
+  if (!first.defined()) throw py::value_error("a prediction needs member_mean (K, N) or member_probabilities (K, N, C)");
+  if (d.contains("included") && !d["included"].is_none()) {
+    p.included = d["included"].cast<std::vector<int64_t>>();
+  } else {
+    for (int64_t k = 0; k < first.size(0); ++k) p.included.push_back(k);
+  }
+  return p;
+}
+
+py::dict regression_calibration_dict(const packtrain::runtime::RegressionCalibration& c) {
+  py::dict d;
+  d["rows"] = c.rows;
+  d["rmse"] = c.rmse;
+  d["mixture_nll"] = c.mixture_nll;
+  d["gaussian_nll"] = c.gaussian_nll;
+  d["crps"] = c.crps;
+  py::list intervals;
+  for (const auto& i : c.intervals) {
+    py::dict one;
+    one["level"] = i.level;
+    one["coverage"] = i.coverage;
+    one["mean_width"] = i.mean_width;
+    intervals.append(one);
+  }
+  d["intervals"] = intervals;
+  d["expected"] = c.expected;
+  d["observed"] = c.observed;
+  d["miscalibration_area"] = c.miscalibration_area;
+  d["summary"] = packtrain::runtime::calibration_summary(c);
+  return d;
+}
+
+py::dict classification_calibration_dict(const packtrain::runtime::ClassificationCalibration& c) {
+  py::dict d;
+  d["rows"] = c.rows;
+  d["accuracy"] = c.accuracy;
+  d["nll"] = c.nll;
+  d["brier"] = c.brier;
+  d["ece"] = c.ece;
+  d["mean_confidence"] = c.mean_confidence;
+  py::list bins;
+  for (const auto& b : c.bins) {
+    py::dict one;
+    one["lower"] = b.lower;
+    one["upper"] = b.upper;
+    one["count"] = b.count;
+    one["confidence"] = b.confidence;
+    one["accuracy"] = b.accuracy;
+    bins.append(one);
+  }
+  d["bins"] = bins;
+  d["summary"] = packtrain::runtime::calibration_summary(c);
+  return d;
+}
+
 py::dict metrics_dict(const packtrain::runtime::Metrics& m) {
   py::dict d;
   d["rmse"] = m.rmse;
@@ -209,6 +278,90 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("data"), py::arg("split") = 0, py::arg("test_fraction") = 0.2, py::arg("split_seed") = 0,
       "A bundled data set, UCI directory or table, split as the CLI splits it (training rows in table order).");
+
+  // The uncertainty, calibration and acquisition math of runtime/trainers, on a
+  // prediction dict: what the estimators call, and what the tests hold against
+  // reference libraries.
+  namespace rt = packtrain::runtime;
+  m.def(
+      "decompose",
+      [](const py::dict& prediction) {
+        const rt::EnsemblePrediction p = prediction_from(prediction);
+        py::dict d;
+        if (p.member_probabilities.defined()) {
+          const rt::ClassUncertaintyDecomposition c = rt::decompose_class_uncertainty(p);
+          d["entropy"] = c.entropy;
+          d["aleatoric_entropy"] = c.aleatoric;
+          d["mutual_information"] = c.mutual_information;
+        } else {
+          const rt::UncertaintyDecomposition u = rt::decompose_uncertainty(p);
+          d["mean"] = u.mean;
+          d["total_std"] = u.total_std;
+          d["aleatoric_std"] = u.aleatoric_std;
+          d["epistemic_std"] = u.epistemic_std;
+        }
+        return d;
+      },
+      py::arg("prediction"));
+  m.def("mixture_cdf", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_cdf(prediction_from(p), y); },
+        py::arg("prediction"), py::arg("y"));
+  m.def(
+      "mixture_log_density", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_log_density(prediction_from(p), y); },
+      py::arg("prediction"), py::arg("y"));
+  m.def("mixture_crps", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_crps(prediction_from(p), y); },
+        py::arg("prediction"), py::arg("y"));
+  m.def(
+      "mixture_quantiles",
+      [](const py::dict& p, const std::vector<double>& q) { return rt::mixture_quantiles(prediction_from(p), q); },
+      py::arg("prediction"), py::arg("probabilities"));
+  m.def(
+      "central_intervals",
+      [](const py::dict& p, const std::vector<double>& levels) {
+        py::list out;
+        for (const rt::PredictionInterval& i : rt::central_intervals(prediction_from(p), levels)) {
+          out.append(py::make_tuple(i.level, i.lower, i.upper));
+        }
+        return out;
+      },
+      py::arg("prediction"), py::arg("levels"));
+  m.def(
+      "regression_calibration",
+      [](const py::dict& p, const at::Tensor& y, const std::vector<double>& levels, int64_t points) {
+        return regression_calibration_dict(rt::regression_calibration(prediction_from(p), y, levels, points));
+      },
+      py::arg("prediction"), py::arg("y"), py::arg("levels") = rt::kDefaultIntervalLevels,
+      py::arg("points") = rt::kDefaultCalibrationPoints);
+  m.def(
+      "classification_calibration",
+      [](const at::Tensor& probabilities, const at::Tensor& target, int64_t bins) {
+        return classification_calibration_dict(rt::classification_calibration(probabilities, target, bins));
+      },
+      py::arg("probabilities"), py::arg("target"), py::arg("bins") = rt::kDefaultConfidenceBins);
+  m.def("acquisition_strategies", [] {
+    std::vector<std::string> names;
+    for (const auto& [value, name] : rt::kAcquisitionStrategyNames.entries) names.emplace_back(name);
+    return names;
+  });
+  m.def(
+      "acquisition_scores",
+      [](const py::dict& p, const std::string& strategy, double ucb_beta, uint64_t seed) {
+        rt::AcquisitionOptions o;
+        o.strategy = rt::kAcquisitionStrategyNames.parse(strategy);
+        o.ucb_beta = ucb_beta;
+        o.seed = seed;
+        return rt::acquisition_scores(prediction_from(p), o);
+      },
+      py::arg("prediction"), py::arg("strategy"), py::arg("ucb_beta") = 2.0, py::arg("seed") = 0);
+  m.def(
+      "select_batch",
+      [](const at::Tensor& scores, int64_t count, const std::string& selection, double power, uint64_t seed) {
+        rt::AcquisitionOptions o;
+        o.selection = rt::kBatchSelectionNames.parse(selection);
+        o.power = power;
+        o.seed = seed;
+        return rt::select_batch(scores, count, o);
+      },
+      py::arg("scores"), py::arg("count"), py::arg("selection") = "top", py::arg("power") = 1.0, py::arg("seed") = 0);
 
   // A checkpoint read back: a single checkpoint's trainer (everything a fitted
   // estimator does), or a member-parallel manifest's shards (predict only).
@@ -315,16 +468,21 @@ PYBIND11_MODULE(_core, m) {
           py::arg("x"))
       .def(
           "evaluate",
-          [](const EnsembleTrainer& t, const at::Tensor& x, const at::Tensor& y) {
-            const packtrain::runtime::EnsembleMetrics e = without_gil([&] { return t.evaluate(x, y); });
+          [](const EnsembleTrainer& t, const at::Tensor& x, const at::Tensor& y, const std::vector<double>& levels) {
+            const packtrain::runtime::EnsembleMetrics e = without_gil([&] {
+              return packtrain::runtime::ensemble_metrics(t.predict(x), y, t.options().head(), t.classes(), levels);
+            });
             py::list members;
             for (const auto& mm : e.members) members.append(metrics_dict(mm));
             py::dict d;
             d["members"] = members;
             d["ensemble"] = metrics_dict(e.ensemble);
+            d["calibration"] = t.options().head() == packtrain::runtime::Head::kClassification
+                                   ? classification_calibration_dict(e.classification)
+                                   : regression_calibration_dict(e.regression);
             return d;
           },
-          py::arg("x"), py::arg("y"))
+          py::arg("x"), py::arg("y"), py::arg("levels") = packtrain::runtime::kDefaultIntervalLevels)
       .def(
           "reinitialize",
           [](EnsembleTrainer& t, uint64_t seed) { t.reinitialize(seed); }, py::arg("seed"),

@@ -1,5 +1,6 @@
-"""The data sets the CLI reads — bundled UCI sets (concrete, energy, yacht,
-wine-quality-red), UCI-format directories, CSV/TSV tables — split as the CLI
+"""The data sets the CLI reads — the nine bundled UCI sets (concrete,
+energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant,
+power-plant, protein-tertiary-structure), UCI-format directories, CSV/TSV tables — split as the CLI
 splits them (C++: runtime/data), for the estimators and the examples."""
 from collections import namedtuple
 

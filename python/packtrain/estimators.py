@@ -244,13 +244,47 @@ class _PackedEnsemble(_Base):
                     f.write(checkpoint)
                 self._trainer = _core.load(path, _resolve_device(self.device))
 
-    def _predict(self, X):
+    def _features(self, X):
         self._check_fitted()
         x = _as_tensor(X, "X", 2)
         if x.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {x.shape[1]} features, but {type(self).__name__} is expecting "
                              f"{self.n_features_in_} features as input")
+        return x
+
+    def _predict(self, X):
+        x = self._features(X)  # checks fitted first
         return self._trainer.predict(x)
+
+    def evaluate(self, X, y, levels=(0.5, 0.9, 0.95)):
+        """Every metric `packtrain evaluate` prints, as a dict: "members" (per member:
+        rmse and nll, or accuracy and nll), "ensemble", and "calibration" — for a
+        regressor RMSE, mixture_nll, gaussian_nll (the moment-matched Gaussian's, what
+        deep-ensemble papers report), crps, intervals (coverage and mean_width at
+        `levels`), the calibration curve (expected, observed) and
+        miscalibration_area; for a classifier accuracy, nll, brier, ece over 15
+        equal-width bins and the bins themselves; "summary" says it in words."""
+        self._check_fitted()
+        if isinstance(self._trainer, _core.ShardedEnsemble):
+            raise TypeError("a model loaded from a member-parallel manifest predicts only: evaluate it with "
+                            "`packtrain evaluate MANIFEST TABLE`")
+        x = self._features(X)
+        return self._trainer.evaluate(x, self._targets(y, "y"), [float(v) for v in levels])
+
+    def acquire(self, X_pool, count=10, strategy=None, selection="top", power=1.0, seed=0, ucb_beta=2.0):
+        """Which rows of an unlabelled pool to label next, as `packtrain acquire` picks
+        them: (indices, scores), the `count` chosen rows' positions in X_pool in the
+        order chosen and every row's score (higher: more worth a label). strategy:
+        regressor epistemic (default), variance, ucb; classifier bald (default),
+        entropy, margin, variation-ratio; random for either. selection "top", or
+        "power"/"softmax" to draw the batch with probability ~ score**power or
+        exp(power * score), seeded."""
+        p = self._predict(X_pool)
+        if strategy is None:
+            strategy = "bald" if "member_probabilities" in p else "epistemic"
+        scores = _core.acquisition_scores(p, strategy, float(ucb_beta), int(seed))
+        chosen = _core.select_batch(scores, int(count), selection, float(power), int(seed))
+        return np.asarray(chosen, dtype=np.int64), _like(scores, X_pool)
 
     def save(self, path):
         """Writes a checkpoint the CLI reads (`packtrain predict/evaluate/resume`)."""
@@ -305,6 +339,21 @@ class EnsembleRegressor(_RegressorMixin, _PackedEnsemble):
         if not return_std:
             return mean
         return mean, _like(p["variance"].sqrt(), X)
+
+    def predict_uncertainty(self, X, levels=(0.9,)):
+        """The ensemble's prediction with its uncertainty split, per row (N): "mean",
+        "std" (total), "aleatoric_std" (the noise the members predict; 0 with the
+        mean head) and "epistemic_std" (their disagreement), std**2 = aleatoric_std**2
+        + epistemic_std**2; and "intervals": {level: (lower, upper)}, the central
+        intervals of the members' mixture itself (its quantiles), as `packtrain
+        predict --interval` writes them."""
+        p = self._predict(X)
+        d = _core.decompose(p)
+        out = {"mean": _like(d["mean"], X), "std": _like(d["total_std"], X),
+               "aleatoric_std": _like(d["aleatoric_std"], X), "epistemic_std": _like(d["epistemic_std"], X)}
+        out["intervals"] = {level: (_like(lower, X), _like(upper, X))
+                            for level, lower, upper in _core.central_intervals(p, [float(v) for v in levels])}
+        return out
 
     def predict_members(self, X):
         """Each member's predicted means (K, N) and, with the Gaussian head,
@@ -378,6 +427,13 @@ class EnsembleClassifier(_ClassifierMixin, _PackedEnsemble):
     def predict_proba(self, X):
         """The mixture's class probabilities (N, C), columns in the order of classes_."""
         return _like(self._predict(X)["probabilities"], X)
+
+    def predict_uncertainty(self, X):
+        """The ensemble's uncertainty per row (N), in nats: "entropy" of the mixture's
+        class probabilities = "aleatoric_entropy" (the members' mean entropy) +
+        "mutual_information" (their disagreement: BALD's score)."""
+        d = _core.decompose(self._predict(X))
+        return {k: _like(v, X) for k, v in d.items()}
 
     def predict_member_proba(self, X):
         """Each member's class probabilities as (N, C, K): the layout baal's

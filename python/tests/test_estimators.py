@@ -352,3 +352,52 @@ def test_fitting_again_on_same_shaped_data_keeps_the_steps_and_equals_a_fresh_fi
     assert model._trainer.steps_id != 0
     np.testing.assert_array_equal(
         model.predict(x1), packtrain.EnsembleRegressor(members=3, epochs=8, hidden=16).fit(x2[:150], y2[:150]).predict(x1))
+
+
+def test_uncertainty_evaluation_and_acquisition_through_the_estimators(tmp_path):
+    """predict_uncertainty, evaluate and acquire give what the CLI's predict,
+    evaluate and acquire give for the same model."""
+    x, y, train, test = concrete()
+    model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
+    u = model.predict_uncertainty(x[test], levels=(0.5, 0.9))
+    np.testing.assert_allclose(u["std"] ** 2, u["aleatoric_std"] ** 2 + u["epistemic_std"] ** 2, rtol=1e-10)
+    np.testing.assert_allclose(u["mean"], model.predict(x[test]), rtol=1e-12)
+    lower50, upper50 = u["intervals"][0.5]
+    lower90, upper90 = u["intervals"][0.9]
+    assert np.all(lower90 < lower50) and np.all(lower50 < upper50) and np.all(upper50 < upper90)
+    metrics = model.evaluate(x[test], y[test])
+    c = metrics["calibration"]
+    assert c["rows"] == len(test)
+    assert [i["level"] for i in c["intervals"]] == [0.5, 0.9, 0.95]
+    assert c["gaussian_nll"] == pytest.approx(metrics["ensemble"]["nll"])
+    assert np.isfinite(c["mixture_nll"]) and c["crps"] > 0
+    coverage = np.mean((y[test] >= lower90) & (y[test] <= upper90))
+    assert c["intervals"][1]["coverage"] == pytest.approx(coverage)
+    chosen, scores = model.acquire(x[test], count=8)
+    assert len(chosen) == 8 and scores.shape == (len(test),)
+    np.testing.assert_array_equal(chosen, np.argsort(-scores, kind="stable")[:8])
+    np.testing.assert_allclose(scores, u["epistemic_std"], rtol=1e-12)
+    if CLI:  # the CLI ranks the same pool the same way from the saved model
+        model.save(tmp_path / "m.pt")
+        np.savetxt(tmp_path / "pool.csv", x[test], delimiter=",")
+        out = run_cli("acquire", tmp_path / "m.pt", tmp_path / "pool.csv", "--count", 8, "--json", "--header", "no")
+        assert [r["row"] for r in json.loads(out.stdout)["chosen"]] == list(chosen)
+        evaluated = json.loads(run_cli("evaluate", tmp_path / "m.pt", _xy_csv(tmp_path, x[test], y[test]), "--json",
+                                       "--header", "no").stdout)
+        assert evaluated["calibration"]["crps"] == pytest.approx(c["crps"], rel=1e-9)
+
+    xb, yb = blobs()
+    classifier = packtrain.EnsembleClassifier(**SMALL).fit(xb, yb)
+    cu = classifier.predict_uncertainty(xb)
+    np.testing.assert_allclose(cu["entropy"], cu["aleatoric_entropy"] + cu["mutual_information"], atol=1e-12)
+    cm = classifier.evaluate(xb, yb)["calibration"]
+    assert cm["accuracy"] == pytest.approx(classifier.score(xb, yb))
+    chosen, scores = classifier.acquire(xb, count=5, selection="softmax", power=10.0, seed=1)
+    assert len(set(chosen.tolist())) == 5
+    np.testing.assert_allclose(scores, cu["mutual_information"], rtol=1e-12, atol=1e-15)
+
+
+def _xy_csv(tmp_path, x, y):
+    path = tmp_path / "xy.csv"
+    np.savetxt(path, np.column_stack([x, y]), delimiter=",")
+    return path

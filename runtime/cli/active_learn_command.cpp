@@ -1,8 +1,10 @@
 // `packtrain active-learn`: the pool-based active-learning loop (runtime/active_learning.h)
-// with acquisition by ensemble spread against random acquisition, on one pack;
-// writes the learning curve as CSV and SVG.
+// with acquisition by a strategy (runtime/trainers/acquisition.h) against random
+// acquisition, on one pack, for regression and classification; writes the
+// learning curve as CSV and SVG.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/cli/range_checks.h"
@@ -25,16 +27,23 @@ struct ActiveLearnCommand {
   runtime::DataArgs data;
   TrainerFlags trainer;
   runtime::ActiveLearningOptions loop;
+  bool strategy_given = false;
   std::string csv = "learning_curve.csv";
   std::string plot = "learning_curve.svg";
   bool json = false;
   bool quiet = false;
 };
 
-int run_active_learn(const ActiveLearnCommand& c) {
+int run_active_learn(ActiveLearnCommand c) {
   check_outputs({{"--csv", c.csv}, {"--plot", c.plot}}, data_inputs(c.data));
   std::vector<std::string> log_lines;
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
+  const bool cls = options.head() == runtime::Head::kClassification;
+  if (!c.strategy_given) {
+    c.loop.acquisition().strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
+  }
+  const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.loop.acquisition().strategy));
+  const char* metric = cls ? "accuracy" : "RMSE";
   options.log([&](const std::string& line) {
     if (c.json) {
       log_lines.push_back(line);
@@ -65,9 +74,9 @@ int run_active_learn(const ActiveLearnCommand& c) {
       options, pool.features, pool.targets, test.features, test.targets, c.loop,
       [&](const runtime::LearningCurvePoint& p) {
         if (!progress) return;
-        fmt::print(stderr, "round {:>3}/{}  labelled {:>5}  test RMSE: spread {:.4f}{}\n", p.round + 1,
-                   c.loop.rounds(), p.labelled, p.spread_rmse,
-                   std::isnan(p.random_rmse) ? "" : fmt::format("  random {:.4f}", p.random_rmse));
+        fmt::print(stderr, "round {:>3}/{}  labelled {:>5}  test {}: {} {:.4f}{}\n", p.round + 1, c.loop.rounds(),
+                   p.labelled, metric, strategy, p.acquired,
+                   std::isnan(p.random) ? "" : fmt::format("  random {:.4f}", p.random));
       });
   DeferredWriteError writes;  // the curve is printed before a failed write ends the run
   const bool written =
@@ -80,11 +89,13 @@ int run_active_learn(const ActiveLearnCommand& c) {
     out["device"] = options.device().str();
     out["pack_members"] = result.pack_members;
     out["train_seconds"] = result.train_seconds;
+    out["strategy"] = result.strategy;
+    out["metric"] = result.metric;
     for (const runtime::LearningCurvePoint& p : result.curve) {
       out["curve"].push_back({{"round", p.round},
                               {"labelled", p.labelled},
-                              {"spread_rmse", p.spread_rmse},
-                              {"random_rmse", std::isnan(p.random_rmse) ? nlohmann::json(nullptr) : nlohmann::json(p.random_rmse)}});
+                              {result.strategy + "_" + result.metric, p.acquired},
+                              {"random_" + result.metric, std::isnan(p.random) ? nlohmann::json(nullptr) : nlohmann::json(p.random)}});
     }
     out["csv"] = c.csv;
     out["plot"] = c.plot;
@@ -92,11 +103,11 @@ int run_active_learn(const ActiveLearnCommand& c) {
     std::cout << out.dump(2) << "\n";
     return writes.rethrow_or(0);
   }
-  fmt::print("\nLearning curve (test RMSE, original units, mean over {} run(s)):\n  {:>8}  {:>10}  {:>10}\n",
-             c.loop.ensembles(), "labelled", "spread", "random");
+  fmt::print("\nLearning curve (test {}{}, mean over {} run(s)):\n  {:>8}  {:>15}  {:>10}\n", metric,
+             cls ? "" : ", original units", c.loop.ensembles(), "labelled", strategy, "random");
   for (const runtime::LearningCurvePoint& p : result.curve) {
-    fmt::print("  {:>8}  {:>10.4f}  {:>10}\n", p.labelled, p.spread_rmse,
-               std::isnan(p.random_rmse) ? "-" : fmt::format("{:.4f}", p.random_rmse));
+    fmt::print("  {:>8}  {:>15.4f}  {:>10}\n", p.labelled, p.acquired,
+               std::isnan(p.random) ? "-" : fmt::format("{:.4f}", p.random));
   }
   fmt::print("\nTrained {} rounds of a {}-member pack in {:.1f} s.{}\n", result.curve.size(), result.pack_members,
              result.train_seconds, written ? fmt::format(" Curve: {} and {}", c.csv, c.plot) : "");
@@ -113,9 +124,10 @@ void add_active_learn_command(CLI::App& app, int& status) {
   CLI::App* a = app.add_subcommand(
       "active-learn",
       "Pool-based active learning: start from --initial labelled rows of the training split; each round re-initialize\n"
-      "the pack in place (no re-capture), retrain, score the unlabelled pool by ensemble spread and label the top\n"
-      "--acquire rows. A random-acquisition baseline runs in the same pack on the same seeds. Writes the learning\n"
-      "curve (labelled rows vs test RMSE, both strategies) as CSV and SVG.");
+      "the pack in place (no re-capture), retrain, score the unlabelled pool by --strategy and label --acquire rows\n"
+      "(the top ones, or drawn by --selection). A random-acquisition baseline runs in the same pack on the same\n"
+      "seeds. Regression or classification (--head classification). Writes the learning curve (labelled rows vs\n"
+      "test RMSE or accuracy, both strategies) as CSV and SVG.");
   add_data_options(a, c->data);
   add_trainer_options(a, c->trainer);
   a->add_option("--initial", c->loop.initial(), "Labelled rows at the start")->capture_default_str()->check(positive())->group("Active learning");
@@ -123,6 +135,21 @@ void add_active_learn_command(CLI::App& app, int& status) {
   a->add_option("--rounds", c->loop.rounds(), "Trainings (acquisitions happen between them)")->capture_default_str()->check(positive())->group("Active learning");
   a->add_option("--runs", c->loop.ensembles(), "Independent runs (ensembles) per strategy, all in one pack")->capture_default_str()->check(positive())->group("Active learning");
   a->add_option("--al-seed", c->loop.seed(), "Seed of the initial labelled set, random acquisition and the rounds' re-initializations")->capture_default_str()->group("Active learning");
+  add_enum_option(a, "--strategy", c->loop.acquisition().strategy, runtime::kAcquisitionStrategyNames,
+                  "How the pool is scored; default epistemic (regression) or bald (classification)")
+      ->default_str("epistemic|bald")
+      ->each([c](const std::string&) { c->strategy_given = true; })
+      ->group("Active learning");
+  add_enum_option(a, "--selection", c->loop.acquisition().selection, runtime::kBatchSelectionNames,
+                  "top: the highest scores; power/softmax: drawn with probability ~ score^power or exp(power*score)")
+      ->group("Active learning");
+  a->add_option("--power", c->loop.acquisition().power, "Exponent (power) or inverse temperature (softmax) of the sampling")
+      ->capture_default_str()
+      ->check(finite_non_negative())
+      ->group("Active learning");
+  a->add_option("--ucb-beta", c->loop.acquisition().ucb_beta, "UCB: mean + beta * total std")
+      ->capture_default_str()
+      ->group("Active learning");
   a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
   a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");
   a->add_flag("--json", c->json, "Print the result as JSON on stdout")->group("Output");

@@ -1,5 +1,7 @@
 #include "packtrain/runtime/cli/metrics_report.h"
 
+#include "packtrain/runtime/io/svg_plot.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -10,6 +12,54 @@ namespace {
 bool classification(const runtime::EnsembleTrainer& t) { return t.options().head() == runtime::Head::kClassification; }
 std::string cell(double v) { return std::isnan(v) ? "-" : fmt::format("{:.4f}", v); }
 nlohmann::json number(double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
+
+// The ensemble's proper scores and calibration, then the verdict in words.
+void print_calibration(const runtime::EnsembleMetrics& m, runtime::Head head) {
+  std::string summary;
+  if (head == runtime::Head::kClassification) {
+    const runtime::ClassificationCalibration& c = m.classification;
+    if (c.rows == 0) return;
+    fmt::print("\n  Ensemble scores: accuracy {}, NLL {}, Brier score {}, expected calibration error {} ({} bins)\n",
+               cell(c.accuracy), cell(c.nll), cell(c.brier), cell(c.ece), c.bins.size());
+    summary = runtime::calibration_summary(c);
+  } else {
+    const runtime::RegressionCalibration& c = m.regression;
+    if (c.rows == 0) return;
+    fmt::print("\n  Ensemble scores: RMSE {}, NLL of the mixture {}, NLL of the moment-matched Gaussian {}, CRPS {}\n",
+               cell(c.rmse), cell(c.mixture_nll), cell(c.gaussian_nll), cell(c.crps));
+    summary = runtime::calibration_summary(c);
+  }
+  fmt::print("  Calibration:\n");
+  for (size_t start = 0; start < summary.size();) {
+    const size_t end = summary.find('\n', start);
+    fmt::print("    {}\n", summary.substr(start, end - start));
+    start = end == std::string::npos ? summary.size() : end + 1;
+  }
+}
+
+nlohmann::json calibration_json(const runtime::EnsembleMetrics& m, runtime::Head head) {
+  if (head == runtime::Head::kClassification) {
+    const runtime::ClassificationCalibration& c = m.classification;
+    nlohmann::json bins = nlohmann::json::array();
+    for (const runtime::ConfidenceBin& b : c.bins) {
+      bins.push_back({{"lower", b.lower}, {"upper", b.upper}, {"count", b.count}, {"confidence", b.confidence},
+                      {"accuracy", b.accuracy}});
+    }
+    return {{"rows", c.rows}, {"accuracy", number(c.accuracy)}, {"nll", number(c.nll)}, {"brier", number(c.brier)},
+            {"ece", number(c.ece)}, {"ece_bins", c.bins.size()}, {"mean_confidence", number(c.mean_confidence)},
+            {"reliability", bins}, {"summary", runtime::calibration_summary(c)}};
+  }
+  const runtime::RegressionCalibration& c = m.regression;
+  nlohmann::json intervals = nlohmann::json::array();
+  for (const runtime::IntervalCoverage& i : c.intervals) {
+    intervals.push_back({{"level", i.level}, {"coverage", i.coverage}, {"mean_width", i.mean_width}});
+  }
+  return {{"rows", c.rows}, {"rmse", number(c.rmse)}, {"mixture_nll", number(c.mixture_nll)},
+          {"gaussian_nll", number(c.gaussian_nll)}, {"crps", number(c.crps)}, {"intervals", intervals},
+          {"miscalibration_area", number(c.miscalibration_area)},
+          {"reliability", {{"expected", c.expected}, {"observed", c.observed}}},
+          {"summary", runtime::calibration_summary(c)}};
+}
 }  // namespace
 
 void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m, const std::string& what) {
@@ -25,8 +75,10 @@ void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::Ensem
                s.best_epoch > 0 ? std::to_string(s.best_epoch) : "-");
   }
   fmt::print("  {:>8}  {:>10}\n", "mean", cell(mean_first));
-  fmt::print("  {:>8}  {:>10}  {:>10}   <- the ensemble (uniform mixture)\n", "ensemble",
-             cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll));
+  fmt::print("  {:>8}  {:>10}  {:>10}   <- the ensemble (uniform mixture){}\n", "ensemble",
+             cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll),
+             cls ? "" : "; NLL: its moment-matched Gaussian's");
+  print_calibration(m, trainer.options().head());
 }
 
 nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics, runtime::Head head) {
@@ -41,7 +93,9 @@ nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics, ru
     j["member"] = k;
     members.push_back(j);
   }
-  return {{"members", members}, {"ensemble", one(metrics.ensemble)}};
+  nlohmann::json out{{"members", members}, {"ensemble", one(metrics.ensemble)}};
+  out["calibration"] = calibration_json(metrics, head);
+  return out;
 }
 
 void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title) {
@@ -53,6 +107,7 @@ void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::He
     fmt::print("  member {:>3}  {} {}  NLL {}\n", k, first, value(metrics.members[k]), cell(metrics.members[k].nll));
   }
   fmt::print("  ensemble    {} {}  NLL {}\n", first, value(metrics.ensemble), cell(metrics.ensemble.nll));
+  print_calibration(metrics, head);
 }
 
 nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m) {
@@ -64,6 +119,31 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
     out["members"][k]["best_epoch"] = s.best_epoch;
   }
   return out;
+}
+
+std::string reliability_svg(const runtime::EnsembleMetrics& m, runtime::Head head, const std::string& title) {
+  runtime::PlotOptions options;
+  options.title = title;
+  runtime::PlotSeries observed, ideal{"calibrated", {0, 1}, {0, 1}, {}};
+  if (head == runtime::Head::kClassification) {
+    options.x_label = "confidence (top-class probability)";
+    options.y_label = "accuracy";
+    observed.name = fmt::format("ensemble, {} equal-width bins (ECE {:.4f})", m.classification.bins.size(),
+                                m.classification.ece);
+    for (const runtime::ConfidenceBin& b : m.classification.bins) {
+      if (b.count == 0) continue;
+      observed.x.push_back(b.confidence);
+      observed.y.push_back(b.accuracy);
+    }
+  } else {
+    options.x_label = "central interval level";
+    options.y_label = "fraction of rows inside";
+    observed.name = fmt::format("ensemble mixture (miscalibration area {:.4f})", m.regression.miscalibration_area);
+    observed.x = m.regression.expected;
+    observed.y = m.regression.observed;
+  }
+  if (observed.x.empty()) throw std::invalid_argument("no rows to draw a reliability diagram of");
+  return runtime::line_plot_svg({observed, ideal}, options);
 }
 
 }  // namespace packtrain::cli

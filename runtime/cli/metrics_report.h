@@ -20,4 +20,9 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
 nlohmann::json gathered_metrics_json(const runtime::EnsembleMetrics& metrics, runtime::Head head);
 void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title);
 
+// The ensemble's reliability diagram as an SVG document: observed against expected
+// coverage of its central intervals (regression), accuracy against confidence per
+// non-empty bin (classification), with the diagonal a calibrated model follows.
+std::string reliability_svg(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title);
+
 }  // namespace packtrain::cli

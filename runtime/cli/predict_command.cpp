@@ -1,15 +1,19 @@
-// `packtrain predict`, `evaluate` and `export`: use a checkpoint without training.
+// `packtrain predict`, `evaluate`, `acquire` and `export`: use a checkpoint without training.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/output_paths.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/metrics_report.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/cli/enum_option.h"
+#include "packtrain/runtime/trainers/acquisition.h"
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/predictive_distribution.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -70,12 +74,16 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const runtime::L
 struct PredictCommand {
   std::string checkpoint, input, output;
   bool members = false;
+  std::vector<double> intervals{0.9};  // central intervals of the mixture (regression)
   std::string device = "auto";
   runtime::DataArgs format;  // delimiter and header only
 };
 
+// A level as a column suffix: 0.9 -> "90", 0.975 -> "97.5".
+std::string level_name(double level) { return fmt::format("{:g}", 100 * level); }
+
 std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
-                           bool per_member) {
+                           bool per_member, const std::vector<double>& levels) {
   std::string out;
   const bool cls = trainer.options().head() == runtime::Head::kClassification;
   // The prediction's members: all of a manifest's shards when it was gathered from them.
@@ -98,15 +106,26 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
     }
     return out;
   }
-  out += "mean,std";
+  // Mean, total std and its split (total² = aleatoric² + epistemic²), then the
+  // mixture's central intervals.
+  out += "mean,std,aleatoric_std,epistemic_std";
+  for (double level : levels) out += fmt::format(",lower_{0},upper_{0}", level_name(level));
   if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
   out += "\n";
-  const at::Tensor std = p.variance.sqrt();
-  const auto mean = p.mean.accessor<double, 1>();
-  const auto sd = std.accessor<double, 1>();
+  const runtime::UncertaintyDecomposition d = runtime::decompose_uncertainty(p);
+  std::vector<at::Tensor> bounds;
+  for (const runtime::PredictionInterval& i : runtime::central_intervals(p, levels)) {
+    bounds.push_back(i.lower.contiguous());
+    bounds.push_back(i.upper.contiguous());
+  }
+  const auto mean = d.mean.accessor<double, 1>();
+  const auto sd = d.total_std.accessor<double, 1>();
+  const auto aleatoric = d.aleatoric_std.accessor<double, 1>();
+  const auto epistemic = d.epistemic_std.accessor<double, 1>();
   const auto members = p.member_mean.accessor<double, 2>();
   for (int64_t r = 0; r < mean.size(0); ++r) {
-    out += fmt::format("{:.9g},{:.9g}", mean[r], sd[r]);
+    out += fmt::format("{:.9g},{:.9g},{:.9g},{:.9g}", mean[r], sd[r], aleatoric[r], epistemic[r]);
+    for (const at::Tensor& b : bounds) out += fmt::format(",{:.9g}", b.data_ptr<double>()[r]);
     if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{:.9g}", members[k][r]);
     out += "\n";
   }
@@ -118,7 +137,7 @@ int run_predict(const PredictCommand& c) {
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
-  const std::string csv = prediction_csv(m.first(), m.predict(x), c.members);
+  const std::string csv = prediction_csv(m.first(), m.predict(x), c.members, c.intervals);
   if (c.output.empty() || c.output == "-") {
     std::cout << csv;
   } else {
@@ -137,6 +156,8 @@ struct EvaluateCommand {
   std::string checkpoint, input;
   std::string device = "auto";
   bool json = false;
+  std::vector<double> intervals = runtime::kDefaultIntervalLevels;  // coverage levels (regression)
+  std::string reliability;                                          // SVG path, or empty
   runtime::DataArgs format;
 };
 
@@ -170,10 +191,17 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEn
 // A member-parallel manifest is evaluated with all its shards in this process (any
 // number of ranks trained it): the ensemble combines every shard's members.
 int run_evaluate(const EvaluateCommand& c) {
+  check_outputs({{"--reliability", c.reliability}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const auto [x, y, what] = evaluation_rows(c, m);
-  const runtime::EnsembleMetrics metrics = m.evaluate(x, y);
   const runtime::Head head = m.first().options().head();
+  const runtime::EnsembleMetrics metrics =
+      runtime::ensemble_metrics(m.predict(x), y, head, m.first().classes(), c.intervals);
+  if (!c.reliability.empty()) {
+    runtime::write_file_atomically(
+        c.reliability, reliability_svg(metrics, head, fmt::format("Reliability of {} on {}", c.checkpoint, what)));
+    fmt::print(stderr, "packtrain evaluate: reliability diagram -> {}\n", c.reliability);
+  }
   if (c.json) {
     nlohmann::json out = m.sharded() ? gathered_metrics_json(metrics, head) : metrics_json(m.first(), metrics);
     out["data"] = what;
@@ -205,6 +233,57 @@ int run_export(const ExportCommand& c) {
   return 0;
 }
 
+struct AcquireCommand {
+  std::string checkpoint, pool, output;
+  int64_t count = 10;
+  runtime::AcquisitionOptions options;
+  bool strategy_given = false;
+  bool json = false;
+  std::string device = "auto";
+  runtime::DataArgs format;
+};
+
+int run_acquire(AcquireCommand c) {
+  check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"pool", c.pool}});
+  const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
+  const bool cls = m.first().options().head() == runtime::Head::kClassification;
+  if (!c.strategy_given) c.options.strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
+  const runtime::Table table = runtime::read_table(c.pool, runtime::table_format(c.format));
+  const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
+  if (c.count > x.size(0)) {
+    throw UsageError(fmt::format("--count {}: the pool {} has only {} rows", c.count, c.pool, x.size(0)));
+  }
+  const at::Tensor scores = runtime::acquisition_scores(m.predict(x), c.options);
+  const std::vector<int64_t> chosen = runtime::select_batch(scores, c.count, c.options);
+  const double* score = scores.contiguous().data_ptr<double>();
+  const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.options.strategy));
+  const std::string selection(runtime::kBatchSelectionNames.name(c.options.selection));
+  std::string text;
+  if (c.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      rows.push_back({{"rank", i + 1}, {"row", chosen[i]}, {"score", score[chosen[i]]}});
+    }
+    nlohmann::json out{{"checkpoint", c.checkpoint}, {"pool", c.pool},       {"pool_rows", x.size(0)},
+                       {"strategy", strategy},       {"selection", selection}, {"count", c.count},
+                       {"seed", c.options.seed},     {"chosen", rows}};
+    if (c.options.strategy == runtime::AcquisitionStrategy::kUcb) out["ucb_beta"] = c.options.ucb_beta;
+    if (c.options.selection != runtime::BatchSelection::kTop) out["power"] = c.options.power;
+    text = out.dump(2) + "\n";
+  } else {
+    text = "rank,row,score\n";
+    for (size_t i = 0; i < chosen.size(); ++i) text += fmt::format("{},{},{:.9g}\n", i + 1, chosen[i], score[chosen[i]]);
+  }
+  if (c.output.empty() || c.output == "-") {
+    std::cout << text;
+  } else {
+    runtime::write_file_atomically(c.output, text);
+  }
+  fmt::print(stderr, "packtrain acquire: {} of {} pool rows by {} ({}){}\n", c.count, x.size(0), strategy, selection,
+             c.output.empty() || c.output == "-" ? "" : " -> " + c.output);
+  return 0;
+}
+
 void add_table_format_options(CLI::App* app, runtime::DataArgs& a) {
   app->add_option("--delimiter", a.delimiter, "auto, comma, tab, semicolon or space")->capture_default_str();
   app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")->capture_default_str();
@@ -215,15 +294,22 @@ void add_table_format_options(CLI::App* app, runtime::DataArgs& a) {
 void add_predict_commands(CLI::App& app, int& status) {
   auto predict = std::make_shared<PredictCommand>();
   CLI::App* p = app.add_subcommand(
-      "predict", "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out with the ensemble mean and std per\n"
-                 "row (classification: the predicted label and class probabilities). Columns are matched by the\n"
-                 "training feature names when the file has a header, else taken in order.");
+      "predict", "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out. Regression, per row: the\n"
+                 "ensemble mean; its total std split into aleatoric (the noise the members predict) and epistemic\n"
+                 "(their disagreement), std² = aleatoric² + epistemic²; and central intervals of the members'\n"
+                 "mixture itself (--interval). Classification: the predicted label and class probabilities.\n"
+                 "Columns are matched by the training feature names when the file has a header, else taken in order.");
   p->add_option("checkpoint", predict->checkpoint,
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();
   p->add_option("input", predict->input, "CSV/TSV/whitespace table of feature rows")->required();
   p->add_option("-o,--output", predict->output, "Output CSV (written atomically; default: stdout)");
   p->add_flag("--members", predict->members, "Also one column per member");
+  p->add_option("--interval", predict->intervals,
+                "Regression: a central prediction interval of the ensemble's mixture at this level, as columns\n"
+                "lower_L,upper_L (repeatable; e.g. --interval 0.5 --interval 0.95)")
+      ->capture_default_str()
+      ->check(open_unit());
   p->add_option("--device", predict->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   add_table_format_options(p, predict->format);
   p->callback([predict, &status] { status = run_predict(*predict); });
@@ -231,15 +317,56 @@ void add_predict_commands(CLI::App& app, int& status) {
   auto evaluate = std::make_shared<EvaluateCommand>();
   CLI::App* e = app.add_subcommand(
       "evaluate", "Metrics of a checkpoint per member and for the ensemble: on the test rows of the run's own data\n"
-                  "(default), or on a table with the feature columns and the target column.");
+                  "(default), or on a table with the feature columns and the target column. The ensemble's\n"
+                  "scores and calibration follow, with a verdict in words. Regression: RMSE, NLL of the mixture and\n"
+                  "of its moment-matched Gaussian (what deep-ensemble papers report), CRPS, coverage and mean width of\n"
+                  "central intervals (--interval), miscalibration area. Classification: accuracy, NLL, Brier score,\n"
+                  "expected calibration error (15 equal-width confidence bins).");
   e->add_option("checkpoint", evaluate->checkpoint,
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();
   e->add_option("input", evaluate->input, "Table with features and target (default: the run's test rows)");
   e->add_option("--device", evaluate->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  e->add_flag("--json", evaluate->json, "Print the metrics as JSON");
+  e->add_flag("--json", evaluate->json, "Print the metrics as JSON (every number, the calibration curve included)");
+  e->add_option("--interval", evaluate->intervals,
+                "Regression: the coverage of the mixture's central interval at this level (repeatable)")
+      ->capture_default_str()
+      ->check(open_unit());
+  e->add_option("--reliability", evaluate->reliability,
+                "Also write the reliability diagram (SVG): coverage against level, or accuracy against confidence");
   add_table_format_options(e, evaluate->format);
   e->callback([evaluate, &status] { status = run_evaluate(*evaluate); });
+
+  auto acquire = std::make_shared<AcquireCommand>();
+  CLI::App* a = app.add_subcommand(
+      "acquire", "Choose which unlabelled rows to label next: score every row of a pool (a table of feature\n"
+                 "columns, as for predict) with the checkpoint's ensemble and write the chosen rows' index (0-based\n"
+                 "among the data rows), score and rank as CSV (or --json). Regression: epistemic (the members'\n"
+                 "disagreement; default), variance (total predictive variance), ucb (mean + beta * std).\n"
+                 "Classification: bald (mutual information; default), entropy, margin, variation-ratio. random for\n"
+                 "a baseline. --selection power or softmax draws the batch at random in proportion to the scores\n"
+                 "(seeded), which keeps a batch from filling with near-duplicates of one region.");
+  a->add_option("checkpoint", acquire->checkpoint,
+                "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
+      ->required();
+  a->add_option("pool", acquire->pool, "CSV/TSV/whitespace table of unlabelled feature rows")->required();
+  add_enum_option(a, "--strategy", acquire->options.strategy, runtime::kAcquisitionStrategyNames,
+                  "How rows are scored; default epistemic (regression) or bald (classification)")
+      ->default_str("epistemic|bald")
+      ->each([acquire](const std::string&) { acquire->strategy_given = true; });
+  a->add_option("--count,-b", acquire->count, "Rows to choose (the batch size b)")->capture_default_str()->check(positive());
+  add_enum_option(a, "--selection", acquire->options.selection, runtime::kBatchSelectionNames,
+                  "top: the b highest scores; power/softmax: b drawn with probability ~ score^power or exp(power*score)");
+  a->add_option("--power", acquire->options.power, "Exponent (power) or inverse temperature (softmax) of the sampling")
+      ->capture_default_str()
+      ->check(finite_non_negative());
+  a->add_option("--ucb-beta", acquire->options.ucb_beta, "UCB: mean + beta * total std")->capture_default_str();
+  a->add_option("--seed", acquire->options.seed, "Seed of random scores and sampled batches")->capture_default_str();
+  a->add_option("-o,--output", acquire->output, "Output file (written atomically; default: stdout)");
+  a->add_flag("--json", acquire->json, "Write JSON instead of CSV");
+  a->add_option("--device", acquire->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  add_table_format_options(a, acquire->format);
+  a->callback([acquire, &status] { status = run_acquire(*acquire); });
 
   auto exporter = std::make_shared<ExportCommand>();
   CLI::App* x = app.add_subcommand(

@@ -42,4 +42,8 @@ inline CLI::Validator between(double lo, double hi) {
 inline CLI::Validator finite_non_negative() {
   return detail::bound("FINITE_NONNEGATIVE", "finite and >= 0", [](double v) { return std::isfinite(v) && v >= 0; });
 }
+// 0 < v < 1 (an interval's level, a probability that must not be certain).
+inline CLI::Validator open_unit() {
+  return detail::bound("LEVEL", "strictly between 0 and 1", [](double v) { return v > 0 && v < 1; });
+}
 }  // namespace packtrain::cli

@@ -28,7 +28,7 @@ struct Dataset {
 Dataset subset(const Dataset& data, const std::vector<int64_t>& rows);
 
 struct DatasetSpec {
-  // A bundled data set's name (concrete, energy, yacht, wine-quality-red), a
+  // A bundled data set's name (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant, power-plant, protein-tertiary-structure), a
   // UCI-format directory, or a CSV / TSV / whitespace table file.
   std::string path;
   TableFormat format;                  // table files only

@@ -59,11 +59,16 @@ std::vector<int64_t> initial_rows(int64_t pool_rows, int64_t count, uint64_t see
 
 // The pack's options: S * G * M members, and an order that lets members train on
 // different rows.
-EnsembleTrainerOptions pack_options(EnsembleTrainerOptions o, int64_t runs) {
+EnsembleTrainerOptions pack_options(EnsembleTrainerOptions o, int64_t runs, const AcquisitionOptions& acquisition) {
+  const bool classification = o.head() == Head::kClassification;
+  require(acquisition.strategy == AcquisitionStrategy::kRandom ||
+              strategy_for_classification(acquisition.strategy) == classification,
+          "the acquisition strategy '" + std::string(kAcquisitionStrategyNames.name(acquisition.strategy)) +
+              "' does not fit a " + (classification ? "classifier (use bald, entropy, margin or variation-ratio)"
+                                                    : "regressor (use epistemic, variance or ucb)"));
   require(o.patience() == 0, "there is no validation data to stop early on: patience must be 0, got " +
                                  std::to_string(o.patience()));
-  require(o.head() != Head::kClassification, "needs a regression head (mean or gaussian), got classification");
-  require(o.members() >= 2, "ensemble spread needs at least 2 members per ensemble, got " +
+  require(o.members() >= 2, "an ensemble's disagreement needs at least 2 members per ensemble, got " +
                                 std::to_string(o.members()));
   // The cosine length is fixed (in steps) when the step is captured, but an epoch
   // grows with the labelled set: the decay would end at the wrong time.
@@ -162,6 +167,17 @@ void PoolPartition::acquire_random(std::mt19937_64& rng, int64_t count) {
   move(positions);
 }
 
+void PoolPartition::acquire_by(const at::Tensor& scores, int64_t count, const AcquisitionOptions& options) {
+  if (options.selection == BatchSelection::kTop) return acquire_top(scores, count);
+  const int64_t rows = static_cast<int64_t>(labelled_.size() + unlabelled_.size());
+  TORCH_CHECK(scores.dim() == 1 && scores.size(0) == rows, "acquire_by: expected one score per pool row (", rows,
+              "), got ", scores.sizes());
+  const at::Tensor unlabelled = scores.to(at::kDouble).cpu().index_select(0, at::tensor(unlabelled_, at::kLong));
+  std::vector<size_t> positions;
+  for (const int64_t p : select_batch(unlabelled, count, options)) positions.push_back(static_cast<size_t>(p));
+  move(positions);
+}
+
 void PoolPartition::move(const std::vector<size_t>& positions) {
   std::vector<char> moved(unlabelled_.size(), 0);
   for (const size_t p : positions) {
@@ -183,7 +199,7 @@ ActiveLearningLoop::ActiveLearningLoop(const EnsembleTrainerOptions& trainer_opt
     : options_(options), members_per_run_(trainer_options.members()) {
   options_.validate();
   const int64_t runs = strategies() * options_.ensembles();
-  const EnsembleTrainerOptions pack = pack_options(trainer_options, runs);
+  const EnsembleTrainerOptions pack = pack_options(trainer_options, runs, options_.acquisition());
   TORCH_CHECK(pool_x.dim() == 2 && test_x.dim() == 2 && test_y.dim() == 2 && test_y.size(1) == 1 && test_x.size(0) == test_y.size(0) &&
                   test_x.size(1) == pool_x.size(1),
               "active learning: expected pool x (N, I) and test x (T, I), y (T, 1), got ", pool_x.sizes(), ", ",
@@ -219,36 +235,69 @@ void ActiveLearningLoop::train_round() {
   train_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Each run's ensemble mean (runs, N) over its usable members (a diverged member is
-// left out, as in EnsembleTrainer::predict), and optionally their spread.
-at::Tensor ActiveLearningLoop::run_means(const at::Tensor& member_mean, at::Tensor* spread) const {
+// Each run's mean over its usable members (a diverged member is left out, as in
+// EnsembleTrainer::predict) of per-member values (K, ...): (runs, ...).
+at::Tensor ActiveLearningLoop::run_means(const at::Tensor& member_values) const {
   const int64_t runs = static_cast<int64_t>(runs_.size()), M = members_per_run_;
   std::vector<double> usable;
   for (const MemberState& m : trainer_->member_states()) usable.push_back(m.usable ? 1.0 : 0.0);
-  const at::Tensor w = at::tensor(usable, at::kDouble).view({runs, M, 1});
-  const at::Tensor count = w.sum(1);  // (runs, 1)
-  const int64_t empty_run = count.view({-1}).eq(0).to(at::kLong).argmax().item<int64_t>();
-  if (count[empty_run].item<double>() == 0) {
-    throw std::runtime_error("active learning: every member of run " + std::to_string(empty_run) +
-                             " diverged; lower the learning rate");
+  std::vector<int64_t> shape{runs, M};
+  for (int64_t d = 1; d < member_values.dim(); ++d) shape.push_back(1);
+  const at::Tensor w = at::tensor(usable, at::kDouble).view(shape);
+  const at::Tensor count = w.sum(1);  // (runs, 1...)
+  for (int64_t r = 0; r < runs; ++r) {
+    if (count[r].sum().item<double>() == 0) {
+      throw std::runtime_error("active learning: every member of run " + std::to_string(r) +
+                               " diverged; lower the learning rate");
+    }
   }
-  const at::Tensor means = at::where(w > 0, member_mean.view({runs, M, -1}), 0.0);  // (runs, M, N)
-  const at::Tensor run_mean = (means * w).sum(1) / count;
-  if (spread) *spread = (((means - run_mean.unsqueeze(1)).square() * w).sum(1) / count).sqrt();
-  return run_mean;
+  std::vector<int64_t> grouped{runs, M};
+  for (int64_t d = 1; d < member_values.dim(); ++d) grouped.push_back(member_values.size(d));
+  const at::Tensor values = at::where(w > 0, member_values.to(at::kDouble).view(grouped), 0.0);  // (runs, M, ...)
+  return (values * w).sum(1) / count;
 }
 
-std::vector<double> ActiveLearningLoop::test_rmse() const {
-  const at::Tensor means = run_means(trainer_->predict(test_x_).member_mean, nullptr);
-  const at::Tensor rmse = (means - test_y_).square().mean(1).sqrt().contiguous();
-  return {rmse.data_ptr<double>(), rmse.data_ptr<double>() + rmse.numel()};
+// Run `run`'s members of a whole-pack prediction, as the prediction of that run's
+// ensemble (its usable members included).
+EnsemblePrediction ActiveLearningLoop::run_prediction(const EnsemblePrediction& all, int64_t run) const {
+  const int64_t M = members_per_run_, first = run * M;
+  EnsemblePrediction p;
+  const auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, M) : at::Tensor(); };
+  p.member_mean = slice(all.member_mean);
+  p.member_variance = slice(all.member_variance);
+  p.member_probabilities = slice(all.member_probabilities);
+  for (int64_t m = 0; m < M; ++m) {
+    if (trainer_->member_states()[static_cast<size_t>(first + m)].usable) p.included.push_back(m);
+  }
+  if (p.included.empty()) {
+    throw std::runtime_error("active learning: every member of run " + std::to_string(run) +
+                             " diverged; lower the learning rate");
+  }
+  return p;
+}
+
+std::vector<double> ActiveLearningLoop::test_metric() const {
+  const EnsemblePrediction p = trainer_->predict(test_x_);
+  at::Tensor metric;
+  if (classification()) {
+    const at::Tensor probabilities = run_means(p.member_probabilities);  // (runs, T, C)
+    const at::Tensor target = class_indices(test_y_.reshape({-1}), trainer_->classes(), "active learning test");
+    metric = probabilities.argmax(2).eq(target.unsqueeze(0)).to(at::kDouble).mean(1);
+  } else {
+    metric = (run_means(p.member_mean) - test_y_).square().mean(1).sqrt();
+  }
+  metric = metric.contiguous();
+  return {metric.data_ptr<double>(), metric.data_ptr<double>() + metric.numel()};
 }
 
 void ActiveLearningLoop::acquire() {
-  at::Tensor spread;
-  run_means(trainer_->predict(pool_x_).member_mean, &spread);
+  const EnsemblePrediction all = trainer_->predict(pool_x_);
   const int64_t G = options_.ensembles();
-  for (int64_t g = 0; g < G; ++g) runs_[static_cast<size_t>(g)].acquire_top(spread[g], options_.acquire());
+  for (int64_t g = 0; g < G; ++g) {
+    AcquisitionOptions o = options_.acquisition();
+    o.seed = mix(o.seed, mix(static_cast<uint64_t>(round_), static_cast<uint64_t>(g)));  // fresh draws per round, run
+    runs_[static_cast<size_t>(g)].acquire_by(acquisition_scores(run_prediction(all, g), o), options_.acquire(), o);
+  }
   if (!options_.random_baseline()) return;
   for (int64_t g = 0; g < G; ++g) {
     runs_[static_cast<size_t>(G + g)].acquire_random(random_rngs_[static_cast<size_t>(g)], options_.acquire());
@@ -261,12 +310,12 @@ LearningCurvePoint ActiveLearningLoop::next_round() {
   LearningCurvePoint point;
   point.round = round_;
   point.labelled = static_cast<int64_t>(runs_.front().labelled().size());
-  const std::vector<double> rmse = test_rmse();
+  const std::vector<double> metric = test_metric();
   const auto G = static_cast<std::ptrdiff_t>(options_.ensembles());
-  point.spread_runs.assign(rmse.begin(), rmse.begin() + G);
-  point.random_runs.assign(rmse.begin() + G, rmse.end());
-  point.spread_rmse = mean(point.spread_runs);
-  point.random_rmse = mean(point.random_runs);
+  point.acquired_runs.assign(metric.begin(), metric.begin() + G);
+  point.random_runs.assign(metric.begin() + G, metric.end());
+  point.acquired = mean(point.acquired_runs);
+  point.random = mean(point.random_runs);
   ++round_;
   if (!done()) acquire();
   return point;
@@ -278,6 +327,8 @@ ActiveLearningResult run_active_learning(const EnsembleTrainerOptions& trainer_o
                                          const RoundCallback& on_round) {
   ActiveLearningLoop loop(trainer_options, pool_x, pool_y, test_x, test_y, options);
   ActiveLearningResult result;
+  result.strategy = std::string(kAcquisitionStrategyNames.name(options.acquisition().strategy));
+  result.metric = loop.classification() ? "accuracy" : "rmse";
   result.pack_members = loop.trainer().options().members();
   while (!loop.done()) {
     result.curve.push_back(loop.next_round());
@@ -300,32 +351,34 @@ std::string cell(double v) {
 }  // namespace
 
 void write_learning_curve_csv(const std::filesystem::path& path, const ActiveLearningResult& result) {
-  std::string csv = "round,labelled,spread_rmse,random_rmse,spread_std,random_std\n";
+  const std::string& s = result.strategy;
+  const std::string& m = result.metric;
+  std::string csv = "round,labelled," + s + "_" + m + ",random_" + m + "," + s + "_std,random_std\n";
   for (const LearningCurvePoint& p : result.curve) {
-    csv += std::to_string(p.round) + "," + std::to_string(p.labelled) + "," + cell(p.spread_rmse) + "," +
-           cell(p.random_rmse) + "," + cell(stddev(p.spread_runs)) + "," + cell(stddev(p.random_runs)) + "\n";
+    csv += std::to_string(p.round) + "," + std::to_string(p.labelled) + "," + cell(p.acquired) + "," +
+           cell(p.random) + "," + cell(stddev(p.acquired_runs)) + "," + cell(stddev(p.random_runs)) + "\n";
   }
   write_file_atomically(path, csv);
 }
 
 void write_learning_curve_svg(const std::filesystem::path& path, const ActiveLearningResult& result,
                               const std::string& title) {
-  PlotSeries spread{"spread (ensemble std)", {}, {}, {}}, random{"random", {}, {}, {}};
+  PlotSeries acquired{result.strategy, {}, {}, {}}, random{"random", {}, {}, {}};
   for (const LearningCurvePoint& p : result.curve) {
-    spread.x.push_back(static_cast<double>(p.labelled));
-    spread.y.push_back(p.spread_rmse);
-    if (p.spread_runs.size() > 1) spread.y_error.push_back(stddev(p.spread_runs));
+    acquired.x.push_back(static_cast<double>(p.labelled));
+    acquired.y.push_back(p.acquired);
+    if (p.acquired_runs.size() > 1) acquired.y_error.push_back(stddev(p.acquired_runs));
     if (p.random_runs.empty()) continue;
     random.x.push_back(static_cast<double>(p.labelled));
-    random.y.push_back(p.random_rmse);
+    random.y.push_back(p.random);
     if (p.random_runs.size() > 1) random.y_error.push_back(stddev(p.random_runs));
   }
-  std::vector<PlotSeries> series{spread};
+  std::vector<PlotSeries> series{acquired};
   if (!random.x.empty()) series.push_back(random);
   PlotOptions options;
   options.title = title;
   options.x_label = "labelled rows";
-  options.y_label = "test RMSE (original units)";
+  options.y_label = result.metric == "accuracy" ? "test accuracy" : "test RMSE (original units)";
   write_file_atomically(path, line_plot_svg(series, options));
 }
 

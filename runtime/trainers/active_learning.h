@@ -1,12 +1,15 @@
 // Pool-based active learning with deep ensembles, all in one pack: G independent
-// runs per strategy (acquisition by ensemble spread and, as a baseline, uniformly
-// at random), each an ensemble of M members, trained together by one EnsembleTrainer
+// runs per strategy (acquisition by an acquisition strategy — runtime/trainers/
+// acquisition.h: epistemic spread, variance, UCB for regression; BALD, entropy,
+// margin, variation ratio for classification — and, as a baseline, uniformly at
+// random), each an ensemble of M members, trained together by one EnsembleTrainer
 // and re-initialized in place every round, so the captured steps serve every round.
 //
-// Pack layout: member k = (s * G + g) * M + m belongs to strategy s (0: spread,
-// 1: random), run g, member m of that run's ensemble.
+// Pack layout: member k = (s * G + g) * M + m belongs to strategy s (0: the
+// acquisition strategy, 1: random), run g, member m of that run's ensemble.
 #pragma once
 
+#include "packtrain/runtime/trainers/acquisition.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble_trainer_options.h"
 
@@ -34,6 +37,9 @@ struct ActiveLearningOptions {
   TORCH_ARG(int64_t, ensembles) = 1;
   TORCH_ARG(bool, random_baseline) = true;  // also run random acquisition, in the same pack
   TORCH_ARG(uint64_t, seed) = 0;            // initial set, random acquisitions, member seeds per round
+  // How rows are scored and a batch chosen (its seed is mixed with each round's
+  // and run's). The strategy must fit the head: see strategy_for_classification.
+  TORCH_ARG(AcquisitionOptions, acquisition) = {};
 
  public:
   // Throws std::invalid_argument naming the field and value.
@@ -43,12 +49,17 @@ struct ActiveLearningOptions {
 struct LearningCurvePoint {
   int64_t round = 0;     // 0-based: round r trained on initial + r * acquire rows
   int64_t labelled = 0;
-  double spread_rmse = 0;  // test RMSE (original units) of spread acquisition, mean over runs
-  double random_rmse = 0;  // the same for random acquisition; NaN without the baseline
-  std::vector<double> spread_runs, random_runs;  // per run: RMSE of the mean of its M members
+  // The test metric — RMSE (original units) of a run's ensemble mean, or the accuracy
+  // of its mixture (classification) — mean over runs: acquisition by the strategy,
+  // and random acquisition (NaN without the baseline).
+  double acquired = 0;
+  double random = 0;
+  std::vector<double> acquired_runs, random_runs;  // per run
 };
 
 struct ActiveLearningResult {
+  std::string strategy;  // the acquisition strategy's name: "epistemic", "bald", ...
+  std::string metric;    // "rmse" or "accuracy"
   std::vector<LearningCurvePoint> curve;
   int64_t pack_members = 0;  // S * G * M
   double train_seconds = 0;  // re-initialization and training, all rounds (not scoring)
@@ -72,6 +83,9 @@ class PoolPartition {
   void acquire_top(const at::Tensor& scores, int64_t count);
   // Moves `count` unlabelled rows drawn uniformly without replacement.
   void acquire_random(std::mt19937_64& rng, int64_t count);
+  // Moves `count` unlabelled rows chosen by `options.selection` from their scores:
+  // acquire_top for kTop, else select_batch over the unlabelled rows' scores.
+  void acquire_by(const at::Tensor& scores, int64_t count, const AcquisitionOptions& options);
 
  private:
   void move(const std::vector<size_t>& positions);  // positions in unlabelled_
@@ -95,6 +109,7 @@ class ActiveLearningLoop {
   LearningCurvePoint next_round();
 
   int64_t strategies() const { return options_.random_baseline() ? 2 : 1; }  // S
+  bool classification() const { return trainer_->options().head() == Head::kClassification; }
   int64_t members_per_run() const { return members_per_run_; }               // M
   const std::vector<PoolPartition>& runs() const { return runs_; }           // S * G, spread runs first
   EnsembleTrainer& trainer() { return *trainer_; }
@@ -104,8 +119,9 @@ class ActiveLearningLoop {
   uint64_t round_seed() const;
   at::Tensor member_rows() const;
   void train_round();
-  std::vector<double> test_rmse() const;
-  at::Tensor run_means(const at::Tensor& member_mean, at::Tensor* spread) const;
+  std::vector<double> test_metric() const;
+  at::Tensor run_means(const at::Tensor& member_values) const;
+  EnsemblePrediction run_prediction(const EnsemblePrediction& all, int64_t run) const;
   void acquire();
 
   ActiveLearningOptions options_;
@@ -121,7 +137,7 @@ class ActiveLearningLoop {
 // Runs all rounds. `trainer_options.members()` is M; the pack has S * G * M members.
 // Each run's batches come from its own labelled rows, so the order must be
 // per-member or bootstrap: a shared order is switched to per-member, with a log
-// line. Regression heads only, no validation data: patience must be 0. Throws
+// line. Any head, with a strategy for it; no validation data: patience must be 0. Throws
 // std::invalid_argument on such options, DataError (one line) on sizes that do not
 // fit: initial < batch size, or initial + (rounds - 1) * acquire > pool rows.
 ActiveLearningResult run_active_learning(const EnsembleTrainerOptions& trainer_options, const at::Tensor& pool_x,
@@ -129,11 +145,12 @@ ActiveLearningResult run_active_learning(const EnsembleTrainerOptions& trainer_o
                                          const at::Tensor& test_y, const ActiveLearningOptions& options,
                                          const RoundCallback& on_round = {});
 
-// round,labelled,spread_rmse,random_rmse,spread_std,random_std: one row per round (0-based);
-// std over runs (sample, 0 with one run); an empty cell where there is no baseline.
+// round,labelled,<strategy>_<metric>,random_<metric>,<strategy>_std,random_std (e.g.
+// epistemic_rmse, bald_accuracy): one row per round (0-based); std over runs
+// (sample, 0 with one run); an empty cell where there is no baseline.
 // Written atomically.
 void write_learning_curve_csv(const std::filesystem::path& path, const ActiveLearningResult& result);
-// Labelled rows against test RMSE for both strategies, error bars = std over runs
+// Labelled rows against the test metric for both strategies, error bars = std over runs
 // when there are several. Written atomically.
 void write_learning_curve_svg(const std::filesystem::path& path, const ActiveLearningResult& result,
                               const std::string& title);

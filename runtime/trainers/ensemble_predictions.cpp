@@ -97,7 +97,7 @@ EnsemblePrediction combine_members(EnsemblePrediction p, Head head, const std::v
 }
 
 namespace {
-EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y) {
+EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y, const std::vector<double>& levels) {
   EnsembleMetrics m;
   const at::Tensor target = y.reshape({-1}).to(at::kDouble);
   for (int64_t k = 0; k < p.member_mean.size(0); ++k) {
@@ -107,14 +107,15 @@ EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor
     m.members.push_back(r);
   }
   m.ensemble.rmse = rmse(p.mean, target);
-  m.ensemble.nll = gaussian_nll(p.mean, p.variance, target);
+  m.regression = regression_calibration(p, target, levels);
+  m.ensemble.nll = m.regression.gaussian_nll;  // the moment-matched Gaussian's: one computation
   return m;
 }
 }  // namespace
 
 EnsembleMetrics ensemble_metrics(const EnsemblePrediction& p, const at::Tensor& y, Head head,
-                                 const std::vector<double>& classes) {
-  if (head != Head::kClassification) return regression_metrics(p, y);
+                                 const std::vector<double>& classes, const std::vector<double>& levels) {
+  if (head != Head::kClassification) return regression_metrics(p, y, levels);
   const at::Tensor target = class_indices(y, classes, "evaluation");
   const auto metrics = [&](const at::Tensor& probs) {
     Metrics r;
@@ -125,6 +126,7 @@ EnsembleMetrics ensemble_metrics(const EnsemblePrediction& p, const at::Tensor& 
   EnsembleMetrics m;
   for (int64_t k = 0; k < p.member_probabilities.size(0); ++k) m.members.push_back(metrics(p.member_probabilities[k]));
   m.ensemble = metrics(p.probabilities);
+  m.classification = classification_calibration(p.probabilities, target);
   return m;
 }
 

@@ -4,6 +4,7 @@
 // members gathered from its shards with the same functions.
 #pragma once
 
+#include "packtrain/runtime/trainers/calibration.h"
 #include "packtrain/runtime/trainers/ensemble_trainer_options.h"
 
 #include <ATen/core/Tensor.h>
@@ -22,7 +23,10 @@ struct Metrics {
 
 struct EnsembleMetrics {
   std::vector<Metrics> members;
-  Metrics ensemble;  // the uniform mixture of the usable members
+  Metrics ensemble;  // the uniform mixture of the usable members (nll: the moment-matched Gaussian's)
+  // The mixture's scores and calibration, by head (the other one stays empty).
+  RegressionCalibration regression;
+  ClassificationCalibration classification;
 };
 
 struct EnsemblePrediction {
@@ -46,9 +50,11 @@ struct EnsemblePrediction {
 // members gathered from all its shards.
 EnsemblePrediction combine_members(EnsemblePrediction members, Head head, const std::vector<double>& classes = {});
 // Per-member and ensemble metrics of a combined prediction against y (N), original
-// units: RMSE and Gaussian NLL, or accuracy and NLL (labels must be in `classes`).
+// units: RMSE and Gaussian NLL, or accuracy and NLL (labels must be in `classes`),
+// and the ensemble's calibration (runtime/trainers/calibration.h) at `levels`.
 EnsembleMetrics ensemble_metrics(const EnsemblePrediction& prediction, const at::Tensor& y, Head head,
-                                 const std::vector<double>& classes = {});
+                                 const std::vector<double>& classes = {},
+                                 const std::vector<double>& levels = kDefaultIntervalLevels);
 // Copies a shard's per-member predictions into rows first_member.. of `all` (made,
 // zero-filled, for `members` members at the first call) and its included members.
 void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members);

@@ -143,7 +143,9 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   const size_t previous_classes = classes_.size();
   x_scale_ = Standardizer::fit(fx);
   if (options_.head() == Head::kClassification) {
-    const at::Tensor labels = std::get<0>(at::_unique(fy.reshape({-1}), /*sorted=*/true)).contiguous();
+    // Every class of the rows the trainer holds, not only of `fit_rows`: active
+    // learning labels more of them later, and the output layer is fixed now.
+    const at::Tensor labels = std::get<0>(at::_unique(y.reshape({-1}), /*sorted=*/true)).contiguous();
     classes_.assign(labels.data_ptr<double>(), labels.data_ptr<double>() + labels.numel());
     if (classes_.size() < 2) throw DataError("classification needs at least 2 classes in the training data, got " +
                                              std::to_string(classes_.size()));

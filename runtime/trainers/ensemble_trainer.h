@@ -74,7 +74,8 @@ class EnsembleTrainer {
 
   // x (N, I), y (N, 1): CPU float64 in original units (class labels as numbers for
   // classification). Validation data are optional (undefined tensors). prepare()
-  // fits the standardizers (on `fit_rows` only, when given) and the classes, and
+  // fits the standardizers (on `fit_rows` only, when given) and the classes (of all
+  // rows: active learning labels more of them later), and
   // builds the pack and its steps; train() then runs the epochs. fit() does both.
   // Prepared again with data of the same shapes (rows, features, validation rows,
   // number of classes), the pack and its steps are kept — their captured graphs

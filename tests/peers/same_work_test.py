@@ -542,6 +542,10 @@ class Harness(unittest.TestCase):
             results, table, svg = self.run_peers(out, "--members", "1", "--peers", selection, env=JAX_ENV)
             row = next(r for r in results["rows"] if r["workload"]["members"] == 1)
             self.assertGreater(row["systems"]["packtrain"]["member_steps_per_s"], 0)
+            # packtrain timed again beside the row's peers; the start-of-run figure kept.
+            self.assertTrue(row["systems"]["packtrain"]["timed_beside_peers"])
+            self.assertGreater(row["systems"]["packtrain"]["start_of_run_member_steps_per_s"], 0)
+            self.assertIn("timed again right before that row's peers", table)
             self.assertGreater(row["systems"]["PyTorch loop"]["member_steps_per_s"], 0)
             self.assertEqual(row["systems"]["PyTorch loop"]["status"], "ok")
             graphs = row["systems"]["vmap + torch.compile / CUDA graph"]

@@ -189,7 +189,8 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const Result predicted = run("predict " + path("mp.ckpt") + " " + concrete_csv("in.csv", 3, false) +
                                " --members --device cpu");
   ASSERT_EQ(predicted.status, 0) << predicted.out;
-  EXPECT_THAT(predicted.out, HasSubstr("mean,std,member_0,member_1,member_2,member_3,member_4\n"));
+  EXPECT_THAT(predicted.out, HasSubstr("mean,std,aleatoric_std,epistemic_std,lower_90,upper_90,member_0,member_1,member_2,member_3,"
+                                           "member_4\n"));
   const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu");
   EXPECT_EQ(alone.status, 2);
   EXPECT_THAT(alone.out, HasSubstr("multi-process run"));

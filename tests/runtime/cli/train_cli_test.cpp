@@ -53,14 +53,15 @@ TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
   std::istringstream lines(read_file(path("out.csv")));
   std::string header, line;
   std::getline(lines, header);
-  EXPECT_EQ(header, "mean,std,member_0,member_1,member_2,member_3");
+  EXPECT_EQ(header, "mean,std,aleatoric_std,epistemic_std,lower_90,upper_90,member_0,member_1,member_2,member_3");
   int rows = 0;
   while (std::getline(lines, line)) {
     ++rows;
-    double mean = 0, std = 0, member_sum = 0;
+    double mean = 0, std = 0, member_sum = 0, skipped = 0;
     char comma = 0;
     std::istringstream cells(line);
     cells >> mean >> comma >> std;
+    for (int c = 0; c < 4; ++c) cells >> comma >> skipped;  // the decomposition and the interval
     for (int k = 0; k < 4; ++k) {
       double m = 0;
       cells >> comma >> m;

@@ -1,6 +1,7 @@
 // Active learning in one pack: the labelled sets grow by b per round and never
 // overlap the pool; re-initializing between rounds keeps the same steps and graphs;
-// bad options fail with one-line errors; and acquisition by ensemble spread beats
+// bad options fail with one-line errors; classifiers acquire by BALD or sampled
+// entropy; and acquisition by ensemble spread beats
 // random acquisition on a bundled data set, measured here, over the same seeds.
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/uci_dataset.h"
@@ -142,9 +143,9 @@ TEST_P(ActiveLearningDevice, LabelledSetsGrowByAcquireAndStayDisjointFromThePool
     const LearningCurvePoint p = loop.next_round();
     EXPECT_EQ(p.round, r);
     EXPECT_EQ(p.labelled, o.initial() + r * o.acquire());
-    ASSERT_EQ(p.spread_runs.size(), 2u);
+    ASSERT_EQ(p.acquired_runs.size(), 2u);
     ASSERT_EQ(p.random_runs.size(), 2u);
-    EXPECT_TRUE(std::isfinite(p.spread_rmse) && std::isfinite(p.random_rmse));
+    EXPECT_TRUE(std::isfinite(p.acquired) && std::isfinite(p.random));
     const int64_t after = o.initial() + std::min(r + 1, o.rounds() - 1) * o.acquire();  // acquired unless last
     for (const PoolPartition& run : loop.runs()) {
       expect_partition(run, N, after);
@@ -153,6 +154,41 @@ TEST_P(ActiveLearningDevice, LabelledSetsGrowByAcquireAndStayDisjointFromThePool
   }
   EXPECT_TRUE(loop.done());
   EXPECT_NE(loop.runs()[0].labelled(), loop.runs()[2].labelled()) << "spread and random acquired the same rows";
+}
+
+// A classifier (wine quality's grades as classes) by BALD and by power-sampled
+// entropy: the same bookkeeping, accuracy in [0, 1], the runs acquiring other rows
+// than random acquisition does, and the sampled batches differing from the top-b.
+TEST_P(ActiveLearningDevice, ClassifiersAcquireByBaldOrSampledEntropy) {
+  const PoolAndTest d = load("wine-quality-red", 0);
+  const int64_t N = d.pool_x.size(0);
+  EnsembleTrainerOptions t = small_trainer(device());
+  t.head(Head::kClassification);
+  std::vector<std::vector<int64_t>> acquired;
+  for (const BatchSelection selection : {BatchSelection::kTop, BatchSelection::kPower}) {
+    AcquisitionOptions a;
+    a.strategy = selection == BatchSelection::kTop ? AcquisitionStrategy::kBald : AcquisitionStrategy::kEntropy;
+    a.selection = selection;
+    const ActiveLearningOptions o = small_loop().rounds(3).acquisition(a);
+    const ActiveLearningResult r = run_active_learning(t, d.pool_x, d.pool_y, d.test_x, d.test_y, o);
+    EXPECT_EQ(r.metric, "accuracy");
+    EXPECT_EQ(r.strategy, selection == BatchSelection::kTop ? "bald" : "entropy");
+    ASSERT_EQ(r.curve.size(), 3u);
+    for (const LearningCurvePoint& p : r.curve) {
+      EXPECT_GE(p.acquired, 0.0);
+      EXPECT_LE(p.acquired, 1.0);
+      EXPECT_GE(p.random, 0.0);
+      EXPECT_LE(p.random, 1.0);
+    }
+    ASSERT_EQ(r.labelled.size(), 4u);
+    for (const std::vector<int64_t>& rows : r.labelled) {
+      EXPECT_EQ(static_cast<int64_t>(std::set<int64_t>(rows.begin(), rows.end()).size()), o.initial() + 2 * o.acquire());
+      for (const int64_t row : rows) EXPECT_LT(row, N);
+    }
+    EXPECT_NE(r.labelled[0], r.labelled[2]) << "the strategy and random acquired the same rows";
+    acquired.push_back(r.labelled[0]);
+  }
+  EXPECT_NE(acquired[0], acquired[1]);
 }
 
 TEST_P(ActiveLearningDevice, ReinitializeKeepsTheStepsAndTheirGraphs) {
@@ -205,7 +241,11 @@ TEST(ActiveLearning, BadOptions_InvalidArgument) {
   const EnsembleTrainerOptions t = small_trainer(c10::kCPU);
   EXPECT_THROW(run(EnsembleTrainerOptions(t).patience(5), small_loop()), std::invalid_argument);
   EXPECT_THROW(run(EnsembleTrainerOptions(t).members(1), small_loop()), std::invalid_argument);
+  // A classifier with a regression strategy (the options' default, epistemic), and the reverse.
   EXPECT_THROW(run(EnsembleTrainerOptions(t).head(Head::kClassification), small_loop()), std::invalid_argument);
+  AcquisitionOptions bald;
+  bald.strategy = AcquisitionStrategy::kBald;
+  EXPECT_THROW(run(t, small_loop().acquisition(bald)), std::invalid_argument);
   EXPECT_THROW(run(EnsembleTrainerOptions(t).schedule(ensemble::LrScheduleKind::kCosine), small_loop()),
                std::invalid_argument);
   EXPECT_THROW(run(t, small_loop().rounds(0)), std::invalid_argument);
@@ -234,7 +274,7 @@ TEST(ActiveLearning, RunReportsEveryRoundAndTheLabelledRows) {
   EXPECT_EQ(r.pack_members, 4);  // 1 strategy x 2 runs x 2 members
   ASSERT_EQ(r.labelled.size(), 2u);
   EXPECT_EQ(r.labelled[0].size(), 24u + 3 * 8);
-  EXPECT_TRUE(std::isnan(r.curve.back().random_rmse));
+  EXPECT_TRUE(std::isnan(r.curve.back().random));
   EXPECT_TRUE(r.curve.back().random_runs.empty());
   EXPECT_GT(r.train_seconds, 0);
 }
@@ -271,8 +311,8 @@ Comparison late_rmse(const ActiveLearningResult& r) {
   constexpr size_t kLast = 3;
   Comparison c;
   for (size_t i = r.curve.size() - kLast; i < r.curve.size(); ++i) {
-    c.spread += r.curve[i].spread_rmse / kLast;
-    c.random += r.curve[i].random_rmse / kLast;
+    c.spread += r.curve[i].acquired / kLast;
+    c.random += r.curve[i].random / kLast;
   }
   return c;
 }
@@ -280,7 +320,7 @@ Comparison late_rmse(const ActiveLearningResult& r) {
 std::string curve_text(const ActiveLearningResult& r) {
   std::ostringstream out;
   for (const LearningCurvePoint& p : r.curve) {
-    out << "  labelled " << p.labelled << ": spread " << p.spread_rmse << ", random " << p.random_rmse << "\n";
+    out << "  labelled " << p.labelled << ": spread " << p.acquired << ", random " << p.random << "\n";
   }
   return out.str();
 }
@@ -308,6 +348,8 @@ PACKTRAIN_INSTANTIATE_DEVICE_TESTS(ActiveLearningDevice);
 
 TEST(ActiveLearning, WritesTheCurveAsCsvAndSvg) {
   ActiveLearningResult r;
+  r.strategy = "epistemic";
+  r.metric = "rmse";
   r.curve.push_back({0, 20, 1.5, 2.0, {1.4, 1.6}, {1.9, 2.1}});
   r.curve.push_back({1, 30, 1.0, 1.8, {0.9, 1.1}, {1.7, 1.9}});
   const fs::path dir = fs::temp_directory_path();
@@ -320,7 +362,7 @@ TEST(ActiveLearning, WritesTheCurveAsCsvAndSvg) {
   s << std::ifstream(svg).rdbuf();
   std::remove(csv.c_str());
   std::remove(svg.c_str());
-  EXPECT_THAT(c.str(), HasSubstr("round,labelled,spread_rmse,random_rmse,spread_std,random_std\n"
+  EXPECT_THAT(c.str(), HasSubstr("round,labelled,epistemic_rmse,random_rmse,epistemic_std,random_std\n"
                                  "0,20,1.5,2,0.14142136,0.14142136\n1,30,1,1.8,0.14142136,0.14142136\n"));
   EXPECT_THAT(s.str(), HasSubstr(">yacht</text>"));
   EXPECT_THAT(s.str(), HasSubstr(">random</text>"));

@@ -1,0 +1,114 @@
+// Acquisition scores and batch selection (runtime/trainers/acquisition.h).
+#include "packtrain/runtime/trainers/acquisition.h"
+
+#include "packtrain/runtime/trainers/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/predictive_distribution.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace packtrain::runtime {
+
+bool strategy_for_classification(AcquisitionStrategy s) {
+  switch (s) {
+    case AcquisitionStrategy::kBald:
+    case AcquisitionStrategy::kEntropy:
+    case AcquisitionStrategy::kMargin:
+    case AcquisitionStrategy::kVariationRatio:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+at::Generator generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+std::string fit_error(AcquisitionStrategy s, bool classification) {
+  return "the acquisition strategy '" + std::string(kAcquisitionStrategyNames.name(s)) + "' scores " +
+         (classification ? "regression" : "classification") + " predictions; this model is a " +
+         (classification ? "classifier (use bald, entropy, margin, variation-ratio or random)"
+                         : "regressor (use epistemic, variance, ucb or random)");
+}
+
+}  // namespace
+
+at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& o) {
+  const bool classification = p.member_probabilities.defined();
+  const int64_t N = classification ? p.member_probabilities.size(1) : p.member_mean.size(1);
+  if (o.strategy == AcquisitionStrategy::kRandom) {
+    return at::rand({N}, generator(o.seed), at::kDouble);
+  }
+  if (strategy_for_classification(o.strategy) != classification) {
+    throw std::invalid_argument(fit_error(o.strategy, classification));
+  }
+  switch (o.strategy) {
+    case AcquisitionStrategy::kEpistemic:
+      return decompose_uncertainty(p).epistemic_std;
+    case AcquisitionStrategy::kTotalVariance:
+      return decompose_uncertainty(p).total_std.square();
+    case AcquisitionStrategy::kUcb: {
+      const UncertaintyDecomposition d = decompose_uncertainty(p);
+      return d.mean + o.ucb_beta * d.total_std;
+    }
+    case AcquisitionStrategy::kBald:
+      return decompose_class_uncertainty(p).mutual_information;
+    case AcquisitionStrategy::kEntropy:
+      return decompose_class_uncertainty(p).entropy;
+    case AcquisitionStrategy::kMargin: {
+      const at::Tensor mixture = p.member_probabilities.to(at::kDouble)
+                                     .index_select(0, at::tensor(p.included, at::kLong))
+                                     .mean(0);  // (N, C)
+      if (mixture.size(1) < 2) return at::zeros({N}, at::kDouble);
+      const at::Tensor top = std::get<0>(mixture.topk(2, 1));
+      return 1 - (top.select(1, 0) - top.select(1, 1));
+    }
+    case AcquisitionStrategy::kVariationRatio: {
+      const at::Tensor members = p.member_probabilities.index_select(0, at::tensor(p.included, at::kLong));
+      const int64_t K = members.size(0), C = members.size(2);
+      const at::Tensor votes = at::one_hot(members.argmax(2), C).sum(0);  // (N, C)
+      return 1 - std::get<0>(votes.max(1)).to(at::kDouble) / static_cast<double>(K);
+    }
+    default:
+      break;
+  }
+  throw std::logic_error("acquisition_scores: unhandled strategy");
+}
+
+std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const AcquisitionOptions& o) {
+  const at::Tensor s = scores.reshape({-1}).to(at::kDouble).cpu();
+  const int64_t N = s.size(0);
+  if (count < 1 || count > N) {
+    throw std::invalid_argument("cannot choose " + std::to_string(count) + " rows from a pool of " + std::to_string(N) +
+                                " (1 to " + std::to_string(N) + ")");
+  }
+  if (!at::isfinite(s).all().item<bool>()) throw std::invalid_argument("acquisition scores must be finite");
+  at::Tensor key = s;
+  if (o.selection != BatchSelection::kTop) {
+    if (!(o.power >= 0 && std::isfinite(o.power))) {
+      throw std::invalid_argument("the sampling power must be finite and >= 0, got " + std::to_string(o.power));
+    }
+    if (o.selection == BatchSelection::kPower && (s < 0).any().item<bool>()) {
+      throw std::invalid_argument("power sampling needs scores >= 0 (" +
+                                  std::string(kAcquisitionStrategyNames.name(o.strategy)) +
+                                  " gave negative ones): use softmax sampling");
+    }
+    // Gumbel top-k: the top `count` of log-weight + Gumbel noise are a draw without
+    // replacement with probabilities proportional to the weights.
+    const at::Tensor u = at::rand({N}, generator(o.seed ^ 0x9E3779B97F4A7C15ULL), at::kDouble).clamp_min(1e-300);
+    const at::Tensor gumbel = -(-u.log()).log();
+    const at::Tensor log_weight = o.power == 0                              ? at::zeros_like(s)  // uniform
+                                  : o.selection == BatchSelection::kPower ? o.power * s.log()
+                                                                          : o.power * s;
+    key = log_weight + gumbel;  // score 0 under power: -inf, chosen only after every positive one
+  }
+  const at::Tensor chosen = std::get<1>(key.topk(count, 0, /*largest=*/true, /*sorted=*/true)).contiguous();
+  return {chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + count};
+}
+
+}  // namespace packtrain::runtime

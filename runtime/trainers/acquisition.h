@@ -1,0 +1,73 @@
+// Which unlabelled rows to label next: acquisition scores from an ensemble's
+// prediction on a pool (higher: more worth a label) and the choice of a batch —
+// the top b, or b drawn at random in proportion to the scores (power or softmax
+// sampling, Kirsch et al., 2023), which keeps near-duplicate rows of a dense region
+// from filling the whole batch. `packtrain acquire` and the active-learning loop
+// both score and choose through here.
+#pragma once
+
+#include "packtrain/base/enum_names.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace packtrain::runtime {
+
+struct EnsemblePrediction;  // runtime/trainers/ensemble_predictions.h
+
+enum class AcquisitionStrategy {
+  // Regression.
+  kEpistemic,      // the std of the member means: disagreement (the spread)
+  kTotalVariance,  // the mixture's variance: disagreement plus predicted noise
+  kUcb,            // mean + beta * total std: an upper confidence bound (maximization)
+  // Classification.
+  kBald,            // mutual information between the label and the member: H[mean p] - mean H[p_k]
+  kEntropy,         // predictive entropy H[mean p]
+  kMargin,          // 1 - (top class probability - second), of the mixture
+  kVariationRatio,  // 1 - (members voting for the modal class) / K
+  // Either head: a baseline.
+  kRandom,
+};
+inline constexpr EnumNames<AcquisitionStrategy, 8> kAcquisitionStrategyNames{
+    "acquisition strategy",
+    {{{AcquisitionStrategy::kEpistemic, "epistemic"},
+      {AcquisitionStrategy::kTotalVariance, "variance"},
+      {AcquisitionStrategy::kUcb, "ucb"},
+      {AcquisitionStrategy::kBald, "bald"},
+      {AcquisitionStrategy::kEntropy, "entropy"},
+      {AcquisitionStrategy::kMargin, "margin"},
+      {AcquisitionStrategy::kVariationRatio, "variation-ratio"},
+      {AcquisitionStrategy::kRandom, "random"}}}};
+
+// Whether a strategy applies to a head's predictions (classification or not).
+bool strategy_for_classification(AcquisitionStrategy s);
+
+enum class BatchSelection {
+  kTop,      // the b highest scores
+  kPower,    // b drawn without replacement with probability proportional to score^power
+  kSoftmax,  // ... proportional to exp(power * score)
+};
+inline constexpr EnumNames<BatchSelection, 3> kBatchSelectionNames{
+    "batch selection",
+    {{{BatchSelection::kTop, "top"}, {BatchSelection::kPower, "power"}, {BatchSelection::kSoftmax, "softmax"}}}};
+
+struct AcquisitionOptions {
+  AcquisitionStrategy strategy = AcquisitionStrategy::kEpistemic;
+  BatchSelection selection = BatchSelection::kTop;
+  double ucb_beta = 2.0;  // UCB's multiple of the total std
+  double power = 1.0;     // the sampling exponent (power) or inverse temperature (softmax)
+  uint64_t seed = 0;      // random scores, sampled batches
+};
+
+// Scores (N, float64) of the prediction's rows under `options.strategy`; throws
+// std::invalid_argument when the strategy does not fit the prediction's head.
+at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& options);
+
+// Row indices of the batch of `count` rows (count <= N), in the order chosen:
+// highest score first for kTop; for the sampled selections, Gumbel top-k on
+// log(score) * power or score * power, seeded. kPower needs scores >= 0.
+std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const AcquisitionOptions& options);
+
+}  // namespace packtrain::runtime
