@@ -19,6 +19,7 @@
 #include "packtrain/runtime/profile/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 #include "packtrain/runtime/trainers/member_parallel.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
@@ -26,6 +27,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 
@@ -43,6 +45,7 @@ struct SessionArgs {
   std::string export_path;
   std::string trace;
   int64_t rank_check_every = 0;  // data parallel: steps between parameter-checksum comparisons (0: every epoch)
+  bool select_best = false;      // a sweep: keep the configuration with the lowest validation loss
 };
 
 void add_session_options(CLI::App* app, SessionArgs& s) {
@@ -59,6 +62,17 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
                   "Data parallel: also compare the ranks' parameter checksums every this many steps (each a host "
                   "synchronization; 0: after every epoch only)")
       ->capture_default_str()->check(non_negative())->group("Multi-process");
+  app->add_option_function<std::string>(
+         "--select",
+         [&s](const std::string& v) {
+           if (v != "all" && v != "best") throw CLI::ValidationError("--select", "expected all or best, got " + v);
+           s.select_best = v == "best";
+         },
+         "A sweep (--lr/--weight-decay lists): all keeps every configuration's members; best keeps the configuration "
+         "with the lowest validation loss (its members' mean NLL, or RMSE for a mean head, on the validation rows "
+         "only) and deselects the rest before the test metrics and the checkpoint")
+      ->default_str("all")
+      ->group("Training");
 }
 
 // How a session is spread over processes: one process (no group), data parallel
@@ -109,6 +123,11 @@ void describe(const Session& s, RunDriver& driver) {
                             "over {} every step",
                             group->world_size(), group->info().source, o.batch_size(), s.trainer.per_rank_batch(),
                             group->backends()));
+  }
+  const auto configurations = runtime::sweep_configurations(o);
+  if (configurations.size() > 1) {
+    driver.note(fmt::format("sweep: {} configurations (learning rate x weight decay) x {} members in one pack",
+                            configurations.size(), configurations.front().members));
   }
   driver.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
                           s.command, s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
@@ -229,10 +248,61 @@ nlohmann::json result_json(const Session& s, const RunDriver& driver, const Prog
   return out;
 }
 
+// The sweep's configurations scored on the validation and test rows (empty when the
+// run trains one configuration).
+std::vector<runtime::ConfigurationReport> sweep_reports(const Session& s) {
+  if (runtime::sweep_configurations(s.trainer.options()).size() < 2) return {};
+  const runtime::Dataset val = s.data.validation(), test = s.data.test();
+  return runtime::report_configurations(s.trainer, val.features, val.targets, test.features, test.targets);
+}
+
+// --select best: keeps the configuration with the lowest validation loss.
+void select_configuration(const Session& s, RunDriver& driver, const std::vector<runtime::ConfigurationReport>& reports) {
+  if (reports.empty()) return;
+  const runtime::ConfigurationReport& best = reports[runtime::best_configuration(reports)];
+  const runtime::SweepConfiguration& c = best.configuration;
+  s.trainer.keep_members(c.first_member, c.members);
+  driver.note(fmt::format("sweep: kept lr {:g}, weight decay {:g} (members {}..{}; mean validation loss {:.4f}); "
+                          "the other {} configurations' members are deselected",
+                          c.lr, c.weight_decay, c.first_member, c.first_member + c.members - 1, best.val_loss,
+                          reports.size() - 1));
+}
+
+nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head) {
+  nlohmann::json out = nlohmann::json::array();
+  const auto number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  for (const runtime::ConfigurationReport& r : reports) {
+    const runtime::SweepConfiguration& c = r.configuration;
+    nlohmann::json j{{"lr", c.lr}, {"weight_decay", c.weight_decay}, {"first_member", c.first_member},
+                     {"members", c.members}, {"usable", r.usable}, {"val_loss", number(r.val_loss)}};
+    if (!r.test.members.empty()) j["test"] = gathered_metrics_json(r.test, head)["ensemble"];
+    out.push_back(j);
+  }
+  return out;
+}
+
+void print_sweep(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head,
+                 const runtime::EnsembleTrainer& trainer) {
+  const bool cls = head == runtime::Head::kClassification;
+  fmt::print("\nSweep: {} configurations x {} members (validation loss: mean member {} on the validation rows; "
+             "test: each configuration's members as one ensemble)\n  {:>10}  {:>12}  {:>10}  {:>10}  {:>10}\n",
+             reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL", "lr",
+             "weight decay", "val loss", cls ? "test acc" : "test RMSE", "test NLL");
+  for (const runtime::ConfigurationReport& r : reports) {
+    const runtime::SweepConfiguration& c = r.configuration;
+    const bool kept = trainer.member_states()[static_cast<size_t>(c.first_member)].status !=
+                      runtime::MemberStatus::kDeselected;
+    const auto cell = [](double v) { return std::isnan(v) ? std::string("-") : fmt::format("{:.4f}", v); };
+    fmt::print("  {:>10g}  {:>12g}  {:>10}  {:>10}  {:>10}  {}\n", c.lr, c.weight_decay, cell(r.val_loss),
+               cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse), cell(r.test.ensemble.nll),
+               kept ? "" : "(deselected)");
+  }
+}
+
 // One process or data parallel: rank 0 exports and reports the test metrics
 // (`saved`: whether the final checkpoint was written).
 int report(const Session& s, const RunDriver& driver, const Progress& progress, DeferredWriteError& writes,
-           bool saved) {
+           bool saved, const std::vector<runtime::ConfigurationReport>& sweep) {
   if (!driver.primary()) return 0;
   const bool exported = !s.args.export_path.empty() && writes.attempt([&] {
     runtime::export_members(s.args.export_path, s.trainer, s.data.all.feature_names, {});
@@ -242,10 +312,14 @@ int report(const Session& s, const RunDriver& driver, const Progress& progress, 
   const bool has_test = test.features.size(0) > 0;
   const runtime::EnsembleMetrics metrics =
       has_test ? s.trainer.evaluate(test.features, test.targets) : runtime::EnsembleMetrics{};
+  const runtime::Head head = s.trainer.options().head();
   if (driver.json()) {
-    std::cout << result_json(s, driver, progress, has_test ? &metrics : nullptr).dump(2) << "\n";
+    nlohmann::json out = result_json(s, driver, progress, has_test ? &metrics : nullptr);
+    if (!sweep.empty()) out["configurations"] = sweep_json(sweep, head);
+    std::cout << out.dump(2) << "\n";
     return 0;
   }
+  if (!sweep.empty()) print_sweep(sweep, head, s.trainer);
   if (has_test) {
     print_metrics(s.trainer, metrics, fmt::format("Test metrics ({} rows, original units)", test.features.size(0)));
   } else {
@@ -271,12 +345,18 @@ int run_session(const Session& s, RunDriver& driver) {
                                                                    s.dist.group->world_size(), path)
                                                      : "packtrain resume " + path);
   }
+  // A sweep's configurations, scored before --select best deselects any of them.
+  // Every data-parallel rank selects (the same configuration: the same weights and rows).
+  const std::vector<runtime::ConfigurationReport> sweep = driver.primary() || s.args.select_best
+                                                              ? sweep_reports(s)
+                                                              : std::vector<runtime::ConfigurationReport>{};
+  if (s.args.select_best) select_configuration(s, driver, sweep);
   if (s.dist.member_parallel()) {  // collective: a rank that fails to write its shard must stop the others
     save(s, driver);
     return writes.rethrow_or(report_member_parallel(s, driver, progress));
   }
   const bool saved = writes.attempt([&] { save(s, driver); });  // the last epoch, with each member's best weights
-  return writes.rethrow_or(report(s, driver, progress, writes, saved));
+  return writes.rethrow_or(report(s, driver, progress, writes, saved, sweep));
 }
 
 // Loads the run's rows, refuses a run whose estimated memory is not available
@@ -333,6 +413,7 @@ int run_member_parallel(const TrainCommand& c) {
   if (!c.session.export_path.empty()) {
     throw UsageError("--export is not available with --member-parallel: evaluate or predict read the manifest");
   }
+  if (c.trainer.sweep()) throw UsageError("a sweep (--lr or --weight-decay lists) is not available with --member-parallel");
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
   const int64_t K = options.members(), W = rank.world_size;
   if (K < W) throw UsageError(fmt::format("--member-parallel: {} members cannot be split over {} ranks", K, W));
@@ -359,6 +440,9 @@ int run_train(const TrainCommand& c) {
   runtime::EnsembleTrainer trainer(options);
   trainer.set_process_group(group.get(), c.session.rank_check_every);
   const SplitData data = prepare(trainer, c.data, !c.session.checkpoint.path.empty());
+  if (c.session.select_best && data.split.validation.empty()) {
+    throw UsageError("--select best chooses on validation rows: give --val-fraction > 0 or --val-index");
+  }
   return run_session({trainer, data, c.data, c.session, "train", Distribution::over(group.get())}, driver);
 }
 
@@ -449,6 +533,9 @@ int run_resume(ResumeCommand c) {
   runtime::check_same_data(run, data, "resume continues a run on its own data only");
   trainer.restore(*checkpoint);
   check_epochs_ahead(c, trainer.epoch());
+  if (c.session.select_best && data.split.validation.empty()) {
+    throw UsageError("--select best chooses on validation rows, and this run has none");
+  }
   return run_session({trainer, data, data_args, c.session, "resume", Distribution::over(group.get())}, driver);
 }
 

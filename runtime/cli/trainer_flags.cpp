@@ -3,6 +3,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/cli/range_checks.h"
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
 #include <c10/util/Exception.h>
 
@@ -21,8 +22,12 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
                   "gaussian: mean and variance (deep ensembles); mean: MSE; classification: labels in the target column")
       ->group("Model");
   add_enum_option(app, "--optimizer", o.optimizer(), runtime::kOptimizerKindNames, "Optimizer")->group("Optimizer");
-  app->add_option("--lr", o.lr(), "Learning rate")->capture_default_str()->group("Optimizer");
-  app->add_option("--weight-decay", o.weight_decay(), "Weight decay (decoupled for adamw)")->capture_default_str()->group("Optimizer");
+  app->add_option("--lr", f.lr,
+                  "Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight decay) "
+                  "pair x --members seeds in one pack, a table per configuration, --select best")
+      ->delimiter(',')->capture_default_str()->group("Optimizer");
+  app->add_option("--weight-decay", f.weight_decay, "Weight decay (decoupled for adamw); several sweep them as --lr")
+      ->delimiter(',')->capture_default_str()->group("Optimizer");
   app->add_option("--momentum", o.momentum(), "SGD momentum")->capture_default_str()->group("Optimizer");
   add_enum_option(app, "--schedule", o.schedule(), ensemble::kLrScheduleKindNames, "Learning-rate schedule")->group("Optimizer");
   app->add_option("--warmup-steps", o.warmup_steps(), "Linear warm-up steps (warmup, cosine)")->capture_default_str()->group("Optimizer");
@@ -65,11 +70,17 @@ void add_data_options(CLI::App* app, runtime::DataArgs& a) {
 
 runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   runtime::EnsembleTrainerOptions o = f.options;
+  if (f.lr.empty() || f.weight_decay.empty()) throw UsageError("--lr and --weight-decay need at least one value");
+  o.lr(f.lr.front()).weight_decay(f.weight_decay.front());
   o.device(pick_device(f.device));
   try {
     o.validate();
+    if (f.sweep()) o = runtime::sweep_options(o, {f.lr, f.weight_decay, o.members()});
+    o.validate();
   } catch (const c10::Error& e) {
     throw UsageError(e.what_without_backtrace());
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
   }
   return o;
 }

@@ -260,20 +260,13 @@ at::Tensor ActiveLearningLoop::run_means(const at::Tensor& member_values) const 
 // Run `run`'s members of a whole-pack prediction, as the prediction of that run's
 // ensemble (its usable members included).
 EnsemblePrediction ActiveLearningLoop::run_prediction(const EnsemblePrediction& all, int64_t run) const {
-  const int64_t M = members_per_run_, first = run * M;
-  EnsemblePrediction p;
-  const auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, M) : at::Tensor(); };
-  p.member_mean = slice(all.member_mean);
-  p.member_variance = slice(all.member_variance);
-  p.member_probabilities = slice(all.member_probabilities);
-  for (int64_t m = 0; m < M; ++m) {
-    if (trainer_->member_states()[static_cast<size_t>(first + m)].usable) p.included.push_back(m);
-  }
-  if (p.included.empty()) {
+  try {
+    return member_range(all, run * members_per_run_, members_per_run_, trainer_->options().head(),
+                        trainer_->classes());
+  } catch (const std::runtime_error&) {
     throw std::runtime_error("active learning: every member of run " + std::to_string(run) +
                              " diverged; lower the learning rate");
   }
-  return p;
 }
 
 std::vector<double> ActiveLearningLoop::test_metric() const {

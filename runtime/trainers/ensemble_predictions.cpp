@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 #include <string>
 
 namespace packtrain::runtime {
@@ -128,6 +129,23 @@ EnsembleMetrics ensemble_metrics(const EnsemblePrediction& p, const at::Tensor& 
   m.ensemble = metrics(p.probabilities);
   m.classification = classification_calibration(p.probabilities, target);
   return m;
+}
+
+EnsemblePrediction member_range(const EnsemblePrediction& p, int64_t first, int64_t count, Head head,
+                                const std::vector<double>& classes) {
+  EnsemblePrediction out;
+  const auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, count) : at::Tensor(); };
+  out.member_mean = slice(p.member_mean);
+  out.member_variance = slice(p.member_variance);
+  out.member_probabilities = slice(p.member_probabilities);
+  for (const int64_t k : p.included) {
+    if (k >= first && k < first + count) out.included.push_back(k - first);
+  }
+  if (out.included.empty()) {
+    throw std::runtime_error("every member of [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                             ") diverged: no usable member to predict with");
+  }
+  return combine_members(std::move(out), head, classes);
 }
 
 void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members) {

@@ -55,6 +55,11 @@ EnsemblePrediction combine_members(EnsemblePrediction members, Head head, const 
 EnsembleMetrics ensemble_metrics(const EnsemblePrediction& prediction, const at::Tensor& y, Head head,
                                  const std::vector<double>& classes = {},
                                  const std::vector<double>& levels = kDefaultIntervalLevels);
+// The prediction of members [first, first + count) alone, as their own ensemble
+// (their included members, re-indexed; mixture statistics recombined): a sweep's
+// configuration, an active-learning run.
+EnsemblePrediction member_range(const EnsemblePrediction& p, int64_t first, int64_t count, Head head,
+                                const std::vector<double>& classes = {});
 // Copies a shard's per-member predictions into rows first_member.. of `all` (made,
 // zero-filled, for `members` members at the first call) and its included members.
 void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members);

@@ -192,6 +192,10 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
           params, ensemble::SGDOptions(options_.lr()).momentum(options_.momentum()).weight_decay(options_.weight_decay()));
       break;
   }
+  if (!options_.member_lr().empty()) optimizer_->set_lr(at::tensor(options_.member_lr(), at::kDouble));
+  if (!options_.member_weight_decay().empty()) {
+    optimizer_->set_weight_decay(at::tensor(options_.member_weight_decay(), at::kDouble));
+  }
   steps_ = std::make_unique<EnsembleSteps>(
       *model_, *optimizer_, std::vector<at::Tensor>{xs, ys},
       EnsembleStepsOptions()
@@ -404,6 +408,24 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
   if (validating) report.val_loss = validated > 0 ? val_sum / static_cast<double>(validated) : std::nan("");
   train_history_.push_back(report.train_loss);
   val_history_.push_back(report.val_loss);
+}
+
+void EnsembleTrainer::keep_members(int64_t first, int64_t count) {
+  TORCH_CHECK(prepared(), "keep_members: call prepare() first");
+  const int64_t K = options_.members();
+  TORCH_CHECK(first >= 0 && count > 0 && first + count <= K, "keep_members: members [", first, ", ", first + count,
+              ") are not within the pack's ", K);
+  std::vector<bool> training(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) {
+    MemberState& m = members_[static_cast<size_t>(k)];
+    if (k < first || k >= first + count) {
+      if (m.status == MemberStatus::kTraining || m.status == MemberStatus::kStopped) m.ended_epoch = epoch_;
+      m.status = MemberStatus::kDeselected;
+      m.usable = false;
+    }
+    training[static_cast<size_t>(k)] = m.status == MemberStatus::kTraining;
+  }
+  optimizer_->set_mask(host_tensor(training, model_->parameters().flat().device()));
 }
 
 void EnsembleTrainer::restore_best_weights() {

@@ -34,13 +34,17 @@ class ProcessGroup;
 namespace packtrain::runtime {
 
 enum class MemberStatus {
-  kTraining,  // still updating
-  kStopped,   // early-stopped: no better validation loss for `patience` epochs
-  kDiverged,  // its loss turned NaN/Inf: frozen (at its best weights when it had any)
+  kTraining,    // still updating
+  kStopped,     // early-stopped: no better validation loss for `patience` epochs
+  kDiverged,    // its loss turned NaN/Inf: frozen (at its best weights when it had any)
+  kDeselected,  // a sweep kept another configuration (keep_members): frozen, left out of predictions
 };
-inline constexpr EnumNames<MemberStatus, 3> kMemberStatusNames{
+inline constexpr EnumNames<MemberStatus, 4> kMemberStatusNames{
     "member status",
-    {{{MemberStatus::kTraining, "training"}, {MemberStatus::kStopped, "stopped"}, {MemberStatus::kDiverged, "diverged"}}}};
+    {{{MemberStatus::kTraining, "training"},
+      {MemberStatus::kStopped, "stopped"},
+      {MemberStatus::kDiverged, "diverged"},
+      {MemberStatus::kDeselected, "deselected"}}}};
 inline std::string_view to_string(MemberStatus status) { return kMemberStatusNames.name(status); }
 
 struct MemberState {
@@ -97,6 +101,10 @@ class EnsembleTrainer {
   // Every member re-initialized in place from `seed`: weights, optimizer state,
   // early stopping, epoch count. Captured graphs are kept (no re-capture).
   void reinitialize(uint64_t seed);
+  // Keeps members [first, first + count) — a sweep's chosen configuration — and
+  // deselects the rest: frozen, left out of predictions, metrics and the ensemble a
+  // checkpoint loads as (their weights stay in it).
+  void keep_members(int64_t first, int64_t count);
 
   // Data parallel (call before prepare): every rank trains the same members on its
   // equal share of each global batch (batch_size() is the global batch), the flat

@@ -20,6 +20,17 @@ void EnsembleTrainerOptions::validate() const {
   TORCH_CHECK(weight_decay() >= 0 && std::isfinite(weight_decay()), "weight decay must be >= 0 and finite, got ",
               weight_decay());
   TORCH_CHECK(momentum() >= 0 && momentum() < 1, "momentum must be in [0, 1), got ", momentum());
+  TORCH_CHECK(member_lr().empty() || static_cast<int64_t>(member_lr().size()) == members(),
+              "per-member learning rates: expected one per member (", members(), "), got ", member_lr().size());
+  for (const double v : member_lr()) {
+    TORCH_CHECK(v > 0 && std::isfinite(v), "learning rate must be positive and finite, got ", v);
+  }
+  TORCH_CHECK(member_weight_decay().empty() || static_cast<int64_t>(member_weight_decay().size()) == members(),
+              "per-member weight decays: expected one per member (", members(), "), got ",
+              member_weight_decay().size());
+  for (const double v : member_weight_decay()) {
+    TORCH_CHECK(v >= 0 && std::isfinite(v), "weight decay must be >= 0 and finite, got ", v);
+  }
   TORCH_CHECK(warmup_steps() >= 0, "warm-up steps must be >= 0, got ", warmup_steps());
   TORCH_CHECK(min_lr_factor() >= 0 && min_lr_factor() <= 1, "min lr factor must be in [0, 1], got ",
               min_lr_factor());
@@ -42,6 +53,8 @@ std::string to_json(const EnsembleTrainerOptions& o) {
       {"lr", o.lr()},
       {"weight_decay", o.weight_decay()},
       {"momentum", o.momentum()},
+      {"member_lr", o.member_lr()},
+      {"member_weight_decay", o.member_weight_decay()},
       {"schedule", std::string(ensemble::to_string(o.schedule()))},
       {"warmup_steps", o.warmup_steps()},
       {"min_lr_factor", o.min_lr_factor()},
@@ -90,6 +103,9 @@ EnsembleTrainerOptions options_from_json(const std::string& text) {
   o.min_variance(f64("min_variance")).seed(get("seed", static_cast<uint64_t*>(nullptr)));
   o.device(c10::Device(str("device"))).capture(flag("capture")).unroll(i64("unroll"));
   if (j.contains("first_member")) o.first_member(i64("first_member"));  // absent before member parallel
+  const auto doubles = [&](const char* key) { return get(key, static_cast<std::vector<double>*>(nullptr)); };
+  if (j.contains("member_lr")) o.member_lr(doubles("member_lr"));  // absent before sweeps
+  if (j.contains("member_weight_decay")) o.member_weight_decay(doubles("member_weight_decay"));
   o.validate();
   return o;
 }

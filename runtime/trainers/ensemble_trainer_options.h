@@ -16,6 +16,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace packtrain::runtime {
 
@@ -50,6 +51,12 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(double, lr) = 3e-3;
   TORCH_ARG(double, weight_decay) = 1e-4;
   TORCH_ARG(double, momentum) = 0.9;  // SGD only (Nesterov off)
+  // Per-member learning rates and weight decays (members() values each, or empty:
+  // every member uses lr / weight_decay). A hyperparameter sweep trains in one pack
+  // this way (runtime/trainers/hyperparameter_sweep.h): the optimizers already read
+  // both as (K) device tensors, so one captured step serves every configuration.
+  TORCH_ARG(std::vector<double>, member_lr) = {};
+  TORCH_ARG(std::vector<double>, member_weight_decay) = {};
   TORCH_ARG(ensemble::LrScheduleKind, schedule) = ensemble::LrScheduleKind::kConstant;
   TORCH_ARG(int64_t, warmup_steps) = 0;
   TORCH_ARG(double, min_lr_factor) = 0.0;  // cosine: the final fraction of lr (decays over all epochs)

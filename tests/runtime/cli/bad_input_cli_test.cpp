@@ -581,7 +581,7 @@ TEST_F(Cli, ConfigMistakesNameTheFileAndLine) {
       {"epochs = 1\nmembers = 0\n", "c.toml:2: --members: must be > 0, got 0"},
       {"[train\nmembers = 2\n", "c.toml:1: expected a [section] header"},
       {"epochs = 1\nnope = 2\n", "c.toml:2: "},
-      {"lr = [1, 2]\n", "c.toml:1: "},
+      {"epochs = [1, 2]\n", "c.toml:1: "},  // a list where one value goes (lr takes lists: a sweep)
   };
   for (const auto& c : cases) {
     write_file(path("c.toml"), c.text);

@@ -193,6 +193,47 @@ TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
   EXPECT_THAT(info["libtorch"].get<std::string>(), HasSubstr("2.11"));
 }
 
+// The sweep: 3 learning rates x 2 weight decays x 5 seeds, one 30-member pack,
+// a row per configuration, the best by validation loss kept.
+TEST_F(Cli, ASweepTrainsEveryConfigurationInOnePackAndKeepsTheBest) {
+  const std::string ckpt = path("sweep.ckpt");
+  const nlohmann::json j = run_json("train --lr 1e-3,3e-3,1e-2 --weight-decay 0,1e-4 --members 5 --epochs 10 --hidden 16 "
+                                    "--device cpu --json --select best --checkpoint " + ckpt);
+  EXPECT_EQ(j["options"]["members"], 30);
+  ASSERT_EQ(j["configurations"].size(), 6u) << j.dump();
+  double best = 1e300;
+  for (const auto& c : j["configurations"]) {
+    EXPECT_EQ(c["members"], 5);
+    best = std::min(best, c["val_loss"].get<double>());
+    EXPECT_TRUE(c["test"]["rmse"].is_number());
+  }
+  int deselected = 0, kept_first = -1;
+  for (size_t k = 0; k < j["members"].size(); ++k) {
+    if (j["members"][k]["status"] == "deselected") {
+      ++deselected;
+    } else if (kept_first < 0) {
+      kept_first = static_cast<int>(k);
+    }
+  }
+  EXPECT_EQ(deselected, 25);
+  ASSERT_GE(kept_first, 0);
+  const nlohmann::json& kept = j["configurations"][static_cast<size_t>(kept_first / 5)];
+  EXPECT_EQ(kept["val_loss"].get<double>(), best) << "the lowest validation loss is kept";
+  EXPECT_DOUBLE_EQ(j["ensemble"]["rmse"].get<double>(), kept["test"]["rmse"].get<double>())
+      << "the ensemble is the kept configuration's members";
+  EXPECT_DOUBLE_EQ(run_json("evaluate " + ckpt + " --json --device cpu")["ensemble"]["rmse"].get<double>(),
+                   j["ensemble"]["rmse"].get<double>());
+  const Result text = run("train --lr 1e-3,1e-2 --members 2 --epochs 2 --hidden 8 --device cpu");
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("Sweep: 2 configurations x 2 members"));
+  const Result no_val = run("train --lr 1e-3,1e-2 --members 2 --epochs 2 --val-fraction 0 --select best --device cpu");
+  EXPECT_NE(no_val.status, 0);
+  EXPECT_THAT(no_val.out, HasSubstr("--select best chooses on validation rows"));
+  const Result repeated = run("train --lr 1e-3,1e-3 --device cpu");
+  EXPECT_NE(repeated.status, 0);
+  EXPECT_THAT(repeated.out, HasSubstr("values repeat"));
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));

@@ -6,6 +6,7 @@
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -332,6 +333,48 @@ TEST_P(EnsembleTrainerTest, ClassifiesWineQualityBetterThanTheMajorityClass) {
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(EnsembleTrainerTest);
+
+// A sweep of 2 learning rates x 2 weight decays x 2 seeds in one pack of 8: each
+// configuration's members train exactly as a pack of 2 with that configuration's
+// scalar options would (members initialized from their global index: first_member).
+TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
+  const Data d = make_data(160, 40);
+  const EnsembleTrainerOptions base = small_options(device()).members(2).epochs(6);
+  const SweepGrid grid{{1e-2, 3e-3}, {0.0, 1e-2}, 2};
+  EnsembleTrainer sweep(sweep_options(base, grid));
+  ASSERT_EQ(sweep.options().members(), 8);
+  sweep.fit(d.x, d.y, d.val_x, d.val_y);
+  const std::vector<SweepConfiguration> configurations = sweep_configurations(sweep.options());
+  ASSERT_EQ(configurations.size(), 4u);
+  const EnsemblePrediction all = sweep.predict(d.val_x);
+  for (const SweepConfiguration& c : configurations) {
+    EXPECT_EQ(c.members, 2);
+    EnsembleTrainer alone(EnsembleTrainerOptions(base).lr(c.lr).weight_decay(c.weight_decay).first_member(c.first_member));
+    alone.fit(d.x, d.y, d.val_x, d.val_y);
+    EXPECT_TRUE(all_close(all.member_mean.narrow(0, c.first_member, 2), alone.predict(d.val_x).member_mean,
+                          device().is_cuda() ? 1e-5 : 1e-9))
+        << "lr " << c.lr << ", weight decay " << c.weight_decay;
+  }
+  // Scored per configuration; the best by validation loss kept, the rest deselected.
+  const std::vector<ConfigurationReport> reports = report_configurations(sweep, d.val_x, d.val_y, d.x, d.y);
+  ASSERT_EQ(reports.size(), 4u);
+  const size_t best = best_configuration(reports);
+  for (const ConfigurationReport& r : reports) {
+    EXPECT_TRUE(std::isfinite(r.val_loss));
+    EXPECT_LE(reports[best].val_loss, r.val_loss);
+    EXPECT_TRUE(std::isfinite(r.test.ensemble.rmse));
+  }
+  const SweepConfiguration& kept = reports[best].configuration;
+  sweep.keep_members(kept.first_member, kept.members);
+  const EnsemblePrediction after = sweep.predict(d.val_x);
+  EXPECT_EQ(after.included, (std::vector<int64_t>{kept.first_member, kept.first_member + 1}));
+  EXPECT_TRUE(all_close(after.mean, member_range(all, kept.first_member, 2, Head::kGaussian).mean, 1e-12));
+  EXPECT_EQ(sweep.member_states()[(kept.first_member + 2) % 8].status, MemberStatus::kDeselected);
+  // The options carry the sweep through a checkpoint's JSON.
+  EXPECT_EQ(sweep_configurations(options_from_json(to_json(sweep.options()))).size(), 4u);
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2, 1e-2}, {0.0}, 2}), std::invalid_argument);
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_lr({1e-2})), c10::Error);  // 1 value, 2 members
+}
 
 TEST(EnsembleTrainerOptionsTest, JsonRoundTripAndUnknownKeys) {
   const auto o = EnsembleTrainerOptions().members(7).head(Head::kMean).optimizer(OptimizerKind::kSGD).patience(3)

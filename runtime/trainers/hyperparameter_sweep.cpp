@@ -1,0 +1,112 @@
+// Hyperparameter sweeps in one pack (runtime/trainers/hyperparameter_sweep.h).
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+
+#include "packtrain/runtime/trainers/ensemble_trainer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+namespace packtrain::runtime {
+
+namespace {
+void check_axis(const std::vector<double>& values, const char* name) {
+  if (values.empty()) throw std::invalid_argument(std::string("a sweep needs at least one ") + name);
+  if (std::set<double>(values.begin(), values.end()).size() != values.size()) {
+    throw std::invalid_argument(std::string("a sweep's ") + name + " values repeat");
+  }
+}
+}  // namespace
+
+EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid) {
+  check_axis(grid.lr, "learning rate");
+  check_axis(grid.weight_decay, "weight decay");
+  if (grid.seeds < 1) throw std::invalid_argument("a sweep needs at least one member per configuration");
+  std::vector<double> lr, wd;
+  for (const double l : grid.lr) {
+    for (const double w : grid.weight_decay) {
+      for (int64_t s = 0; s < grid.seeds; ++s) {
+        lr.push_back(l);
+        wd.push_back(w);
+      }
+    }
+  }
+  base.members(static_cast<int64_t>(lr.size())).member_lr(lr).member_weight_decay(wd);
+  return base;
+}
+
+std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOptions& o) {
+  const int64_t K = o.members();
+  const auto lr = [&](int64_t k) { return o.member_lr().empty() ? o.lr() : o.member_lr()[static_cast<size_t>(k)]; };
+  const auto wd = [&](int64_t k) {
+    return o.member_weight_decay().empty() ? o.weight_decay() : o.member_weight_decay()[static_cast<size_t>(k)];
+  };
+  std::vector<SweepConfiguration> out;
+  for (int64_t k = 0; k < K; ++k) {
+    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k)) {
+      out.push_back({lr(k), wd(k), k, 0});
+    }
+    ++out.back().members;
+  }
+  return out;
+}
+
+std::vector<ConfigurationReport> report_configurations(const EnsembleTrainer& trainer, const at::Tensor& val_x,
+                                                       const at::Tensor& val_y, const at::Tensor& test_x,
+                                                       const at::Tensor& test_y) {
+  const Head head = trainer.options().head();
+  const bool validated = val_x.defined() && val_x.size(0) > 0;
+  const bool tested = test_x.defined() && test_x.size(0) > 0;
+  const EnsemblePrediction val = validated ? trainer.predict(val_x) : EnsemblePrediction{};
+  const EnsemblePrediction test = tested ? trainer.predict(test_x) : EnsemblePrediction{};
+  std::vector<ConfigurationReport> out;
+  for (const SweepConfiguration& c : sweep_configurations(trainer.options())) {
+    ConfigurationReport r;
+    r.configuration = c;
+    for (int64_t k = c.first_member; k < c.first_member + c.members; ++k) {
+      r.usable += trainer.member_states()[static_cast<size_t>(k)].usable ? 1 : 0;
+    }
+    if (r.usable == 0) {
+      out.push_back(r);
+      continue;
+    }
+    if (validated) {
+      r.validation = ensemble_metrics(member_range(val, c.first_member, c.members, head, trainer.classes()), val_y,
+                                      head, trainer.classes());
+      double sum = 0;
+      int64_t n = 0;
+      for (int64_t k = c.first_member; k < c.first_member + c.members; ++k) {
+        if (!trainer.member_states()[static_cast<size_t>(k)].usable) continue;
+        const Metrics& m = r.validation.members[static_cast<size_t>(k - c.first_member)];
+        sum += head == Head::kMean ? m.rmse : m.nll;
+        ++n;
+      }
+      r.val_loss = sum / static_cast<double>(n);
+    }
+    if (tested) {
+      r.test = ensemble_metrics(member_range(test, c.first_member, c.members, head, trainer.classes()), test_y, head,
+                                trainer.classes());
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+size_t best_configuration(const std::vector<ConfigurationReport>& reports) {
+  size_t best = reports.size();
+  for (size_t i = 0; i < reports.size(); ++i) {
+    if (std::isfinite(reports[i].val_loss) && (best == reports.size() || reports[i].val_loss < reports[best].val_loss)) {
+      best = i;
+    }
+  }
+  if (best == reports.size()) {
+    throw std::invalid_argument("choosing a configuration needs validation rows (--val-fraction > 0 or --val-index)");
+  }
+  return best;
+}
+
+}  // namespace packtrain::runtime

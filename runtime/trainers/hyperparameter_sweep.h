@@ -1,0 +1,59 @@
+// A hyperparameter sweep trained as one pack: every configuration of a grid of
+// learning rates x weight decays, each with `seeds` members, in one EnsembleTrainer
+// (per-member values in EnsembleTrainerOptions::member_lr / member_weight_decay, one
+// captured step for all). Member k belongs to configuration k / seeds, learning
+// rates outermost. The configurations are read back from the options, so a resumed
+// run reports them too; each is scored as its own ensemble, and the best one by
+// validation loss only can be kept (EnsembleTrainer::keep_members).
+#pragma once
+
+#include "packtrain/runtime/trainers/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace packtrain::runtime {
+
+class EnsembleTrainer;
+
+struct SweepGrid {
+  std::vector<double> lr, weight_decay;  // at least one value each
+  int64_t seeds = 1;                     // members per configuration
+};
+
+// `base` with members = configurations x seeds and the per-member values set;
+// throws std::invalid_argument on an empty or repeated axis or seeds < 1.
+EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid);
+
+struct SweepConfiguration {
+  double lr = 0, weight_decay = 0;
+  int64_t first_member = 0, members = 0;
+};
+// The configurations the options train: runs of consecutive members with the same
+// (lr, weight decay); one configuration (every member) without per-member values.
+std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOptions& options);
+
+struct ConfigurationReport {
+  SweepConfiguration configuration;
+  // The selection criterion: the mean over its usable members of each member's loss
+  // on the validation rows in original units — Gaussian NLL, cross-entropy, or RMSE
+  // for a mean head (NaN without validation rows).
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  EnsembleMetrics validation, test;  // its members as one ensemble (empty without rows)
+  int64_t usable = 0;
+};
+
+// Scores each configuration on the validation and test rows (either may be empty).
+std::vector<ConfigurationReport> report_configurations(const EnsembleTrainer& trainer, const at::Tensor& val_x,
+                                                       const at::Tensor& val_y, const at::Tensor& test_x,
+                                                       const at::Tensor& test_y);
+
+// The index of the configuration with the lowest validation loss; throws
+// std::invalid_argument when no configuration has one (no validation rows).
+size_t best_configuration(const std::vector<ConfigurationReport>& reports);
+
+}  // namespace packtrain::runtime
