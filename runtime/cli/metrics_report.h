@@ -3,10 +3,12 @@
 #pragma once
 
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 namespace packtrain::cli {
 
@@ -24,5 +26,11 @@ void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::He
 // coverage of its central intervals (regression), accuracy against confidence per
 // non-empty bin (classification), with the diagonal a calibrated model follows.
 std::string reliability_svg(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title);
+
+// A sweep's configurations (runtime/trainers/hyperparameter_sweep.h): one JSON object
+// each, and the same as a table with the deselected ones marked.
+nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head);
+void print_sweep(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head,
+                 const runtime::EnsembleTrainer& trainer);
 
 }  // namespace packtrain::cli

@@ -36,6 +36,11 @@ std::string fit_error(AcquisitionStrategy s, bool classification) {
                          : "regressor (use epistemic, variance, ucb or random)");
 }
 
+// The usable members' class probabilities (K, N, C), float64.
+at::Tensor included_probabilities(const EnsemblePrediction& p) {
+  return p.member_probabilities.to(at::kDouble).index_select(0, at::tensor(p.included, at::kLong));
+}
+
 }  // namespace
 
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& o) {
@@ -61,15 +66,13 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
     case AcquisitionStrategy::kEntropy:
       return decompose_class_uncertainty(p).entropy;
     case AcquisitionStrategy::kMargin: {
-      const at::Tensor mixture = p.member_probabilities.to(at::kDouble)
-                                     .index_select(0, at::tensor(p.included, at::kLong))
-                                     .mean(0);  // (N, C)
+      const at::Tensor mixture = included_probabilities(p).mean(0);  // (N, C)
       if (mixture.size(1) < 2) return at::zeros({N}, at::kDouble);
       const at::Tensor top = std::get<0>(mixture.topk(2, 1));
       return 1 - (top.select(1, 0) - top.select(1, 1));
     }
     case AcquisitionStrategy::kVariationRatio: {
-      const at::Tensor members = p.member_probabilities.index_select(0, at::tensor(p.included, at::kLong));
+      const at::Tensor members = included_probabilities(p);
       const int64_t K = members.size(0), C = members.size(2);
       const at::Tensor votes = at::one_hot(members.argmax(2), C).sum(0);  // (N, C)
       return 1 - std::get<0>(votes.max(1)).to(at::kDouble) / static_cast<double>(K);
