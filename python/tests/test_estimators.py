@@ -54,7 +54,9 @@ def test_fit_is_the_cli_run(tmp_path):
     """fit() on the training rows of concrete split 0, holding out val_fraction as the CLI
     does, gives the very model `packtrain train` gives: identical predictions."""
     x, y, train, test = concrete()
-    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--checkpoint", tmp_path / "cli.pt", "-q")
+    # The estimator does not stop early unless asked (patience=0); the CLI's default does.
+    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--patience", 0, "--checkpoint", tmp_path / "cli.pt",
+            "-q")
     from_cli = packtrain.load(tmp_path / "cli.pt")
     model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
     mine, theirs = model.predict(x[test], return_std=True), from_cli.predict(x[test], return_std=True)

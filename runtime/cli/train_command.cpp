@@ -133,7 +133,12 @@ void describe(const Session& s, RunDriver& driver) {
                           s.command, s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
                           o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), o.batch_size(),
                           graphs::to_string(o.order()),
-                          o.patience() > 0 ? fmt::format(", patience {}", o.patience()) : ""));
+                          o.patience() > 0 ? fmt::format(", early stopping on {} validation loss (patience {})",
+                                                         o.early_stopping() == runtime::EarlyStopping::kEnsemble
+                                                             ? "the ensemble's"
+                                                             : "each member's",
+                                                         o.patience())
+                                           : ""));
 }
 
 // Writes the session's checkpoint (member parallel: this rank's shard, then the
@@ -347,12 +352,34 @@ SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, 
   return data;
 }
 
+// train's early stopping unless told otherwise: on the ensemble's validation loss
+// with this patience (the UCI protocol's default recipe: benchmarks/uci/).
+constexpr int64_t kTrainPatience = 50;
+
 struct TrainCommand {
   DataArgs data;
   TrainerFlags trainer;
   SessionArgs session;
   bool member_parallel = false;
+  bool patience_given = false, early_stopping_given = false;
 };
+
+// train's defaults that depend on the run: no early stopping without validation
+// rows; each member's own loss when the members are split over processes (an
+// ensemble's loss needs all of its members in one).
+runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
+  runtime::EnsembleTrainerOptions o = trainer_options(c.trainer);
+  const bool validation = !c.data.val_index.empty() || c.data.val_fraction > 0;
+  if (!c.patience_given && !validation) o.patience(0);
+  if (c.member_parallel && o.early_stopping() == runtime::EarlyStopping::kEnsemble && o.patience() > 0) {
+    if (c.early_stopping_given) {
+      throw UsageError("--early-stopping ensemble needs every member in one process: use --early-stopping member "
+                       "with --member-parallel");
+    }
+    o.early_stopping(runtime::EarlyStopping::kMember);
+  }
+  return o;
+}
 
 // The rank's place in a member-parallel run; UsageError when not launched.
 runtime::distributed::RankInfo member_parallel_rank(const std::string& what) {
@@ -383,7 +410,7 @@ int run_member_parallel(const TrainCommand& c) {
     throw UsageError("--export is not available with --member-parallel: evaluate or predict read the manifest");
   }
   if (c.trainer.sweep()) throw UsageError("a sweep (--lr or --weight-decay lists) is not available with --member-parallel");
-  runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
+  runtime::EnsembleTrainerOptions options = train_options(c);
   const int64_t K = options.members(), W = rank.world_size;
   if (K < W) throw UsageError(fmt::format("--member-parallel: {} members cannot be split over {} ranks", K, W));
   const runtime::MemberShard shard = runtime::member_shard(K, W, rank.rank);
@@ -400,7 +427,7 @@ int run_member_parallel(const TrainCommand& c) {
 int run_train(const TrainCommand& c) {
   check_session_outputs(c.session, c.data);
   if (c.member_parallel) return run_member_parallel(c);
-  runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
+  runtime::EnsembleTrainerOptions options = train_options(c);
   // The group before the trainer: the trainer's captured steps (which hold NCCL
   // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(options.device());
@@ -516,17 +543,26 @@ void add_train_commands(CLI::App& app, int& status) {
       "train",
       "Train a packed ensemble and print per-member and ensemble metrics on the test rows.\n"
       "With no arguments: a deep ensemble of 16 Gaussian regressors on the bundled UCI concrete data, standard split 0\n"
-      "(10% of the training rows held out for validation), 200 epochs. Ctrl-C stops after the current epoch (and writes\n"
-      "--checkpoint); a second Ctrl-C stops at once.");
+      "(10% of the training rows held out for validation), up to 200 epochs, stopped early when the ensemble's\n"
+      "validation NLL has not improved for 50 epochs (its best epoch's weights kept). Ctrl-C stops after the current\n"
+      "epoch (and writes --checkpoint); a second Ctrl-C stops at once.");
   add_data_options(t, train->data);
+  train->trainer.options.patience(kTrainPatience).early_stopping(runtime::EarlyStopping::kEnsemble);
   add_trainer_options(t, train->trainer);
+  t->get_option("--patience")
+      ->description("Early stopping: epochs without a better validation loss before training stops (0: off; "
+                    "without validation rows: 0)");
   add_session_options(t, train->session);
   t->add_flag("--member-parallel", train->member_parallel,
               "Under packtrain launch / torchrun / srun: split the members across the ranks (no gradient traffic), "
               "gather the test predictions; --checkpoint writes one file per shard and then a manifest (the commit "
               "point); `resume MANIFEST` continues it on any number of ranks, evaluate/predict read it in one process")
       ->group("Multi-process");
-  t->callback([train, &status] { status = run_train(*train); });
+  t->callback([train, t, &status] {
+    train->patience_given = t->count("--patience") > 0;
+    train->early_stopping_given = t->count("--early-stopping") > 0;
+    status = run_train(*train);
+  });
 
   auto resume = std::make_shared<ResumeCommand>();
   CLI::App* r = app.add_subcommand(

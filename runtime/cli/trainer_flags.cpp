@@ -40,6 +40,11 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
       ->group("Training");
   app->add_option("--patience", o.patience(), "Early stopping: epochs without a better validation loss before a member stops (0: off)")
       ->capture_default_str()->check(non_negative())->group("Training");
+  add_enum_option(app, "--early-stopping", o.early_stopping(), runtime::kEarlyStoppingNames,
+                  "With --patience, whose validation loss decides: each member's own (members stop one by one), or "
+                  "the ensemble's (a sweep's configuration, or the whole pack, as one mixture: its members stop together "
+                  "at its best epoch)")
+      ->group("Training");
   app->add_flag_callback("--no-restore-best", [&o] { o.restore_best(false); },
                          "With --patience: keep each member's last weights instead of its best validation epoch's")->group("Training");
   app->add_option("--seed", o.seed(), "Seed: member i is initialized from (seed, i); batch orders too")->capture_default_str()->check(non_negative())->group("Training");

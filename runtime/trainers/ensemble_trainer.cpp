@@ -7,6 +7,7 @@
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble_validation.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -230,6 +231,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
                                  .min_factor(options_.min_lr_factor()));
   }
   best_params_ = val_x_.defined() ? model_->parameters().flat().detach().clone() : at::Tensor();
+  ensembles_ = ensemble_groups(options_);
   resume_params_ = at::Tensor();
   epoch_ = 0;
   steps_taken_ = 0;
@@ -340,16 +342,24 @@ EpochReport EnsembleTrainer::run_epoch() {
   }
   const std::vector<double> train = read_to_host(losses.back().mean);  // already on the host (async readback)
   const std::vector<double> val = val_x_.defined() ? read_to_host(steps_->evaluate(val_x_, val_y_)) : std::vector<double>{};
+  at::Tensor val_raw;
+  if (val_x_.defined() && options_.early_stopping() == EarlyStopping::kEnsemble && options_.patience() > 0) {
+    at::NoGradGuard no_grad;  // one forward of the pack on the validation rows, in eval mode
+    const bool was_training = model_->is_training();
+    model_->train(false);
+    val_raw = model_->forward(val_x_.to(options_.device()));
+    model_->train(was_training);
+  }
   ++epoch_;
   steps_taken_ += report.steps;
   report.epoch = epoch_;
   report.epochs = options_.epochs();
-  update_members(train, val, report);
+  update_members(train, val, val_raw, report);
   return report;
 }
 
 void EnsembleTrainer::update_members(const std::vector<double>& train, const std::vector<double>& val_loss,
-                                     EpochReport& report) {
+                                     const at::Tensor& val_raw, EpochReport& report) {
   const bool validating = !val_loss.empty();
   report.member_train_loss = train;
   report.member_val_loss = val_loss;
@@ -383,6 +393,7 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
     if (!validating) continue;
     val_sum += v;
     ++validated;
+    if (val_raw.defined()) continue;  // its ensemble decides (update_ensembles)
     if (v < m.best_loss) {
       m.best_loss = v;
       m.best_epoch = epoch_;
@@ -395,6 +406,7 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
                               std::to_string(m.best_epoch) + ")");
     }
   }
+  if (validating && val_raw.defined()) update_ensembles(val_raw, improved, report);
   const at::Tensor flat = model_->parameters().flat().detach();
   if (best_params_.defined()) {
     copy_members(model_->parameters(), best_params_, flat, improved);
@@ -408,6 +420,37 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
   if (validating) report.val_loss = validated > 0 ? val_sum / static_cast<double>(validated) : std::nan("");
   train_history_.push_back(report.train_loss);
   val_history_.push_back(report.val_loss);
+}
+
+void EnsembleTrainer::update_ensembles(const at::Tensor& val_raw, std::vector<int64_t>& improved,
+                                       EpochReport& report) {
+  for (const std::vector<int64_t>& ensemble : ensembles_) {
+    std::vector<int64_t> live;  // still training (not stopped, diverged or deselected)
+    for (int64_t k : ensemble) {
+      if (members_[k].status == MemberStatus::kTraining) live.push_back(k);
+    }
+    if (live.empty()) continue;
+    const double v = ensemble_validation_loss(val_raw, val_y_, options_.head(), options_.min_variance(), live);
+    const MemberState& first = members_[live.front()];  // the ensemble's live members share their best
+    const std::string who = live.size() == 1 ? "member " + std::to_string(live.front())
+                                             : "members " + std::to_string(ensemble.front()) + "-" +
+                                                   std::to_string(ensemble.back());
+    if (std::isfinite(v) && v < first.best_loss) {
+      for (int64_t k : live) {
+        members_[k].best_loss = v;
+        members_[k].best_epoch = epoch_;
+        improved.push_back(k);
+      }
+    } else if (epoch_ - first.best_epoch >= options_.patience()) {
+      for (int64_t k : live) {
+        members_[k].status = MemberStatus::kStopped;
+        members_[k].ended_epoch = epoch_;
+      }
+      report.events.push_back(who + " stopped early at epoch " + std::to_string(epoch_) +
+                              " (best ensemble validation loss " + std::to_string(first.best_loss) + " at epoch " +
+                              std::to_string(first.best_epoch) + ")");
+    }
+  }
 }
 
 void EnsembleTrainer::keep_members(int64_t first, int64_t count) {

@@ -49,7 +49,9 @@ inline std::string_view to_string(MemberStatus status) { return kMemberStatusNam
 
 struct MemberState {
   MemberStatus status = MemberStatus::kTraining;
-  int64_t best_epoch = -1;  // 1-based epoch of the best validation loss; -1: none yet
+  // The best validation loss that decides its stopping (its own, or with
+  // EarlyStopping::kEnsemble its ensemble's) and its 1-based epoch; -1: none yet.
+  int64_t best_epoch = -1;
   double best_loss = std::numeric_limits<double>::infinity();
   int64_t ended_epoch = -1;  // when it stopped or diverged
   // False for a diverged member with no earlier good weights: left out of predictions.
@@ -178,8 +180,13 @@ class EnsembleTrainer {
   bool reuse_steps(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x, const at::Tensor& val_y);
   at::Tensor encode_targets(const at::Tensor& y, const char* what) const;  // standardized or class indices
   EpochReport run_epoch();
-  // Per-member losses of the epoch on the host (val empty without validation data).
-  void update_members(const std::vector<double>& train_loss, const std::vector<double>& val_loss, EpochReport& report);
+  // Per-member losses of the epoch on the host (val empty without validation data);
+  // val_raw: the pack's outputs on the validation rows when its ensembles decide
+  // early stopping (EarlyStopping::kEnsemble), else undefined.
+  void update_members(const std::vector<double>& train_loss, const std::vector<double>& val_loss,
+                      const at::Tensor& val_raw, EpochReport& report);
+  // kEnsemble: each ensemble's members improve, or stop, together.
+  void update_ensembles(const at::Tensor& val_raw, std::vector<int64_t>& improved, EpochReport& report);
   void restore_best_weights();
 
   EnsembleTrainerOptions options_;
@@ -196,6 +203,7 @@ class EnsembleTrainer {
   at::Tensor best_params_;     // (N) on the device: each member's best weights
   at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them
   std::vector<MemberState> members_;
+  std::vector<std::vector<int64_t>> ensembles_;  // the pack's ensembles (ensemble_validation.h)
   int64_t epoch_ = 0;
   int64_t steps_taken_ = 0;
   int64_t step_offset_ = 0;  // steps_taken_ minus the steps object's count (names steps in errors)

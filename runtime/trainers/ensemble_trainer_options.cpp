@@ -63,6 +63,7 @@ std::string to_json(const EnsembleTrainerOptions& o) {
       {"order", std::string(graphs::to_string(o.order()))},
       {"patience", o.patience()},
       {"restore_best", o.restore_best()},
+      {"early_stopping", std::string(to_string(o.early_stopping()))},
       {"min_variance", o.min_variance()},
       {"seed", o.seed()},
       {"first_member", o.first_member()},
@@ -104,6 +105,7 @@ EnsembleTrainerOptions options_from_json(const std::string& text) {
   o.device(c10::Device(str("device"))).capture(flag("capture")).unroll(i64("unroll"));
   if (j.contains("first_member")) o.first_member(i64("first_member"));  // absent before member parallel
   const auto doubles = [&](const char* key) { return get(key, static_cast<std::vector<double>*>(nullptr)); };
+  if (j.contains("early_stopping")) o.early_stopping(parse_early_stopping(str("early_stopping")));  // absent before it
   if (j.contains("member_lr")) o.member_lr(doubles("member_lr"));  // absent before sweeps
   if (j.contains("member_weight_decay")) o.member_weight_decay(doubles("member_weight_decay"));
   o.validate();

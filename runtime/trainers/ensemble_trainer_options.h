@@ -38,6 +38,18 @@ inline std::string_view to_string(OptimizerKind kind) { return kOptimizerKindNam
 // Throws naming the value and the accepted names.
 inline OptimizerKind parse_optimizer(std::string_view name) { return kOptimizerKindNames.parse(name); }
 
+// Whose validation loss early stopping watches (with patience > 0).
+enum class EarlyStopping {
+  kMember,    // each member's own: a member stops, and keeps its best epoch, alone
+  kEnsemble,  // its ensemble's (a sweep's configuration, or the whole pack) as one mixture:
+              // the ensemble's members stop together at the ensemble's best epoch
+};
+inline constexpr EnumNames<EarlyStopping, 2> kEarlyStoppingNames{
+    "early stopping", {{{EarlyStopping::kMember, "member"}, {EarlyStopping::kEnsemble, "ensemble"}}}};
+inline std::string_view to_string(EarlyStopping kind) { return kEarlyStoppingNames.name(kind); }
+// Throws naming the value and the accepted names.
+inline EarlyStopping parse_early_stopping(std::string_view name) { return kEarlyStoppingNames.parse(name); }
+
 struct EnsembleTrainerOptions {
   /// Example: EnsembleTrainerOptions().members(16).epochs(200).batch_size(64).patience(20)
   TORCH_ARG(int64_t, members) = 16;
@@ -69,6 +81,9 @@ struct EnsembleTrainerOptions {
   // With early stopping (patience > 0): each member ends with the weights of its
   // best validation epoch. (Without it, training runs its epochs and keeps the last.)
   TORCH_ARG(bool, restore_best) = true;
+  // kEnsemble: members over-confident alone can still improve their mixture (the
+  // prediction users get); stopping each on its own loss can stop them too early.
+  TORCH_ARG(EarlyStopping, early_stopping) = EarlyStopping::kMember;
   TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
   TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too
   TORCH_ARG(int64_t, first_member) = 0;    // member parallel: this shard's members start at this global index

@@ -34,7 +34,7 @@ TEST_F(Cli, LaunchStartsRanksThatJoinOneGroupAndForwardsTheirOutput) {
     EXPECT_THAT(r.out, ::testing::Not(HasSubstr("WRONG")));
   }
   // A failing command fails the launch with its status; every rank's error is shown.
-  const Result bad = launch(2, "train --device cpu --data " + path("missing.csv"), "--grace 5");
+  const Result bad = launch(2, "train --device cpu --patience 0 --data " + path("missing.csv"), "--grace 5");
   EXPECT_EQ(bad.status, 2) << bad.out;
   EXPECT_THAT(bad.out, HasSubstr("[rank 0] packtrain: error:"));
   EXPECT_THAT(bad.out, HasSubstr("[rank 1] packtrain: error:"));
@@ -46,7 +46,7 @@ TEST_F(Cli, LaunchStartsRanksThatJoinOneGroupAndForwardsTheirOutput) {
 }
 
 TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
-  const std::string args = "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --json --quiet";
+  const std::string args = "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet";
   const nlohmann::json single = run_json(args);
   // (Checksums compared every 4 steps too: the epoch runs in pieces, the same steps.)
   const Result launched = launch(2, args + " --rank-check-every 4");
@@ -69,22 +69,22 @@ TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
         << "member " << k;
   }
   // One launched process runs the data-parallel path (a group of one) and changes nothing.
-  const Result one = launch(1, "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --json");
+  const Result one = launch(1, "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --json");
   ASSERT_EQ(one.status, 0) << one.out;
   const nlohmann::json grouped = rank0_json(one.out);
   ASSERT_TRUE(grouped.is_object()) << one.out;
   EXPECT_EQ(grouped["data_parallel"]["ranks"], 1);
   EXPECT_EQ(grouped["data_parallel"]["per_rank_batch"], 64);
-  const nlohmann::json batch64 = run_json("train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --json --quiet");
+  const nlohmann::json batch64 = run_json("train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet");
   EXPECT_EQ(grouped["ensemble"]["rmse"], batch64["ensemble"]["rmse"]);
   // A global batch that does not split evenly is refused, by name.
-  const Result odd = launch(2, "train --members 2 --epochs 1 --batch 63 --device cpu");
+  const Result odd = launch(2, "train --members 2 --epochs 1 --batch 63 --device cpu --patience 0");
   EXPECT_EQ(odd.status, 2) << odd.out;
   EXPECT_THAT(odd.out, HasSubstr("does not split into 2 equal per-rank batches"));
 }
 
 TEST_F(Cli, DataParallelResumeEqualsTheUninterruptedRun) {
-  const std::string args = "--members 3 --hidden 16 --batch 64 --device cpu --quiet";
+  const std::string args = "--members 3 --hidden 16 --batch 64 --device cpu --patience 0 --quiet";
   const Result full = launch(2, "train " + args + " --epochs 6 --json");
   ASSERT_EQ(full.status, 0) << full.out;
   ASSERT_EQ(launch(2, "train " + args + " --epochs 3 --checkpoint " + path("dp.ckpt")).status, 0);
@@ -98,7 +98,7 @@ TEST_F(Cli, DataParallelResumeEqualsTheUninterruptedRun) {
 }
 
 TEST_F(Cli, DataParallelRunKilledMidwayResumesLikeAnUninterruptedRun) {
-  const std::string common = " --members 3 --hidden 8 --batch 64 --device cpu --quiet --epochs 500";
+  const std::string common = " --members 3 --hidden 8 --batch 64 --device cpu --patience 0 --quiet --epochs 500";
   const std::string train = "--threads 1 train" + common + " --checkpoint-every 1 --checkpoint " + path("dp.ckpt");
   // Rank 1 dies (SIGKILL) mid-run; rank 0 has committed a checkpoint after every epoch.
   const Result r = run_ranks_by_hand(
@@ -121,7 +121,7 @@ TEST_F(Cli, RanksThatDivergeStopAtTheNextChecksumComparison) {
   // Two ranks with different learning rates: same gradients, different weights after
   // the first update. With --rank-check-every 5 both stop at step 5, not at the
   // epoch's end (13 steps of 64 rows).
-  const std::string train = "train --members 2 --hidden 8 --epochs 3 --batch 64 --device cpu --quiet "
+  const std::string train = "train --members 2 --hidden 8 --epochs 3 --batch 64 --device cpu --patience 0 --quiet "
                             "--rank-check-every 5 --lr ";
   const Result r = run_ranks_by_hand({.afterwards = "wait"},
                                      [&train](int rank) { return train + (rank == 0 ? "0.01" : "0.02"); });
@@ -131,7 +131,7 @@ TEST_F(Cli, RanksThatDivergeStopAtTheNextChecksumComparison) {
 }
 
 TEST_F(Cli, AKilledRankEndsTheOthersWithAnErrorNamingTheStep) {
-  const std::string train = "train --members 2 --hidden 8 --epochs 100000 --device cpu --quiet";
+  const std::string train = "train --members 2 --hidden 8 --epochs 100000 --device cpu --patience 0 --quiet";
   const auto start = std::chrono::steady_clock::now();
   const Result r = run_ranks_by_hand({.meanwhile = kill_after(3, "-9")}, train);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -142,7 +142,7 @@ TEST_F(Cli, AKilledRankEndsTheOthersWithAnErrorNamingTheStep) {
 }
 
 TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
-  const std::string train = "train --members 2 --hidden 8 --epochs 100000 --device cpu --quiet";
+  const std::string train = "train --members 2 --hidden 8 --epochs 100000 --device cpu --patience 0 --quiet";
   const auto start = std::chrono::steady_clock::now();
   // Rank 1 is stopped (not dead: its sockets stay open) after 3 s.
   const Result r = run_ranks_by_hand({.env = {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "4"}},
@@ -155,13 +155,13 @@ TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
   EXPECT_LT(seconds, 40) << "the timeout, not a hang";
   const Result bad = run_with_env(
       {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "soon"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}},
-      "train --epochs 1 --device cpu");
+      "train --epochs 1 --device cpu --patience 0");
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.out, HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='soon'"));
 }
 
 TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
-  const std::string args = "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --json --quiet";
+  const std::string args = "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet";
   const nlohmann::json single = run_json(args);
   const Result launched = launch(2, args + " --member-parallel --checkpoint " + path("mp.ckpt"));
   ASSERT_EQ(launched.status, 0) << launched.out;
@@ -191,7 +191,7 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   ASSERT_EQ(predicted.status, 0) << predicted.out;
   EXPECT_THAT(predicted.out, HasSubstr("mean,std,aleatoric_std,epistemic_std,lower_90,upper_90,member_0,member_1,member_2,member_3,"
                                            "member_4\n"));
-  const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu");
+  const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu --patience 0");
   EXPECT_EQ(alone.status, 2);
   EXPECT_THAT(alone.out, HasSubstr("multi-process run"));
   // The manifest resumes on another number of ranks: 3 ranks re-shard the 5 members
@@ -201,7 +201,7 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const nlohmann::json resharded = rank0_json(three.out);
   ASSERT_TRUE(resharded.is_object()) << three.out;
   const nlohmann::json longer = run_json(
-      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --json --quiet");
+      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet");
   EXPECT_EQ(resharded["epochs_run"], 13);
   for (size_t k = 0; k < 5; ++k) {
     EXPECT_DOUBLE_EQ(resharded["members"][k]["rmse"].get<double>(), longer["members"][k]["rmse"].get<double>())
@@ -246,7 +246,7 @@ TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
   EXPECT_DOUBLE_EQ(parallel["ensemble"]["accuracy"].get<double>(), single["ensemble"]["accuracy"].get<double>());
   EXPECT_DOUBLE_EQ(parallel["ensemble"]["nll"].get<double>(), single["ensemble"]["nll"].get<double>());
   // Per-member batch orders depend on the sharding: such a run re-shards by no means.
-  ASSERT_EQ(launch(2, "train --members 3 --epochs 1 --hidden 8 --device cpu --quiet --order bootstrap "
+  ASSERT_EQ(launch(2, "train --members 3 --epochs 1 --hidden 8 --device cpu --patience 0 --quiet --order bootstrap "
                    "--member-parallel --checkpoint " + path("boot.ckpt")).status, 0);
   const Result reshard = launch(3, "resume " + path("boot.ckpt") + " --epochs 2 --device cpu");
   EXPECT_EQ(reshard.status, 2) << reshard.out;
@@ -254,7 +254,7 @@ TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
 }
 
 TEST_F(Cli, MemberParallelRunKilledMidwayResumesFromItsLastCommitLikeAnUninterruptedRun) {
-  const std::string common = " --members 3 --hidden 8 --batch 64 --device cpu --quiet";
+  const std::string common = " --members 3 --hidden 8 --batch 64 --device cpu --patience 0 --quiet";
   const std::string train =
       "train" + common + " --epochs 100000 --member-parallel --checkpoint-every 1 --checkpoint " + path("mp.ckpt");
   // Rank 1 dies (SIGKILL) while both commit a checkpoint after every epoch.

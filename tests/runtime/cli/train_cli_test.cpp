@@ -23,6 +23,7 @@ namespace packtrain::cli_testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST_F(Cli, TrainJsonReportsEveryMemberAndAnEnsembleBetterThanTheAverageMember) {
   const nlohmann::json json = run_json("train --members 6 --epochs 60 --json --device cpu");
@@ -36,6 +37,33 @@ TEST_F(Cli, TrainJsonReportsEveryMemberAndAnEnsembleBetterThanTheAverageMember) 
   EXPECT_LE(ensemble_rmse, mean_rmse + 1e-9);
   EXPECT_EQ(json["test_rows"], 103);
   EXPECT_THAT(json["data"].get<std::string>(), HasSubstr("834 train / 93 validation / 103 test"));
+}
+
+TEST_F(Cli, TrainStopsOnTheEnsemblesValidationLossByDefaultAndNotWithoutValidationRows) {
+  // A short patience so the run stops well before its epochs: every member at once,
+  // at the ensemble's best epoch.
+  const nlohmann::json stopped = run_json("train --data yacht --members 4 --hidden 32 --epochs 400 --patience 3 --json --device cpu");
+  ASSERT_EQ(stopped["members"].size(), 4u) << stopped.dump();
+  const int64_t best = stopped["members"][0]["best_epoch"].get<int64_t>();
+  EXPECT_GT(best, 0);
+  EXPECT_LT(best, 397) << "stopped early";
+  for (const auto& m : stopped["members"]) {
+    EXPECT_EQ(m["status"], "stopped") << m.dump();
+    EXPECT_EQ(m["best_epoch"].get<int64_t>(), best) << "the ensemble decides for all of its members";
+  }
+  const Result text = run("train --data yacht --members 4 --hidden 32 --epochs 3 --device cpu");
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("early stopping on the ensemble's validation loss (patience 50)"));
+  // Without validation rows there is nothing to stop on: the default is off, not an error.
+  const Result none = run("train --data yacht --members 4 --hidden 32 --epochs 3 --val-fraction 0 --device cpu");
+  ASSERT_EQ(none.status, 0) << none.out;
+  EXPECT_THAT(none.out, Not(HasSubstr("early stopping")));
+  // Each member's own loss, on request: a member stops alone.
+  const Result own = run("train --data yacht --members 4 --hidden 32 --epochs 3 --early-stopping member --device cpu");
+  EXPECT_THAT(own.out, HasSubstr("early stopping on each member's validation loss (patience 50)"));
+  const Result bad = run("train --data yacht --epochs 3 --early-stopping all --device cpu");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.out, HasSubstr("member or ensemble"));
 }
 
 TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {

@@ -1,11 +1,13 @@
-// EnsembleTrainer end to end on small data: early stopping per member with best
-// weights restored, a diverging member frozen while the others train, resume from
+// EnsembleTrainer end to end on small data: early stopping per member, or per
+// ensemble (a sweep's configurations), with best weights restored, a diverging member frozen while the others train, resume from
 // a checkpoint equal to an uninterrupted run, classification, bad checkpoints.
+#include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/uci_dataset.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble_validation.h"
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 #include "tests/support/test_support.h"
 
@@ -376,11 +378,97 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_lr({1e-2})), c10::Error);  // 1 value, 2 members
 }
 
+TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherAtItsBestEpoch) {
+  const Data d = make_data(96, 40);
+  const EnsembleTrainerOptions base =
+      small_options(device()).members(3).epochs(150).patience(4).early_stopping(EarlyStopping::kEnsemble);
+  const EnsembleTrainerOptions options = sweep_options(base, SweepGrid{{3e-2, 1e-2}, {1e-4}, 3});
+  ASSERT_EQ(ensemble_groups(options), (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5}}));
+  EnsembleTrainer trainer(options);
+  std::vector<EpochReport> reports;
+  trainer.fit(d.x, d.y, d.val_x, d.val_y, [&](const EpochReport& r) {
+    reports.push_back(r);
+    return true;
+  });
+  const std::vector<MemberState>& m = trainer.member_states();
+  int stopped_groups = 0;
+  for (int64_t first : {0, 3}) {
+    for (int64_t k = first + 1; k < first + 3; ++k) {
+      EXPECT_EQ(m[k].status, m[first].status) << "member " << k << " decides with its ensemble";
+      EXPECT_EQ(m[k].best_epoch, m[first].best_epoch);
+      EXPECT_EQ(m[k].ended_epoch, m[first].ended_epoch);
+      EXPECT_EQ(m[k].best_loss, m[first].best_loss);
+    }
+    if (m[first].status != MemberStatus::kStopped) continue;
+    ++stopped_groups;
+    EXPECT_EQ(m[first].ended_epoch - m[first].best_epoch, 4) << "stops after `patience` epochs without improvement";
+  }
+  ASSERT_GE(stopped_groups, 1) << "an ensemble stopped early";
+  // Restored: each ensemble's validation loss (the mixture's NLL, standardized
+  // units) is its best, and equals the calibration's mixture NLL of the same
+  // members, which is in original units (a density scaled by 1/std of y).
+  const EnsemblePrediction p = trainer.predict(d.val_x);
+  const double log_std = std::log(trainer.y_scale().std.item<double>());
+  const at::Tensor raw = trainer.model().forward(trainer.x_scale().transform(d.val_x).to(at::kFloat).to(device()));
+  const at::Tensor val_y = trainer.y_scale().transform(d.val_y).to(at::kFloat);
+  for (int64_t first : {0, 3}) {
+    const double loss = ensemble_validation_loss(raw, val_y, Head::kGaussian, options.min_variance(), {first, first + 1, first + 2});
+    EXPECT_NEAR(loss, m[first].best_loss, 1e-5) << "ensemble at " << first;
+    const EnsembleMetrics metrics = ensemble_metrics(member_range(p, first, 3, Head::kGaussian), d.val_y, Head::kGaussian);
+    EXPECT_NEAR(loss + log_std, metrics.regression.mixture_nll, 1e-5) << "ensemble at " << first;
+  }
+  // The first ensemble's weights are those of a run that trained it to its best epoch.
+  EnsembleTrainer to_best(EnsembleTrainerOptions(options).epochs(m[0].best_epoch).patience(0));
+  to_best.fit(d.x, d.y, d.val_x, d.val_y);
+  EXPECT_TRUE(all_close(p.member_mean.narrow(0, 0, 3), to_best.predict(d.val_x).member_mean.narrow(0, 0, 3),
+                        device().is_cuda() ? 1e-5 : 1e-9));
+}
+
+TEST(EnsembleValidationTest, TheLossOfEachHeadIsTheMixtureScoreThatItsMetricsReport) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const int64_t K = 4, N = 50;
+  const std::vector<int64_t> some{0, 2, 3};
+  // Gaussian: in standardized units the calibration's mixture NLL is the same number.
+  const at::Tensor raw = at::randn({K, N, 2}, gen, f64);
+  const at::Tensor y = at::randn({N, 1}, gen, f64);
+  const auto g = ensemble::gaussian_head(raw, 1e-6);
+  EnsemblePrediction members;
+  members.included = some;
+  members.member_mean = g.mean.squeeze(2);
+  members.member_variance = g.variance.squeeze(2);
+  const EnsemblePrediction gaussian = combine_members(members, Head::kGaussian);
+  EXPECT_NEAR(ensemble_validation_loss(raw, y, Head::kGaussian, 1e-6, some),
+              ensemble_metrics(gaussian, y, Head::kGaussian).regression.mixture_nll, 1e-12);
+  // Mean head: the MSE of the mixture mean, the square of its RMSE.
+  EnsemblePrediction means;
+  means.included = some;
+  means.member_mean = raw.select(2, 0);
+  const double rmse = ensemble_metrics(combine_members(means, Head::kMean), y, Head::kMean).ensemble.rmse;
+  EXPECT_NEAR(ensemble_validation_loss(raw.narrow(2, 0, 1), y, Head::kMean, 1e-6, some), rmse * rmse, 1e-12);
+  // Classification: the NLL of the mean class probabilities.
+  const at::Tensor logits = at::randn({K, N, 3}, gen, f64) * 2;
+  const at::Tensor labels = at::randint(3, {N}, gen, at::TensorOptions().dtype(at::kLong));
+  EnsemblePrediction probabilities;
+  probabilities.included = some;
+  probabilities.member_probabilities = logits.softmax(-1);
+  const std::vector<double> classes{0, 1, 2};
+  const EnsembleMetrics c = ensemble_metrics(combine_members(probabilities, Head::kClassification, classes),
+                                             labels.to(at::kDouble), Head::kClassification, classes);
+  EXPECT_NEAR(ensemble_validation_loss(logits, labels, Head::kClassification, 1e-6, some), c.classification.nll, 1e-12);
+  EXPECT_THROW(ensemble_validation_loss(raw, y, Head::kGaussian, 1e-6, {}), c10::Error);
+}
+
 TEST(EnsembleTrainerOptionsTest, JsonRoundTripAndUnknownKeys) {
   const auto o = EnsembleTrainerOptions().members(7).head(Head::kMean).optimizer(OptimizerKind::kSGD).patience(3)
-                     .order(graphs::BatchOrder::kPerMember).schedule(ensemble::LrScheduleKind::kCosine).seed(11);
+                     .order(graphs::BatchOrder::kPerMember).schedule(ensemble::LrScheduleKind::kCosine).seed(11)
+                     .early_stopping(EarlyStopping::kEnsemble);
   const std::string json = to_json(o);
   EXPECT_EQ(to_json(options_from_json(json)), json);
+  // A checkpoint from before --early-stopping: each member's own loss, as then.
+  std::string before = json;
+  before.erase(before.find("\"early_stopping\":\"ensemble\","), std::string("\"early_stopping\":\"ensemble\",").size());
+  EXPECT_EQ(options_from_json(before).early_stopping(), EarlyStopping::kMember);
   std::string bad = json;
   bad.insert(1, "\"bogus\": 1, ");
   EXPECT_THROW(options_from_json(bad), c10::Error);
