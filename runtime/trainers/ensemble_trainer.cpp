@@ -8,6 +8,7 @@
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 #include "packtrain/runtime/trainers/ensemble_validation.h"
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -231,7 +232,6 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
                                  .min_factor(options_.min_lr_factor()));
   }
   best_params_ = val_x_.defined() ? model_->parameters().flat().detach().clone() : at::Tensor();
-  ensembles_ = ensemble_groups(options_);
   resume_params_ = at::Tensor();
   epoch_ = 0;
   steps_taken_ = 0;
@@ -341,14 +341,20 @@ EpochReport EnsembleTrainer::run_epoch() {
     check_ranks_agree(steps_taken_ + report.steps);
   }
   const std::vector<double> train = read_to_host(losses.back().mean);  // already on the host (async readback)
-  const std::vector<double> val = val_x_.defined() ? read_to_host(steps_->evaluate(val_x_, val_y_)) : std::vector<double>{};
+  // Validation: each member's loss; when its ensembles decide early stopping, from
+  // one forward of the pack whose outputs also score the ensembles (update_ensembles).
+  std::vector<double> val;
   at::Tensor val_raw;
   if (val_x_.defined() && options_.early_stopping() == EarlyStopping::kEnsemble && options_.patience() > 0) {
-    at::NoGradGuard no_grad;  // one forward of the pack on the validation rows, in eval mode
+    at::NoGradGuard no_grad;
     const bool was_training = model_->is_training();
     model_->train(false);
     val_raw = model_->forward(val_x_.to(options_.device()));
     model_->train(was_training);
+    val = read_to_host(ensemble::packed_loss(loss_kind(options_.head()), val_raw, val_y_.to(options_.device()),
+                                             options_.min_variance()));
+  } else if (val_x_.defined()) {
+    val = read_to_host(steps_->evaluate(val_x_, val_y_));
   }
   ++epoch_;
   steps_taken_ += report.steps;
@@ -424,17 +430,17 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
 
 void EnsembleTrainer::update_ensembles(const at::Tensor& val_raw, std::vector<int64_t>& improved,
                                        EpochReport& report) {
-  for (const std::vector<int64_t>& ensemble : ensembles_) {
+  for (const SweepConfiguration& ensemble : sweep_configurations(options_)) {
     std::vector<int64_t> live;  // still training (not stopped, diverged or deselected)
-    for (int64_t k : ensemble) {
+    for (int64_t k = ensemble.first_member; k < ensemble.first_member + ensemble.members; ++k) {
       if (members_[k].status == MemberStatus::kTraining) live.push_back(k);
     }
     if (live.empty()) continue;
     const double v = ensemble_validation_loss(val_raw, val_y_, options_.head(), options_.min_variance(), live);
     const MemberState& first = members_[live.front()];  // the ensemble's live members share their best
     const std::string who = live.size() == 1 ? "member " + std::to_string(live.front())
-                                             : "members " + std::to_string(ensemble.front()) + "-" +
-                                                   std::to_string(ensemble.back());
+                                             : "members " + std::to_string(ensemble.first_member) + "-" +
+                                                   std::to_string(ensemble.first_member + ensemble.members - 1);
     if (std::isfinite(v) && v < first.best_loss) {
       for (int64_t k : live) {
         members_[k].best_loss = v;

@@ -203,7 +203,6 @@ class EnsembleTrainer {
   at::Tensor best_params_;     // (N) on the device: each member's best weights
   at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them
   std::vector<MemberState> members_;
-  std::vector<std::vector<int64_t>> ensembles_;  // the pack's ensembles (ensemble_validation.h)
   int64_t epoch_ = 0;
   int64_t steps_taken_ = 0;
   int64_t step_offset_ = 0;  // steps_taken_ minus the steps object's count (names steps in errors)

@@ -10,21 +10,6 @@
 
 namespace packtrain::runtime {
 
-std::vector<std::vector<int64_t>> ensemble_groups(const EnsembleTrainerOptions& o) {
-  const auto value = [](const std::vector<double>& v, int64_t k, double fallback) {
-    return v.empty() ? fallback : v[static_cast<size_t>(k)];
-  };
-  std::vector<std::vector<int64_t>> groups;
-  for (int64_t k = 0; k < o.members(); ++k) {
-    const bool same = k > 0 && value(o.member_lr(), k, o.lr()) == value(o.member_lr(), k - 1, o.lr()) &&
-                      value(o.member_weight_decay(), k, o.weight_decay()) ==
-                          value(o.member_weight_decay(), k - 1, o.weight_decay());
-    if (!same) groups.emplace_back();
-    groups.back().push_back(k);
-  }
-  return groups;
-}
-
 double ensemble_validation_loss(const at::Tensor& raw, const at::Tensor& y, Head head, double min_variance,
                                 const std::vector<int64_t>& members) {
   TORCH_CHECK(!members.empty(), "ensemble_validation_loss: no members");
@@ -33,12 +18,12 @@ double ensemble_validation_loss(const at::Tensor& raw, const at::Tensor& y, Head
           .to(at::kDouble);  // (M, N, O)
   const double count = static_cast<double>(members.size());
   if (head == Head::kClassification) {
-    const at::Tensor label = y.reshape({1, -1, 1}).to(at::kLong).expand({out.size(0), -1, 1});
+    const at::Tensor label = y.to(raw.device()).reshape({1, -1, 1}).to(at::kLong).expand({out.size(0), -1, 1});
     // log of the mean probability of the true class, by log-sum-exp over members.
     const at::Tensor log_p = out.log_softmax(-1).gather(-1, label).squeeze(-1);  // (M, N)
     return -(log_p.logsumexp(0) - std::log(count)).mean().item<double>();
   }
-  const at::Tensor target = y.reshape({1, -1}).to(at::kDouble);  // (1, N)
+  const at::Tensor target = y.to(raw.device(), at::kDouble).reshape({1, -1});  // (1, N)
   if (head == Head::kMean) return (out.squeeze(-1).mean(0) - target.squeeze(0)).square().mean().item<double>();
   const auto g = ensemble::gaussian_head(out, min_variance);
   const at::Tensor mean = g.mean.squeeze(-1), variance = g.variance.squeeze(-1);  // (M, N)

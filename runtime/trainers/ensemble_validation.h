@@ -1,5 +1,6 @@
 // The validation loss of an ensemble as a whole: some members of a pack (a sweep's
-// configuration, or every member) as one uniform mixture. Early stopping on it
+// configuration, or every member: sweep_configurations in hyperparameter_sweep.h)
+// as one uniform mixture. Early stopping on it
 // (EarlyStopping::kEnsemble) keeps training while the mixture still improves, even
 // after its members, each over-confident alone, got worse on their own losses.
 #pragma once
@@ -12,10 +13,6 @@
 #include <vector>
 
 namespace packtrain::runtime {
-
-// The pack's ensembles: runs of consecutive members with the same learning rate
-// and weight decay (a sweep's configurations; without a sweep, one of every member).
-std::vector<std::vector<int64_t>> ensemble_groups(const EnsembleTrainerOptions& options);
 
 // The mixture's mean loss over the rows, in the training loss's (standardized)
 // units, of `members` of raw packed outputs (K, N, O): Gaussian head: the mixture's

@@ -383,7 +383,10 @@ TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherA
   const EnsembleTrainerOptions base =
       small_options(device()).members(3).epochs(150).patience(4).early_stopping(EarlyStopping::kEnsemble);
   const EnsembleTrainerOptions options = sweep_options(base, SweepGrid{{3e-2, 1e-2}, {1e-4}, 3});
-  ASSERT_EQ(ensemble_groups(options), (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5}}));
+  const std::vector<SweepConfiguration> ensembles = sweep_configurations(options);  // members 0-2 and 3-5
+  ASSERT_EQ(ensembles.size(), 2u);
+  ASSERT_EQ(ensembles[1].first_member, 3);
+  ASSERT_EQ(ensembles[1].members, 3);
   EnsembleTrainer trainer(options);
   std::vector<EpochReport> reports;
   trainer.fit(d.x, d.y, d.val_x, d.val_y, [&](const EpochReport& r) {
