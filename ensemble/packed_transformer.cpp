@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,34 @@ std::vector<ParameterSpec> transformer_specs(const PackedTransformerOptions& o) 
   return specs;
 }
 
+// Whether a stage holds the parameter `name` of the full model.
+bool stage_holds(const std::string& name, const TransformerStage& stage, const PackedTransformerOptions& o) {
+  const bool first = stage.first_layer == 0, last = stage.end_layer == o.layers();
+  if (name == "tok_emb.weight") return first || (last && o.tie_lm_head());
+  if (name == "pos_emb.weight") return first;
+  if (name.starts_with("block")) {
+    const int64_t l = std::stoll(name.substr(5, name.find('.') - 5));
+    return l >= stage.first_layer && l < stage.end_layer;
+  }
+  return last;  // ln_f, cls, lm
+}
+
+TransformerStage checked_stage(TransformerStage stage, const PackedTransformerOptions& o) {
+  if (stage.end_layer == -1) stage.end_layer = o.layers();
+  TORCH_CHECK(stage.first_layer >= 0 && stage.first_layer < stage.end_layer && stage.end_layer <= o.layers(),
+              "transformer stage: blocks [", stage.first_layer, ", ", stage.end_layer,
+              ") are not a non-empty range of the model's ", o.layers());
+  return stage;
+}
+
+std::vector<ParameterSpec> stage_specs(const PackedTransformerOptions& o, const TransformerStage& stage) {
+  std::vector<ParameterSpec> out;
+  for (ParameterSpec& spec : transformer_specs(o)) {
+    if (stage_holds(spec.name, stage, o)) out.push_back(std::move(spec));
+  }
+  return out;
+}
+
 }  // namespace
 
 void PackedTransformerOptions::validate() const {
@@ -60,9 +89,15 @@ void PackedTransformerOptions::validate() const {
   TORCH_CHECK(dtype() == at::kFloat || dtype() == at::kDouble, "transformer: dtype must be float32 or float64");
 }
 
-PackedTransformer::PackedTransformer(PackedTransformerOptions options)
+std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options, TransformerStage stage) {
+  options.validate();
+  return stage_specs(options, checked_stage(stage, options));
+}
+
+PackedTransformer::PackedTransformer(PackedTransformerOptions options, TransformerStage stage)
     : options_((options.validate(), std::move(options))),
-      parameters_(options_.members(), transformer_specs(options_),
+      stage_(checked_stage(stage, options_)),
+      parameters_(options_.members(), stage_specs(options_, stage_),
                   c10::TensorOptions().dtype(options_.dtype()).device(options_.device())) {
   reinitialize(options_.seed());
 }
@@ -74,12 +109,21 @@ void PackedTransformer::reinitialize(uint64_t seed) {
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(options_.layers()));
   std::vector<at::Tensor> rows;
   std::vector<int64_t> selected;
+  // Every parameter of the full model is drawn in its order (a stage draws the ones
+  // it does not hold into a scratch buffer), so a stage's values are the full model's.
+  const std::vector<ParameterSpec> all = transformer_specs(options_);
+  std::map<std::string, size_t> held;
+  for (size_t i = 0; i < parameters_.size(); ++i) held[parameters_.spec(i).name] = i;
   for (int64_t k = 0; k < members(); ++k) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, k));
     at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
-    for (size_t i = 0; i < parameters_.size(); ++i) {
-      const std::string& name = parameters_.spec(i).name;
-      at::Tensor slot = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i));
+    for (const ParameterSpec& spec : all) {
+      const std::string& name = spec.name;
+      const auto it = held.find(name);
+      int64_t n = 1;
+      for (const int64_t size : spec.shape) n *= size;
+      at::Tensor slot = it != held.end() ? row.narrow(0, parameters_.row_offset(it->second), n)
+                                         : at::empty({n}, at::kFloat);
       const bool is_norm = name.find(".ln") != std::string::npos || name.starts_with("ln_f");
       if (is_norm) {
         slot.fill_(name.ends_with(".weight") ? 1.0 : 0.0);
@@ -141,18 +185,27 @@ at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, int64_t layer) c
   return residual_linear(x, at::gelu(linear(norm(x, b + ".ln2"), b + ".mlp.fc")), b + ".mlp.proj");
 }
 
-at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
+at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
+  TORCH_CHECK(first_stage(), "transformer embed: this stage (blocks ", stage_.first_layer, "..", stage_.end_layer,
+              ") does not hold the embeddings");
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
               "transformer trunk: tokens must be (B, T) int64, got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t K = members(), B = tokens.size(0), T = tokens.size(1), d = options_.width();
-  const int64_t H = options_.heads(), dh = d / H;
   TORCH_CHECK(T >= 1 && T <= options_.max_length(), "transformer trunk: ", T,
               " tokens per row, the model has ", options_.max_length(), " positions");
   TORCH_CHECK(tokens.device() == parameters_.flat().device(), "transformer trunk: tokens are on ",
               tokens.device(), " but the model is on ", parameters_.flat().device());
   const at::Tensor embedded = param("tok_emb.weight").index_select(1, tokens.reshape({-1})).view({K, B, T, d});
-  at::Tensor x = (embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1)).reshape({K, B * T, d});
-  for (int64_t l = 0; l < options_.layers(); ++l) {
+  return embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1);
+}
+
+at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
+  const int64_t K = members(), d = options_.width(), H = options_.heads(), dh = d / H;
+  TORCH_CHECK(hidden.dim() == 4 && hidden.size(0) == K && hidden.size(3) == d, "transformer blocks: input must be (",
+              K, ", B, T, ", d, "), got ", hidden.sizes());
+  const int64_t B = hidden.size(1), T = hidden.size(2);
+  at::Tensor x = hidden.reshape({K, B * T, d});
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     const std::string b = block(l);
     // q, k, v: (K*B, H, T, dh) strided views of the qkv output (columns [3][H][dh]),
     // which SDPA reads in place. Unbinding dim 2 of (K*B, T, 3, H, dh) makes the
@@ -168,7 +221,20 @@ at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
     x = residual_linear(x, attended.transpose(1, 2).reshape({K, B * T, d}), b + ".attn.out");
     x = mlp_residual(x, l);
   }
-  return norm(x, "ln_f").view({K, B, T, d});
+  return x.view({K, B, T, d});
+}
+
+at::Tensor PackedTransformer::final_norm(const at::Tensor& x) const {
+  TORCH_CHECK(last_stage(), "transformer final norm: this stage (blocks ", stage_.first_layer, "..",
+              stage_.end_layer, ") does not hold it");
+  const int64_t K = x.size(0), B = x.size(1), T = x.size(2), d = x.size(3);
+  return norm(x.reshape({K, B * T, d}), "ln_f").view({K, B, T, d});
+}
+
+at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
+  TORCH_CHECK(whole(), "transformer trunk: this model is a pipeline stage (blocks ", stage_.first_layer, "..",
+              stage_.end_layer, " of ", options_.layers(), "): run embed, run_blocks and final_norm on the stages");
+  return final_norm(run_blocks(embed(tokens)));
 }
 
 at::Tensor PackedTransformer::classify(const at::Tensor& hidden, const at::Tensor& lengths) const {
@@ -196,6 +262,7 @@ at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
 }
 
 KvCache PackedTransformer::make_cache(int64_t rows) const {
+  TORCH_CHECK(whole(), "KV cache: decoding needs the whole model, not a pipeline stage");
   TORCH_CHECK(rows >= 1, "KV cache: rows must be >= 1, got ", rows);
   const int64_t H = options_.heads(), dh = options_.width() / H;
   const auto opts = parameters_.flat().options();

@@ -12,6 +12,14 @@
 // right-padded token rows (B, T) with per-row lengths: causal attention never lets a
 // real token see a pad, so no padding mask is needed, and losses ignore pad positions.
 //
+// Pipeline stages: a PackedTransformer built with a TransformerStage holds only the
+// blocks [first_layer, end_layer) — the first stage also the embeddings, the last the
+// final norm and both heads, and, when the LM head is tied, its own copy of the token
+// embedding (the pipeline sums the copies' gradients, so they stay equal). Parameter
+// names and initial values are the full model's: a stage draws every parameter in
+// the full model's order and keeps its own, so S stages start exactly where one
+// model does. embed -> run_blocks -> final_norm of the stages is trunk().
+//
 // Decoding with a KV cache: decode_step runs one token per row at a position held in
 // a device tensor and attends over the whole preallocated cache with a mask built on
 // the device, so its shapes never change and the step can be captured as a graph.
@@ -24,6 +32,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace packtrain::ensemble {
 
@@ -47,6 +56,18 @@ struct PackedTransformerOptions {
   void validate() const;
 };
 
+// A contiguous range of blocks [first_layer, end_layer) of the model (end_layer -1:
+// through the last block).
+struct TransformerStage {
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;
+};
+
+// The per-member parameters a model of `options` holds for `stage` (throws for a
+// stage that is not a non-empty range of blocks): names and shapes, in order.
+std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options,
+                                                  TransformerStage stage = {});
+
 // Keys and values of every layer for `rows` sequences per member, preallocated
 // for max_length positions.
 struct KvCache {
@@ -57,16 +78,30 @@ struct KvCache {
 
 class PackedTransformer {
  public:
-  explicit PackedTransformer(PackedTransformerOptions options);
+  // Throws (c10::Error) for a stage that is not a non-empty range of the model's blocks.
+  explicit PackedTransformer(PackedTransformerOptions options, TransformerStage stage = {});
 
   const PackedTransformerOptions& options() const { return options_; }
   int64_t members() const { return options_.members(); }
   PackedParameters& parameters() { return parameters_; }
   const PackedParameters& parameters() const { return parameters_; }
 
+  // The blocks this model holds; whether it holds the embeddings (first stage) and the
+  // final norm and heads (last stage). The whole model is both.
+  const TransformerStage& stage() const { return stage_; }
+  bool first_stage() const { return stage_.first_layer == 0; }
+  bool last_stage() const { return stage_.end_layer == options_.layers(); }
+  bool whole() const { return first_stage() && last_stage(); }
+
   // tokens (B, T) int64, shared by the members, T <= max_length. Returns the final
-  // normalized hidden states (K, B, T, d).
+  // normalized hidden states (K, B, T, d). The whole model only.
   at::Tensor trunk(const at::Tensor& tokens) const;
+  // The pieces of trunk(), each on the stage that holds it: token + position
+  // embeddings (K, B, T, d) (first stage); this model's blocks, (K, B, T, d) in and
+  // out; the final norm (last stage).
+  at::Tensor embed(const at::Tensor& tokens) const;
+  at::Tensor run_blocks(const at::Tensor& x) const;
+  at::Tensor final_norm(const at::Tensor& x) const;
   // Logits (K, B, C) of each row at its last real token (lengths (B) int64, >= 1).
   at::Tensor classify(const at::Tensor& hidden, const at::Tensor& lengths) const;
   // Next-token logits (K, B, T, V).
@@ -91,6 +126,7 @@ class PackedTransformer {
   at::Tensor mlp_residual(const at::Tensor& x, int64_t layer) const;  // x + mlp(x)
 
   PackedTransformerOptions options_;
+  TransformerStage stage_;
   PackedParameters parameters_;
 };
 

@@ -112,7 +112,7 @@ void describe(const Session& s, RunDriver& driver) {
                           options.shared_inputs() ? "one trunk forward per step"
                                                   : "two trunk forwards per step (separate LM texts)",
                           m.device().str(), options.capture() && m.device().is_cuda() ? ", captured" : ""));
-  if (s.group != nullptr) {
+  if (s.group != nullptr && !s.trainer.pipelined()) {
     driver.note(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
                             "averaged over {} every step",
                             s.group->world_size(), s.group->info().source, options.batch_size(),
@@ -121,6 +121,21 @@ void describe(const Session& s, RunDriver& driver) {
   if (s.truncated > 0) {
     driver.note(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)",
                             s.truncated, options.buckets().back()));
+  }
+  if (s.trainer.pipelined()) {
+    const int64_t S = options.pipeline_stages(), M = options.micro_batches();
+    driver.note(fmt::format("multitask: pipeline of {} stages over {} ranks ({}), {} micro-batches of {} sentences "
+                            "per step, {} schedule; modelled idle (bubble) fraction (S-1)/(M+S-1) = {:.2f}",
+                            S, s.group->world_size(), s.group->info().source, M, options.batch_size() / M,
+                            m.device().is_cuda() ? "GPipe" : "1F1B", runtime::distributed::bubble_fraction(S, M)));
+    for (const std::string& line : runtime::distributed::describe_placement(s.trainer.placement())) {
+      driver.note("multitask: " + line);
+    }
+    if (m.tie_lm_head()) {
+      driver.note(fmt::format("multitask: the LM head is tied to the token embedding: stages 0 and {} each hold a "
+                              "copy, their gradients are summed every step",
+                              S - 1));
+    }
   }
   if (s.trainer.epochs_done() > 0) driver.note(fmt::format("multitask: resuming after epoch {}", s.trainer.epochs_done()));
 }
@@ -167,8 +182,8 @@ void stop_if_diverged(const Session& s, const RunDriver& driver, const runtime::
 int run_session(const Session& s, RunDriver& driver) {
   describe(s, driver);
   const std::string extra = s.files.to_json();
-  const auto save = [&] {
-    if (driver.primary()) s.trainer.save(driver.checkpoint().path, extra);
+  const auto save = [&] {  // a pipeline run saves collectively: each rank its stage
+    if (driver.primary() || s.trainer.pipelined()) s.trainer.save(driver.checkpoint().path, extra);
   };
   nlohmann::json epochs = nlohmann::json::array();
   const auto start = std::chrono::steady_clock::now();
@@ -228,8 +243,14 @@ int run_train(const MultiTaskTrainArgs& a) {
   const auto group = join_if_launched(options.model().device());
   RunDriver driver(a.output, a.checkpoint, group.get());  // outlives the trainer's log
   options.log(driver.graph_log());
-  runtime::MultiTaskTrainer trainer(options);
-  trainer.set_process_group(group.get());
+  if (options.pipeline_stages() > 1 && (group == nullptr || group->world_size() != options.pipeline_stages())) {
+    throw UsageError(fmt::format("--pipeline-stages {} needs {} processes, one per stage: packtrain launch --nproc {} "
+                                 "-- multitask train --pipeline-stages {} ... (this run has {})",
+                                 options.pipeline_stages(), options.pipeline_stages(), options.pipeline_stages(),
+                                 options.pipeline_stages(), group == nullptr ? 1 : group->world_size()));
+  }
+  runtime::MultiTaskTrainer trainer(options, options.pipeline_stages() > 1 ? group.get() : nullptr);
+  if (!trainer.pipelined()) trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
   return run_session({trainer, files, dev, truncated, group.get()}, driver);
 }
@@ -250,7 +271,8 @@ int run_resume(MultiTaskResumeArgs a) {
   const auto group = join_if_launched(device);  // before the trainer: destroyed after it
   if (a.out.path.empty()) a.out.path = a.checkpoint;
   RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log
-  auto trainer = runtime::MultiTaskTrainer::load(a.checkpoint, device, &extra, driver.graph_log());
+  // A pipeline checkpoint resumes each rank's stage (on as many ranks as stages).
+  auto trainer = runtime::MultiTaskTrainer::load(a.checkpoint, device, &extra, driver.graph_log(), group.get());
   RunFiles files = RunFiles::from_json(extra, a.checkpoint);
   if (a.epochs > 0) files.epochs = a.epochs;
   if (files.epochs <= trainer->epochs_done()) {
@@ -263,7 +285,7 @@ int run_resume(MultiTaskResumeArgs a) {
   check_same_texts(files.dev_fingerprint, dev, "dev", driver);
   runtime::check_memory(runtime::estimate_multitask_run(trainer->options(), static_cast<int64_t>(train.size()), true),
                         "resume it where more memory is free");
-  trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
+  if (!trainer->pipelined()) trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
   return run_session({*trainer, files, dev, truncated, group.get()}, driver);
 }
@@ -376,6 +398,16 @@ void add_multitask_train(CLI::App* mt, int& status) {
   train->add_option("--lm-weight", o.lm_weight(), "Weight of the LM loss")->check(non_negative())->capture_default_str();
   train->add_flag_callback("--separate-lm-texts", [&o] { o.shared_inputs(false); },
                            "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
+  train->add_option("--pipeline-stages", o.pipeline_stages(),
+                    "Split the model's blocks over this many processes (run under launch/torchrun/srun with as many "
+                    "ranks; embeddings with the first, heads with the last; the placement is printed)")
+      ->check(positive())
+      ->capture_default_str();
+  train->add_option("--micro-batches", o.micro_batches(),
+                    "Pipeline: run each batch as this many equal micro-batches (1F1B on CPU, GPipe on a GPU); more "
+                    "shrink the idle fraction (S-1)/(M+S-1)")
+      ->check(positive())
+      ->capture_default_str();
   train->add_option("--seed", o.seed(), "Initialization and batch order")->capture_default_str()->check(non_negative());
   train->add_option("--device", a->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   train->add_flag_callback("--no-capture", [&o] { o.capture(false); }, "Run the steps eagerly on a GPU too");

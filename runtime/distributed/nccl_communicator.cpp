@@ -140,6 +140,24 @@ void NcclCommunicator::broadcast_(at::Tensor& tensor, int64_t root, const char* 
                what);
 }
 
+void NcclCommunicator::send(const at::Tensor& tensor, int64_t peer, const char* what) {
+  impl_->refuse_if_aborting(what);
+  std::shared_lock lock(impl_->use);
+  const cudaStream_t stream = impl_->stream_for(tensor, what);
+  impl_->check(ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), nccl_type(tensor.scalar_type(), what),
+                        static_cast<int>(peer), impl_->comm, stream),
+               what);
+}
+
+void NcclCommunicator::recv_(at::Tensor& tensor, int64_t peer, const char* what) {
+  impl_->refuse_if_aborting(what);
+  std::shared_lock lock(impl_->use);
+  const cudaStream_t stream = impl_->stream_for(tensor, what);
+  impl_->check(ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), nccl_type(tensor.scalar_type(), what),
+                        static_cast<int>(peer), impl_->comm, stream),
+               what);
+}
+
 void NcclCommunicator::abort() {
   impl_->aborting.store(true);
   std::unique_lock lock(impl_->use);
@@ -179,6 +197,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(int64_t, int64_t, c10
 }
 void NcclCommunicator::all_reduce_(at::Tensor&, DeviceReduceOp, const char*) {}
 void NcclCommunicator::broadcast_(at::Tensor&, int64_t, const char*) {}
+void NcclCommunicator::send(const at::Tensor&, int64_t, const char*) {}
+void NcclCommunicator::recv_(at::Tensor&, int64_t, const char*) {}
 void NcclCommunicator::abort() {}
 bool NcclCommunicator::aborted() const { return false; }
 std::string NcclCommunicator::async_error() const { return ""; }

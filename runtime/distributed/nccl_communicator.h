@@ -41,6 +41,11 @@ class NcclCommunicator {
   // bfloat16, int32/64. `what` names the operation in errors.
   void all_reduce_(at::Tensor& tensor, DeviceReduceOp op, const char* what = "all-reduce");
   void broadcast_(at::Tensor& tensor, int64_t root, const char* what = "broadcast");
+  // Point to point (a pipeline's activations and their gradients), enqueued on the
+  // current stream: the stream waits until the peer's matching call runs, so both
+  // ranks must issue their sends and receives in an order that pairs up.
+  void send(const at::Tensor& tensor, int64_t peer, const char* what = "send");
+  void recv_(at::Tensor& tensor, int64_t peer, const char* what = "recv");
 
   // Aborts the communicator (from any thread, once): kernels stuck on a dead peer
   // return; every later collective throws. May block (NCCL waits for graphs that

@@ -29,7 +29,9 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace packtrain::runtime::distributed {
 
@@ -59,6 +61,13 @@ struct ProcessGroup::Impl {
   std::shared_ptr<NcclCommunicator> nccl;
   std::unique_ptr<CollectiveWatchdog> watchdog;
   int64_t calls = 0;
+  // CPU sends in flight, with what names them in an error.
+  struct PendingSend {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::string what;
+    int64_t step;
+  };
+  std::vector<PendingSend> sends;
 
   // Waits for `work` at most the group's timeout; a peer that died or hangs becomes
   // an error naming the collective and this rank.
@@ -437,6 +446,36 @@ void ProcessGroup::barrier() {
   c10d::BarrierOptions options;
   options.timeout = impl_->timeout;
   impl_->wait(impl_->backend->barrier(options), "barrier");
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int64_t peer, int tag, const char* what, int64_t step) {
+  PACKTRAIN_NVTX_RANGE("send");
+  ++impl_->calls;
+  if (tensor.is_cuda()) {
+    impl_->device_backend(tensor, what).send(tensor, peer, what);
+    return;
+  }
+  impl_->check_cpu(tensor, what);
+  std::vector<at::Tensor> tensors{tensor};
+  impl_->sends.push_back({impl_->backend->send(tensors, static_cast<int>(peer), tag), what, step});
+}
+
+void ProcessGroup::recv_(at::Tensor& tensor, int64_t peer, int tag, const char* what, int64_t step) {
+  PACKTRAIN_NVTX_RANGE("recv");
+  ++impl_->calls;
+  if (tensor.is_cuda()) {
+    impl_->device_backend(tensor, what).recv_(tensor, peer, what);
+    return;
+  }
+  impl_->check_cpu(tensor, what);
+  std::vector<at::Tensor> tensors{tensor};
+  impl_->wait(impl_->backend->recv(tensors, static_cast<int>(peer), tag), what, step);
+}
+
+void ProcessGroup::wait_sends() {
+  std::vector<Impl::PendingSend> sends;
+  sends.swap(impl_->sends);
+  for (const Impl::PendingSend& s : sends) impl_->wait(s.work, s.what.c_str(), s.step);
 }
 
 void ProcessGroup::check_same(const at::Tensor& values, const char* what, const std::string& where) {

@@ -61,6 +61,18 @@ class ProcessGroup {
   void broadcast_(at::Tensor& tensor, int64_t root = 0, const char* what = "broadcast");
   void barrier();
 
+  // Point to point, for a pipeline's activations and their gradients: CPU tensors
+  // over Gloo, CUDA tensors over NCCL (enqueued on the current stream; the peer's
+  // matching call must come in an order that pairs up). A CPU send returns at once:
+  // the transfer runs in the background, the tensor must stay unchanged until
+  // wait_sends(). A CPU receive is complete on return, or throws CollectiveError
+  // after the group's timeout naming `what`, `step` and this rank. `tag` separates
+  // streams of messages between the same two ranks.
+  void send(const at::Tensor& tensor, int64_t peer, int tag, const char* what, int64_t step = -1);
+  void recv_(at::Tensor& tensor, int64_t peer, int tag, const char* what, int64_t step = -1);
+  // Waits for every send still in flight (at most the timeout each).
+  void wait_sends();
+
   // Collective: compares a checksum of `values` (e.g. the flat parameters) with rank
   // 0's; when any rank differs, every rank throws CollectiveError "<what> differ
   // across ranks <where>: N rank(s) disagree with rank 0 (this rank agrees|differs)".

@@ -6,6 +6,7 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/trainers/multitask_pipeline.h"
 #include "packtrain/runtime/trainers/multitask_steps.h"
 
 #include <ATen/ATen.h>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -27,6 +29,28 @@ namespace packtrain::runtime {
 namespace {
 
 constexpr const char* kMultiTaskFormat = "packtrain-multitask-1";
+constexpr const char* kPipelineManifestFormat = "packtrain-multitask-pipeline-manifest-1";
+
+// The confusion matrix (C, C) of (truth, predicted), the LM's negative log-likelihood
+// sums (K) and target tokens, as the metrics a user reads.
+TaskMetrics task_metrics(const at::Tensor& confusion_counts, const at::Tensor& lm_nll_sum, int64_t tokens) {
+  const at::Tensor confusion = confusion_counts.to(at::kCPU, at::kDouble);
+  const double total = confusion.sum().item<double>();
+  const double correct = confusion.trace().item<double>();
+  const at::Tensor truth = confusion.sum(1), predicted = confusion.sum(0);
+  // Matthews correlation for any number of classes (Gorodkin's R_K); 0 when undefined.
+  const double covariance = correct * total - (truth * predicted).sum().item<double>();
+  const double spread = (total * total - (predicted * predicted).sum().item<double>()) *
+                        (total * total - (truth * truth).sum().item<double>());
+  TaskMetrics m;
+  m.examples = static_cast<int64_t>(total);
+  m.accuracy = total > 0 ? correct / total : 0;
+  m.mcc = spread > 0 ? covariance / std::sqrt(spread) : 0;
+  m.tokens = tokens;
+  m.lm_loss = m.tokens > 0 ? (lm_nll_sum.mean().item<double>() / static_cast<double>(m.tokens)) : 0;
+  m.perplexity = std::exp(m.lm_loss);
+  return m;
+}
 
 std::string dtype_name(c10::ScalarType t) { return t == at::kDouble ? "float64" : "float32"; }
 
@@ -84,6 +108,13 @@ void MultiTaskTrainerOptions::validate() const {
   TORCH_CHECK(weight_decay() >= 0, "weight_decay must be >= 0, got weight_decay=", weight_decay());
   TORCH_CHECK(std::isfinite(weight_decay()), "weight_decay must be finite, got weight_decay=", weight_decay());
   TORCH_CHECK(warmup_steps() >= 0, "warmup_steps must be >= 0, got warmup_steps=", warmup_steps());
+  TORCH_CHECK(pipeline_stages() >= 1, "pipeline_stages must be >= 1, got pipeline_stages=", pipeline_stages());
+  TORCH_CHECK(pipeline_stages() <= model().layers(), "pipeline_stages=", pipeline_stages(),
+              " exceeds the model's blocks (model.layers=", model().layers(), "): each stage holds at least one");
+  TORCH_CHECK(micro_batches() >= 1 && batch_size() % micro_batches() == 0, "micro_batches must divide batch_size=",
+              batch_size(), ", got micro_batches=", micro_batches());
+  TORCH_CHECK(pipeline_stages() == 1 || shared_inputs(),
+              "a pipeline run reads the same sentences for both tasks (shared_inputs=true)");
   TORCH_CHECK(classification_weight() >= 0 && lm_weight() >= 0 && classification_weight() + lm_weight() > 0,
               "task weights must be >= 0 and not both 0, got classification_weight=", classification_weight(),
               ", lm_weight=", lm_weight());
@@ -98,7 +129,8 @@ std::string to_json(const MultiTaskTrainerOptions& o) {
       {"batch_size", o.batch_size()}, {"buckets", o.buckets()}, {"lr", o.lr()}, {"weight_decay", o.weight_decay()},
       {"warmup_steps", o.warmup_steps()}, {"classification_weight", o.classification_weight()},
       {"lm_weight", o.lm_weight()}, {"shared_inputs", o.shared_inputs()}, {"eval_batch_size", o.eval_batch_size()},
-      {"seed", o.seed()}, {"capture", o.capture()}};
+      {"seed", o.seed()}, {"capture", o.capture()}, {"pipeline_stages", o.pipeline_stages()},
+      {"micro_batches", o.micro_batches()}};
   return j.dump();
 }
 
@@ -138,11 +170,12 @@ MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
   o.classification_weight(f64("classification_weight")).lm_weight(f64("lm_weight"));
   o.shared_inputs(flag("shared_inputs")).eval_batch_size(i64("eval_batch_size"));
   o.seed(merged.at("seed").get<uint64_t>()).capture(flag("capture"));
+  o.pipeline_stages(i64("pipeline_stages")).micro_batches(i64("micro_batches"));
   o.validate();
   return o;
 }
 
-MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
+MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed::ProcessGroup* pipeline)
     : options_(std::move(options)), device_(options_.model().device()) {
   options_.validate();
   if (!options_.log()) options_.log(graphs::log_to_stderr);  // never silent, as in graphs/
@@ -153,7 +186,22 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
   }
   ensemble::PackedTransformerOptions model_options = options_.model();
   model_options.seed(options_.seed()).device(device_);
-  model_ = std::make_unique<ensemble::PackedTransformer>(model_options);
+  ensemble::TransformerStage stage;
+  if (options_.pipeline_stages() > 1) {
+    const int64_t S = options_.pipeline_stages();
+    if (pipeline == nullptr || pipeline->world_size() != S) {
+      throw DataError(fmt::format("{} pipeline stages need a group of {} ranks (one per stage: packtrain launch "
+                                  "--nproc {} -- multitask train --pipeline-stages {}); {}",
+                                  S, S, S, S,
+                                  pipeline == nullptr ? "this process is not in one"
+                                                      : fmt::format("this one has {}", pipeline->world_size())));
+    }
+    placement_ = distributed::place_pipeline(model_options, S, options_.batch_size() / options_.micro_batches(),
+                                             options_.buckets().back());
+    stage = placement_[static_cast<size_t>(pipeline->rank())].blocks;
+    pipeline_group_ = pipeline;
+  }
+  model_ = std::make_unique<ensemble::PackedTransformer>(model_options, stage);
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
       model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
   if (options_.warmup_steps() > 0) {
@@ -168,6 +216,11 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options)
           .eval_batch_size(options_.eval_batch_size())
           .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
           .capacity(8));
+  if (pipeline_group_ != nullptr) {
+    pipeline_ = std::make_unique<MultiTaskPipeline>(
+        *model_, *optimizer_, *pipeline_group_, options_.micro_batches(),
+        ensemble::TaskWeights{options_.classification_weight(), options_.lm_weight()});
+  }
 }
 
 MultiTaskTrainer::~MultiTaskTrainer() = default;
@@ -207,6 +260,7 @@ int64_t MultiTaskTrainer::set_training_data(const LabelledTexts& train) {
   int64_t truncated = 0;
   train_buckets_ = tokenize(train, &truncated);
   training_examples_ = static_cast<int64_t>(train.size());
+  if (pipeline_) return truncated;  // the pipeline gathers each batch's rows itself
   std::vector<MultiTaskSteps::TrainingBucket> data;
   for (const Bucket& b : train_buckets_) data.push_back({b.tokens, b.lengths, b.labels});
   steps_->set_training_data(data);
@@ -227,6 +281,10 @@ void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
     group_ = nullptr;
     steps_->set_gradient_hook({});
     return;
+  }
+  if (pipeline_) {
+    throw DataError("a pipeline run cannot also be data parallel yet (ranks = stages x replicas is not built): run "
+                    "as many ranks as stages");
   }
   if (device_.is_cuda() && group->device() != device_) {
     throw DataError(fmt::format("data-parallel training on {} needs the process group joined on that device (its "
@@ -281,6 +339,13 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
     }
   }
   std::shuffle(plan.begin(), plan.end(), rng);
+  if (pipeline_) {
+    std::vector<std::pair<size_t, std::vector<int64_t>>> batches;
+    for (Plan& batch : plan) batches.emplace_back(batch.bucket, std::move(batch.rows));
+    MultiTaskEpochReport report = train_pipelined(batches);
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return report;
+  }
 
   // Each bucket's row table, in the order its batches run: one copy per bucket per
   // epoch (the steps gather the rows inside their graphs). Data parallel: this
@@ -332,27 +397,70 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
 TaskMetrics MultiTaskTrainer::evaluate(const LabelledTexts& data) {
   int64_t truncated = 0;
   const std::vector<Bucket> buckets = tokenize(data, &truncated);
+  if (pipeline_) return evaluate_pipelined(buckets);
   steps_->start_evaluation();
   for (const Bucket& b : buckets) steps_->evaluate(b.tokens, b.lengths, b.labels);
-  const at::Tensor confusion = steps_->confusion().to(at::kCPU, at::kDouble);  // (C, C): truth, predicted
-  const double total = confusion.sum().item<double>();
-  const double correct = confusion.trace().item<double>();
-  const at::Tensor truth = confusion.sum(1), predicted = confusion.sum(0);
-  // Matthews correlation for any number of classes (Gorodkin's R_K); 0 when undefined.
-  const double covariance = correct * total - (truth * predicted).sum().item<double>();
-  const double spread = (total * total - (predicted * predicted).sum().item<double>()) *
-                        (total * total - (truth * truth).sum().item<double>());
-  TaskMetrics m;
-  m.examples = static_cast<int64_t>(total);
-  m.accuracy = total > 0 ? correct / total : 0;
-  m.mcc = spread > 0 ? covariance / std::sqrt(spread) : 0;
-  m.tokens = steps_->lm_tokens().item<int64_t>();
-  m.lm_loss = m.tokens > 0 ? (steps_->lm_nll_sum().mean().item<double>() / static_cast<double>(m.tokens)) : 0;
-  m.perplexity = std::exp(m.lm_loss);
-  return m;
+  return task_metrics(steps_->confusion(), steps_->lm_nll_sum(), steps_->lm_tokens().item<int64_t>());
+}
+
+MultiTaskEpochReport MultiTaskTrainer::train_pipelined(const std::vector<std::pair<size_t, std::vector<int64_t>>>& plan) {
+  const int64_t K = model_->members();
+  // Per-member loss sums (K) of each task, complete on the last stage.
+  at::Tensor sums = at::zeros({2, K}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (const auto& [bucket, rows] : plan) {
+    const Bucket& b = train_buckets_[bucket];
+    const at::Tensor index = at::tensor(rows, at::kLong).to(device_);
+    const ensemble::TextBatch batch{b.tokens.index_select(0, index), b.lengths.index_select(0, index)};
+    const ensemble::MultiTaskLosses losses = pipeline_->train_step(batch, b.labels.index_select(0, index), steps_done_ + 1);
+    if (losses.classification.defined()) {
+      sums[0].add_(losses.classification.to(at::kDouble));
+      sums[1].add_(losses.language_model.to(at::kDouble));
+    }
+    ++steps_done_;
+  }
+  pipeline_group_->broadcast_(sums, pipeline_group_->world_size() - 1, "training-loss broadcast");
+  ++epochs_done_;
+  MultiTaskEpochReport report;
+  report.epoch = epochs_done_;
+  report.steps = static_cast<int64_t>(plan.size());
+  const double steps = static_cast<double>(std::max<int64_t>(report.steps, 1));
+  report.classification_loss = sums[0].mean().item<double>() / steps;
+  report.lm_loss = sums[1].mean().item<double>() / steps;
+  return report;
+}
+
+TaskMetrics MultiTaskTrainer::evaluate_pipelined(const std::vector<Bucket>& buckets) {
+  const int64_t C = options_.model().classes(), K = model_->members(), E = options_.eval_batch_size();
+  const auto reals = at::TensorOptions().dtype(at::kDouble).device(device_);
+  // The last stage's counts, sent to every rank in one broadcast: confusion (C*C),
+  // LM NLL sums (K), target tokens (1).
+  at::Tensor counts = at::zeros({C * C + K + 1}, reals);
+  at::NoGradGuard no_grad;
+  for (const Bucket& b : buckets) {
+    for (int64_t first = 0; first < b.size(); first += E) {
+      const int64_t n = std::min(E, b.size() - first);
+      const ensemble::TextBatch batch{b.tokens.narrow(0, first, n), b.lengths.narrow(0, first, n)};
+      const at::Tensor hidden = pipeline_->forward(batch.tokens);
+      if (!hidden.defined()) continue;
+      const at::Tensor predicted = at::softmax(model_->classify(hidden, batch.lengths), -1).mean(0).argmax(-1);
+      counts.narrow(0, 0, C * C).index_add_(0, b.labels.narrow(0, first, n) * C + predicted,
+                                            at::ones({n}, reals));
+      const at::Tensor targets = ensemble::lm_target_count(batch);
+      counts.narrow(0, C * C, K).add_(ensemble::packed_lm_loss(model_->lm_logits(hidden), batch).to(at::kDouble) *
+                                      targets.to(at::kDouble));
+      counts.narrow(0, C * C + K, 1).add_(targets.to(at::kDouble));
+    }
+  }
+  pipeline_group_->broadcast_(counts, pipeline_group_->world_size() - 1, "evaluation broadcast");
+  return task_metrics(counts.narrow(0, 0, C * C).view({C, C}), counts.narrow(0, C * C, K),
+                      static_cast<int64_t>(counts[C * C + K].item<double>()));
 }
 
 at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
+  if (pipeline_) {
+    throw DataError("score and generate need the whole model: load the pipeline run's checkpoint in one process "
+                    "(packtrain multitask score CHECKPOINT assembles its stages)");
+  }
   LabelledTexts data;
   data.texts = texts;
   data.labels.assign(texts.size(), 0);
@@ -428,6 +536,10 @@ int64_t MultiTaskTrainer::decode_graphs_captured() const {
 }
 
 std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, const GenerateOptions& g) {
+  if (pipeline_) {
+    throw DataError("score and generate need the whole model: load the pipeline run's checkpoint in one process "
+                    "(packtrain multitask generate CHECKPOINT assembles its stages)");
+  }
   if (g.max_new_tokens < 1) throw std::invalid_argument("generate: max_new_tokens must be >= 1");
   if (!(g.temperature >= 0)) throw std::invalid_argument("generate: temperature must be >= 0");
   if (g.top_k < 0) throw std::invalid_argument("generate: top_k must be >= 0");
@@ -492,58 +604,201 @@ MultiTaskTrainer::ScoredGeneration MultiTaskTrainer::score_and_generate(const st
   return {score({text})[0], generate(text, options)};
 }
 
-void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string& extra) const {
-  PACKTRAIN_NVTX_RANGE("checkpoint");
+namespace {
+// A trainer's checkpoint payload (the whole model's, or one pipeline stage's).
+c10::impl::GenericDict trainer_payload(const MultiTaskTrainerOptions& options, const std::string& extra,
+                                       const ensemble::PackedTransformer& model, const ensemble::PackedAdam& optimizer,
+                                       int64_t epochs, int64_t steps) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("format", std::string(kMultiTaskFormat));
-  d.insert("options", to_json(options_));
+  d.insert("options", to_json(options));
   d.insert("extra", extra);
-  d.insert("params", model_->parameters().flat().to(at::kCPU).clone());
-  c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [name, tensor] : optimizer_->state()) optimizer.insert(name, tensor.to(at::kCPU).clone());
-  d.insert("optimizer", optimizer);
-  d.insert("epochs", epochs_done_);
-  d.insert("steps", steps_done_);
-  save_checkpoint(path, d);
+  d.insert("params", model.parameters().flat().to(at::kCPU).clone());
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, tensor] : optimizer.state()) state.insert(name, tensor.to(at::kCPU).clone());
+  d.insert("optimizer", state);
+  d.insert("epochs", epochs);
+  d.insert("steps", steps);
+  d.insert("first_layer", model.stage().first_layer);
+  d.insert("end_layer", model.stage().end_layer);
+  return d;
 }
 
-std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::path& path, c10::Device device,
-                                                         std::string* extra, graphs::GraphLog log) {
+c10::impl::GenericDict checkpoint_dict(const std::filesystem::path& path, const char* what) {
   const c10::IValue payload = load_checkpoint(path);
   if (!payload.isGenericDict() || !payload.toGenericDict().contains("format") ||
-      !payload.toGenericDict().at("format").isString() ||
-      payload.toGenericDict().at("format").toStringRef() != kMultiTaskFormat) {
-    throw DataError(path.string() + ": not a packtrain multi-task checkpoint");
+      !payload.toGenericDict().at("format").isString()) {
+    throw DataError(path.string() + ": not a packtrain " + what);
   }
-  const c10::impl::GenericDict d = payload.toGenericDict();
-  MultiTaskTrainerOptions options;
+  return payload.toGenericDict();
+}
+
+MultiTaskTrainerOptions options_of(const c10::impl::GenericDict& d, const std::filesystem::path& path) {
   try {
-    options = multitask_options_from_json(d.at("options").toStringRef());
-    options.model(ensemble::PackedTransformerOptions(options.model()).device(device)).log(std::move(log));
+    return multitask_options_from_json(d.at("options").toStringRef());
   } catch (const c10::Error& e) {
     throw DataError(path.string() + ": unreadable options: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
     throw DataError(path.string() + ": unreadable options: " + e.what());
   }
+}
+
+// Copies the tensors of `from` (laid out as `layout`) into `to` by parameter name.
+void copy_by_name(const ensemble::PackedParameters& layout, const at::Tensor& from,
+                  const ensemble::PackedParameters& target, at::Tensor to) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < target.size(); ++i) index[target.spec(i).name] = i;
+  const std::vector<at::Tensor> sources = layout.blocks(from), targets = target.blocks(to);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    at::Tensor destination = targets.at(index.at(layout.spec(i).name));
+    destination.copy_(sources[i]);
+  }
+}
+}  // namespace
+
+void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string& extra) const {
+  PACKTRAIN_NVTX_RANGE("checkpoint");
+  if (pipeline_) {
+    save_stage(path, extra);
+    return;
+  }
+  save_checkpoint(path, trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_));
+}
+
+void MultiTaskTrainer::save_stage(const std::filesystem::path& path, const std::string& extra) const {
+  const int64_t s = pipeline_group_->rank(), S = pipeline_group_->world_size();
+  const auto name = [&](int64_t stage) {
+    return fmt::format("{}.stage{}-of-{}.step{}", path.filename().string(), stage, S, steps_done_);
+  };
+  const std::filesystem::path file = path.parent_path() / name(s);
+  c10::impl::GenericDict d = trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_);
+  d.insert("stage", s);
+  d.insert("stages", S);
+  save_checkpoint(file, d);
+  pipeline_group_->barrier();  // every stage's file is committed
+  if (s == 0) {
+    std::vector<std::string> files;
+    for (int64_t t = 0; t < S; ++t) files.push_back(name(t));
+    c10::impl::GenericDict m(c10::StringType::get(), c10::AnyType::get());
+    m.insert("format", std::string(kPipelineManifestFormat));
+    m.insert("stages", S);
+    m.insert("files", nlohmann::json(files).dump());
+    m.insert("epochs", epochs_done_);
+    m.insert("steps", steps_done_);
+    save_checkpoint(path, m);
+  }
+  pipeline_group_->barrier();  // the manifest names the new files: the old ones can go
+  if (!committed_stage_file_.empty() && committed_stage_file_ != file) {
+    std::error_code ignored;
+    std::filesystem::remove(committed_stage_file_, ignored);
+  }
+  committed_stage_file_ = file;
+}
+
+std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::path& path, c10::Device device,
+                                                         std::string* extra, graphs::GraphLog log,
+                                                         distributed::ProcessGroup* pipeline) {
+  const c10::impl::GenericDict top = checkpoint_dict(path, "multi-task checkpoint");
+  const std::string format = top.at("format").toStringRef();
+  if (format != kMultiTaskFormat && format != kPipelineManifestFormat) {
+    throw DataError(path.string() + ": not a packtrain multi-task checkpoint");
+  }
+  const auto with_device = [&](MultiTaskTrainerOptions options) {
+    options.model(ensemble::PackedTransformerOptions(options.model()).device(device)).log(log);
+    return options;
+  };
+  // Parameters and optimizer state of `d` into `trainer`, whose layout must match.
+  const auto restore = [&](MultiTaskTrainer& trainer, const c10::impl::GenericDict& d,
+                           const std::filesystem::path& file) {
+    at::NoGradGuard no_grad;
+    const at::Tensor params = d.at("params").toTensor();
+    if (params.numel() != trainer.model_->parameters().flat().numel()) {
+      throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", file.string(),
+                                  params.numel(), trainer.model_->parameters().flat().numel()));
+    }
+    trainer.model_->parameters().flat().copy_(params);
+    const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+    for (const auto& [name, tensor] : trainer.optimizer_->state()) {
+      if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
+      const at::Tensor stored = optimizer.at(name).toTensor();
+      if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+      at::Tensor target = tensor;
+      target.copy_(stored);
+    }
+    trainer.epochs_done_ = d.at("epochs").toInt();
+    trainer.steps_done_ = d.at("steps").toInt();
+    if (extra != nullptr) *extra = d.at("extra").toStringRef();
+  };
+  if (format == kMultiTaskFormat) {
+    auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(top, path)));
+    restore(*trainer, top, path);
+    return trainer;
+  }
+
+  // A pipeline run's manifest: its stage files, all of the save it names.
+  const int64_t S = top.at("stages").toInt(), steps = top.at("steps").toInt();
+  const std::vector<std::string> names = nlohmann::json::parse(top.at("files").toStringRef()).get<std::vector<std::string>>();
+  const auto stage_dict = [&](int64_t s) {
+    const std::filesystem::path file = path.parent_path() / names.at(static_cast<size_t>(s));
+    if (!std::filesystem::exists(file)) {
+      throw DataError(fmt::format("{}: stage {}'s file {} is missing (a pipeline checkpoint is the manifest and its "
+                                  "{} stage files, side by side)",
+                                  path.string(), s, file.string(), S));
+    }
+    c10::impl::GenericDict d = checkpoint_dict(file, "multi-task stage checkpoint");
+    if (d.at("format").toStringRef() != kMultiTaskFormat || d.at("steps").toInt() != steps) {
+      throw DataError(fmt::format("{}: not stage {} of the save at step {} that {} names", file.string(), s, steps,
+                                  path.string()));
+    }
+    return std::make_pair(file, d);
+  };
+  if (pipeline != nullptr) {
+    if (pipeline->world_size() != S) {
+      throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks, not {} (or in one process, "
+                                  "which assembles the stages)",
+                                  path.string(), S, S, pipeline->world_size()));
+    }
+    const auto [file, d] = stage_dict(pipeline->rank());
+    auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(d, file)), pipeline);
+    restore(*trainer, d, file);
+    trainer->committed_stage_file_ = file;
+    return trainer;
+  }
+  // One process: the whole model, each stage's parameters and optimizer state copied in by name.
+  const auto [first_file, first] = stage_dict(0);
+  const MultiTaskTrainerOptions options = with_device(options_of(first, first_file)).pipeline_stages(1);
   auto trainer = std::make_unique<MultiTaskTrainer>(options);
   at::NoGradGuard no_grad;
-  const at::Tensor params = d.at("params").toTensor();
-  if (params.numel() != trainer->model_->parameters().flat().numel()) {
-    throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", path.string(),
-                                params.numel(), trainer->model_->parameters().flat().numel()));
+  ensemble::PackedParameters& whole = trainer->model_->parameters();
+  const std::vector<std::pair<std::string, at::Tensor>> state = trainer->optimizer_->state();
+  for (int64_t s = 0; s < S; ++s) {
+    const auto [file, d] = stage_dict(s);
+    const ensemble::TransformerStage blocks{d.at("first_layer").toInt(), d.at("end_layer").toInt()};
+    const ensemble::PackedParameters layout(options.model().members(),
+                                            ensemble::transformer_parameters(options.model(), blocks),
+                                            c10::TensorOptions().dtype(options.model().dtype()));
+    const at::Tensor params = d.at("params").toTensor();
+    if (params.numel() != layout.flat().numel()) {
+      throw DataError(fmt::format("{}: {} parameters stored, stage {} of the model described has {}", file.string(),
+                                  params.numel(), s, layout.flat().numel()));
+    }
+    copy_by_name(layout, params.to(layout.flat().dtype()), whole, whole.flat());
+    const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+    for (const auto& [name, tensor] : state) {
+      if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
+      const at::Tensor stored = optimizer.at(name).toTensor();
+      at::Tensor target = tensor;
+      if (stored.numel() == layout.flat().numel() && tensor.numel() == whole.flat().numel()) {
+        copy_by_name(layout, stored.to(tensor.scalar_type()), whole, target);  // in the parameters' layout
+      } else if (s == 0) {
+        if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+        target.copy_(stored);  // per member: the same on every stage
+      }
+    }
   }
-  trainer->model_->parameters().flat().copy_(params);
-  const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
-  for (const auto& [name, tensor] : trainer->optimizer_->state()) {
-    if (!optimizer.contains(name)) throw DataError(path.string() + ": optimizer state '" + name + "' missing");
-    const at::Tensor stored = optimizer.at(name).toTensor();
-    if (stored.sizes() != tensor.sizes()) throw DataError(path.string() + ": optimizer state '" + name + "' mismatched");
-    at::Tensor target = tensor;
-    target.copy_(stored);
-  }
-  trainer->epochs_done_ = d.at("epochs").toInt();
-  trainer->steps_done_ = d.at("steps").toInt();
-  if (extra != nullptr) *extra = d.at("extra").toStringRef();
+  trainer->epochs_done_ = first.at("epochs").toInt();
+  trainer->steps_done_ = first.at("steps").toInt();
+  if (extra != nullptr) *extra = first.at("extra").toStringRef();
   return trainer;
 }
 

@@ -21,6 +21,7 @@
 #include "packtrain/ensemble/packed_transformer.h"
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/runtime/data/labelled_texts.h"
+#include "packtrain/runtime/distributed/pipeline_placement.h"
 
 #include <torch/arg.h>
 
@@ -35,6 +36,7 @@
 namespace packtrain::runtime {
 
 class MultiTaskSteps;
+class MultiTaskPipeline;
 namespace distributed {
 class ProcessGroup;
 }
@@ -57,6 +59,10 @@ struct MultiTaskTrainerOptions {
   TORCH_ARG(int64_t, eval_batch_size) = 64;
   TORCH_ARG(uint64_t, seed) = 0;  // model initialization and batch order
   TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
+  // Pipeline model parallel (runtime/trainers/multitask_pipeline.h): the model's
+  // blocks split over this many ranks, each batch run as micro_batches pieces.
+  TORCH_ARG(int64_t, pipeline_stages) = 1;
+  TORCH_ARG(int64_t, micro_batches) = 1;
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
 
  public:
@@ -95,8 +101,15 @@ struct GenerateOptions {
 
 class MultiTaskTrainer {
  public:
-  explicit MultiTaskTrainer(MultiTaskTrainerOptions options);
+  // With options.pipeline_stages() = S > 1, `pipeline` is the group of the S ranks
+  // (rank s holds stage s of distributed::place_pipeline's placement); DataError when
+  // it is missing or of another size.
+  explicit MultiTaskTrainer(MultiTaskTrainerOptions options, distributed::ProcessGroup* pipeline = nullptr);
   ~MultiTaskTrainer();
+
+  // Pipeline runs: this rank's stage of the model, and every stage's placement.
+  bool pipelined() const { return pipeline_ != nullptr; }
+  const std::vector<distributed::StagePlacement>& placement() const { return placement_; }
 
   const MultiTaskTrainerOptions& options() const { return options_; }
   ensemble::PackedTransformer& model() { return *model_; }
@@ -144,16 +157,28 @@ class MultiTaskTrainer {
   // caller's `extra` JSON; atomic and checksummed (runtime/checkpoint_file.h).
   // load() rebuilds the trainer on `device`, its graph decisions going to `log` (the
   // log is not stored).
+  //
+  // A pipeline run saves collectively: each rank writes its stage's file
+  // (`path`.stage<s>-of-<S>.step<N>), then rank 0 commits the manifest at `path`
+  // naming them, then each rank deletes the files of its previous save — a crash at
+  // any point leaves a manifest whose files are all there. load() of a manifest with
+  // `pipeline`, a group of S ranks, resumes each rank's stage (another S is a
+  // DataError); without it, it assembles the whole model (parameters and optimizer
+  // state, by name) in this process, for score, generate or a one-process resume.
   void save(const std::filesystem::path& path, const std::string& extra = "{}") const;
   static std::unique_ptr<MultiTaskTrainer> load(const std::filesystem::path& path, c10::Device device,
                                                 std::string* extra = nullptr,
-                                                graphs::GraphLog log = graphs::log_to_stderr);
+                                                graphs::GraphLog log = graphs::log_to_stderr,
+                                                distributed::ProcessGroup* pipeline = nullptr);
 
  private:
   struct Bucket;
   struct DecodeSession;
   DecodeSession& decode_session(const GenerateOptions& options);
   std::vector<Bucket> tokenize(const LabelledTexts& data, int64_t* truncated) const;
+  MultiTaskEpochReport train_pipelined(const std::vector<std::pair<size_t, std::vector<int64_t>>>& plan);
+  TaskMetrics evaluate_pipelined(const std::vector<Bucket>& buckets);
+  void save_stage(const std::filesystem::path& path, const std::string& extra) const;
 
   MultiTaskTrainerOptions options_;
   c10::Device device_;
@@ -167,6 +192,12 @@ class MultiTaskTrainer {
   // (sampled, top_k, capture) -> the decode step and its buffers, kept across calls.
   std::map<std::tuple<bool, int64_t, bool>, std::unique_ptr<DecodeSession>> decode_sessions_;
   distributed::ProcessGroup* group_ = nullptr;
+  // Pipeline runs: the stages' group, the step, the placement, and the stage file
+  // of the last committed save (deleted once the next one is committed).
+  distributed::ProcessGroup* pipeline_group_ = nullptr;
+  std::unique_ptr<MultiTaskPipeline> pipeline_;
+  std::vector<distributed::StagePlacement> placement_;
+  mutable std::filesystem::path committed_stage_file_;
 };
 
 }  // namespace packtrain::runtime

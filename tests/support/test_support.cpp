@@ -11,6 +11,9 @@
 #include <stdexcept>
 #include <string_view>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 namespace packtrain::testing {
 
@@ -61,6 +64,23 @@ std::string device_unavailable_reason(const c10::Device& device) {
 
 std::string device_name(const ::testing::TestParamInfo<c10::Device>& info) {
   return info.param.is_cuda() ? "cuda" : "cpu";
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  EXPECT_GT(port, 0) << "no free port";
+  return port;
 }
 
 std::string env_or(const char* name, const std::string& fallback) {

@@ -34,6 +34,10 @@ std::string device_name(const ::testing::TestParamInfo<c10::Device>& info);
 // (scripts/device/bundle.sh).
 std::string env_or(const char* name, const std::string& fallback);
 
+// A TCP port nothing listens on now (the kernel picks it), for ranks started by hand
+// or in threads (fails the test when the kernel gives none).
+int free_port();
+
 // A fresh directory under the system temp dir (prefix + random suffix), removed with
 // its files when the object goes — file by file: libtorch exports a broken copy of
 // std::filesystem::remove_all that interposes on libstdc++'s.

@@ -8,9 +8,6 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,23 +101,6 @@ std::string wait_then_kill(const std::string& checkpoint) {
 
 std::string kill_after(int seconds, const std::string& signal) {
   return "(sleep " + std::to_string(seconds) + "; kill " + signal + " $pid)";
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  EXPECT_GT(port, 0) << "no free port";
-  return port;
 }
 
 nlohmann::json rank0_json(const std::string& out) {

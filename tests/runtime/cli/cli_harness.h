@@ -25,6 +25,8 @@
 
 namespace packtrain::cli_testing {
 
+using packtrain::testing::free_port;
+
 namespace fs = std::filesystem;
 
 // --- where things are: $NAME if set, else the compiled-in path
@@ -88,9 +90,6 @@ Result run_ranks_by_hand(const HandStartedRanks& ranks, const std::string& args)
 std::string wait_then_kill(const std::string& checkpoint);
 // A shell fragment that sends $pid `signal` (kill's flag: "-9", "-STOP") after `seconds`.
 std::string kill_after(int seconds, const std::string& signal);
-
-// A TCP port nothing listens on now (the kernel picks it), for ranks started by hand.
-int free_port();
 
 // The JSON a launched rank 0 printed (its lines carry the "[rank 0] " prefix).
 nlohmann::json rank0_json(const std::string& out);

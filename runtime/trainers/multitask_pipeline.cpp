@@ -1,0 +1,194 @@
+#include "packtrain/runtime/trainers/multitask_pipeline.h"
+
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/profiling/nvtx.h"
+#include "packtrain/runtime/distributed/process_group.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <deque>
+#include <stdexcept>
+#include <vector>
+
+namespace packtrain::runtime {
+
+namespace {
+// Message streams between neighbouring stages (and the tied embedding's two ranks).
+constexpr int kActivationTag = 1, kGradientTag = 2, kTiedTag = 3;
+
+// Where the token embedding's gradient block lives in the flat gradients.
+at::Tensor tied_gradient(ensemble::PackedParameters& parameters) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (parameters.spec(i).name == "tok_emb.weight") return parameters.blocks(parameters.flat_grad())[i];
+  }
+  return {};
+}
+}  // namespace
+
+MultiTaskPipeline::MultiTaskPipeline(ensemble::PackedTransformer& model, ensemble::PackedOptimizer& optimizer,
+                                     distributed::ProcessGroup& group, int64_t micro_batches,
+                                     ensemble::TaskWeights weights)
+    : model_(&model), optimizer_(&optimizer), group_(&group), stages_(group.world_size()), stage_(group.rank()),
+      micro_batches_(micro_batches), weights_(weights) {
+  if (micro_batches < 1) throw std::invalid_argument(fmt::format("pipeline: micro-batches must be >= 1, got {}", micro_batches));
+  if (&optimizer.parameters() != &model.parameters()) {
+    throw std::invalid_argument("pipeline: the optimizer does not hold this stage's parameters");
+  }
+  if ((stage_ == 0) != model.first_stage() || (stage_ == stages_ - 1) != model.last_stage()) {
+    throw std::invalid_argument(fmt::format("pipeline: rank {} of {} holds blocks {}-{} of {}: the first rank must "
+                                            "hold the first block and the last rank the last",
+                                            stage_, stages_, model.stage().first_layer, model.stage().end_layer - 1,
+                                            model.options().layers()));
+  }
+  // NCCL's sends and receives wait in the stream for their peer: the GPipe order
+  // pairs them up; 1F1B would need them grouped.
+  schedule_ = model.parameters().flat().is_cuda() ? PipelineSchedule::kGPipe : PipelineSchedule::k1F1B;
+  const int64_t s = stage_, tied_peer = stage_ == 0 ? stages_ - 1 : 0;
+  activation_in_ = fmt::format("activations from stage {} to stage {}", s - 1, s);
+  activation_out_ = fmt::format("activations from stage {} to stage {}", s, s + 1);
+  gradient_in_ = fmt::format("activation gradients from stage {} to stage {}", s + 1, s);
+  gradient_out_ = fmt::format("activation gradients from stage {} to stage {}", s, s - 1);
+  tied_in_ = fmt::format("tied embedding gradient from stage {} to stage {}", tied_peer, s);
+  tied_out_ = fmt::format("tied embedding gradient from stage {} to stage {}", s, tied_peer);
+}
+
+at::Tensor MultiTaskPipeline::receive_activation(int64_t rows, int64_t tokens, int64_t step) {
+  const int64_t K = model_->members(), d = model_->options().width();
+  at::Tensor x = at::empty({K, rows, tokens, d}, model_->parameters().flat().options());
+  group_->recv_(x, stage_ - 1, kActivationTag, activation_in_.c_str(), step);
+  return x;
+}
+
+at::Tensor MultiTaskPipeline::forward(const at::Tensor& tokens, int64_t step) {
+  PACKTRAIN_NVTX_RANGE("pipeline forward");
+  at::NoGradGuard no_grad;
+  const at::Tensor x = model_->first_stage() ? model_->embed(tokens)
+                                             : receive_activation(tokens.size(0), tokens.size(1), step);
+  at::Tensor y = model_->run_blocks(x);
+  if (!model_->last_stage()) {
+    group_->send(y, stage_ + 1, kActivationTag, activation_out_.c_str(), step);
+    group_->wait_sends();
+    return {};
+  }
+  return model_->final_norm(y);
+}
+
+ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatch& batch, const at::Tensor& labels,
+                                                        int64_t step) {
+  PACKTRAIN_NVTX_RANGE("pipeline step");
+  const int64_t B = batch.tokens.size(0), T = batch.tokens.size(1), M = micro_batches_;
+  TORCH_CHECK(B % M == 0, "pipeline: a batch of ", B, " rows does not split into ", M, " equal micro-batches");
+  const int64_t rows = B / M;
+  ensemble::PackedParameters& parameters = model_->parameters();
+  const std::vector<at::Tensor>& params = parameters.tensors();
+  parameters.zero_grad();
+  at::Tensor flat_grad = parameters.flat_grad();
+  // The whole batch's LM target tokens: each micro-batch's LM sum is divided by it.
+  const double lm_targets = static_cast<double>(ensemble::lm_target_count(batch).item<int64_t>());
+  ensemble::MultiTaskLosses losses;
+  if (model_->last_stage()) {
+    losses.classification = at::zeros({model_->members()}, parameters.flat().options());
+    losses.language_model = at::zeros_like(losses.classification);
+  }
+
+  struct InFlight {
+    at::Tensor input;   // received activation (a leaf that requires grad); undefined on stage 0
+    at::Tensor output;  // sent activation, or the micro-batch's loss on the last stage
+  };
+  std::deque<InFlight> in_flight;
+  int64_t peak = 0;
+  const auto run_forward = [&](int64_t i) {
+    PACKTRAIN_NVTX_RANGE("forward");
+    const ensemble::TextBatch micro{batch.tokens.narrow(0, i * rows, rows), batch.lengths.narrow(0, i * rows, rows)};
+    InFlight f;
+    at::Tensor x;
+    if (model_->first_stage()) {
+      x = model_->embed(micro.tokens);
+    } else {
+      f.input = receive_activation(rows, T, step).requires_grad_(true);
+      x = f.input;
+    }
+    at::Tensor y = model_->run_blocks(x);
+    if (!model_->last_stage()) {
+      group_->send(y.detach(), stage_ + 1, kActivationTag, activation_out_.c_str(), step);
+      f.output = y;
+    } else {
+      const at::Tensor hidden = model_->final_norm(y);
+      const double share = static_cast<double>(rows) / static_cast<double>(B);
+      const at::Tensor classification =
+          ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, i * rows, rows)) *
+          share;
+      const double targets = static_cast<double>(ensemble::lm_target_count(micro).item<int64_t>());
+      const at::Tensor lm = ensemble::packed_lm_loss(model_->lm_logits(hidden), micro) * (targets / lm_targets);
+      f.output = (classification * weights_.classification + lm * weights_.language_model).sum();
+      losses.classification.add_(classification.detach());
+      losses.language_model.add_(lm.detach());
+    }
+    in_flight.push_back(std::move(f));
+    peak = std::max<int64_t>(peak, static_cast<int64_t>(in_flight.size()));
+  };
+  const auto run_backward = [&]() {
+    PACKTRAIN_NVTX_RANGE("backward");
+    InFlight f = std::move(in_flight.front());
+    in_flight.pop_front();
+    at::Tensor grad_output;
+    if (!model_->last_stage()) {
+      grad_output = at::empty_like(f.output);
+      group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), step);
+    }
+    std::vector<at::Tensor> inputs(params.begin(), params.end());
+    if (f.input.defined()) inputs.push_back(f.input);
+    const std::vector<at::Tensor> grads = torch::autograd::grad(
+        {f.output}, inputs, grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{},
+        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> blocks = parameters.blocks(flat_grad);
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (grads[p].defined()) blocks[p].add_(grads[p].reshape(blocks[p].sizes()));
+    }
+    if (f.input.defined()) {
+      group_->send(grads.back().contiguous(), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
+    }
+  };
+
+  const int64_t ahead = schedule_ == PipelineSchedule::kGPipe ? M : std::min(M, stages_ - stage_ - 1);
+  for (int64_t i = 0; i < ahead; ++i) run_forward(i);
+  for (int64_t i = ahead; i < M; ++i) {
+    run_forward(i);
+    run_backward();
+  }
+  while (!in_flight.empty()) run_backward();
+  group_->wait_sends();
+  peak_in_flight_ = peak;
+
+  // The tied embedding: its two copies' gradients summed on both ranks (the lower
+  // rank sends first, so NCCL's in-stream pair meets too).
+  if (model_->options().tie_lm_head() && stages_ > 1 && (model_->first_stage() || model_->last_stage())) {
+    PACKTRAIN_NVTX_RANGE("tied embedding exchange");
+    at::Tensor mine = tied_gradient(parameters);
+    at::Tensor theirs = at::empty_like(mine);
+    const int64_t peer = model_->first_stage() ? stages_ - 1 : 0;
+    if (model_->first_stage()) {
+      group_->send(mine, peer, kTiedTag, tied_out_.c_str(), step);
+      group_->recv_(theirs, peer, kTiedTag, tied_in_.c_str(), step);
+    } else {
+      group_->recv_(theirs, peer, kTiedTag, tied_in_.c_str(), step);
+      group_->send(mine, peer, kTiedTag, tied_out_.c_str(), step);
+    }
+    group_->wait_sends();
+    at::NoGradGuard no_grad;
+    mine.add_(theirs);
+  }
+  {
+    PACKTRAIN_NVTX_RANGE("optimizer");
+    optimizer_->step();
+  }
+  return losses;
+}
+
+}  // namespace packtrain::runtime

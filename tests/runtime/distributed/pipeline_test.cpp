@@ -1,0 +1,368 @@
+// Pipeline model parallelism on the CPU: placement balances the stages' parameters
+// and the bytes each rank holds fall as ~1/S; a stage starts where the whole model
+// does; S = 2 and S = 4 ranks train the same parameters as one process, the tied
+// token embedding identical on the first and last stage after every step; a stage
+// that stops ends its neighbour with an error naming both stages and the step.
+//
+// Each rank runs in its own thread with its own ProcessGroup: a TCP store and Gloo
+// over loopback, exactly as separate processes use them (the multi-process runs
+// are in cli_tests: `packtrain launch --nproc 2 -- multitask train --pipeline-stages 2`).
+#include "packtrain/ensemble/multitask_step.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/runtime/distributed/pipeline_placement.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "tests/support/test_support.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace packtrain::runtime {
+namespace {
+
+using distributed::ProcessGroup;
+using distributed::RankInfo;
+using ensemble::PackedTransformer;
+using ensemble::PackedTransformerOptions;
+using packtrain::testing::all_close;
+using packtrain::testing::all_equal;
+
+PackedTransformerOptions model_options(c10::ScalarType dtype, int64_t layers = 4) {
+  return PackedTransformerOptions().members(2).width(16).layers(layers).heads(2).max_length(16).seed(5).dtype(dtype);
+}
+
+struct Batch {
+  ensemble::TextBatch text;
+  at::Tensor labels;
+};
+
+// B rows of random bytes, right-padded, of random lengths 2..T.
+Batch random_batch(int64_t B, int64_t T, uint64_t seed) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Batch b;
+  b.text.lengths = at::randint(2, T + 1, {B}, generator, at::kLong);
+  b.text.tokens = at::randint(3, 259, {B, T}, generator, at::kLong);
+  b.text.tokens.masked_fill_(at::arange(T).unsqueeze(0) >= b.text.lengths.unsqueeze(1), 0);
+  b.labels = at::randint(0, 2, {B}, generator, at::kLong);
+  return b;
+}
+
+// Parameters by name (copies).
+using Snapshot = std::map<std::string, at::Tensor>;
+Snapshot snapshot(const ensemble::PackedParameters& parameters) {
+  Snapshot out;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    out[parameters.spec(i).name] = parameters.at(parameters.spec(i).name).detach().clone();
+  }
+  return out;
+}
+
+ensemble::AdamOptions adam() { return ensemble::adamw_options().lr(1e-2); }
+const ensemble::TaskWeights kWeights{0.7, 1.3};
+
+// One process: the whole model, `steps` ordinary multi-task steps; the parameters
+// and losses after each.
+struct Trace {
+  std::vector<Snapshot> parameters;
+  std::vector<ensemble::MultiTaskLosses> losses;
+};
+Trace one_process(const PackedTransformerOptions& options, const std::vector<Batch>& batches) {
+  PackedTransformer model(options);
+  ensemble::PackedAdam optimizer(model.parameters(), adam());
+  Trace trace;
+  for (const Batch& b : batches) {
+    trace.losses.push_back(ensemble::multitask_train_step(model, optimizer, b.text, b.labels, b.text, kWeights));
+    trace.parameters.push_back(snapshot(model.parameters()));
+  }
+  return trace;
+}
+
+// Runs `body(rank, group)` on `world` threads, each joined to one group; returns
+// each rank's error message ("" when it returned normally).
+std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64_t, ProcessGroup&)>& body,
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const int port = packtrain::testing::free_port();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        RankInfo info;
+        info.rank = r;
+        info.world_size = world;
+        info.local_rank = r;
+        info.local_world_size = world;
+        info.master_port = port;
+        info.source = "test threads";
+        auto group = ProcessGroup::join(info, timeout);
+        body(r, *group);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        if (errors[static_cast<size_t>(r)].empty()) errors[static_cast<size_t>(r)] = "(empty error)";
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+// S ranks, M micro-batches: each rank's parameters and (last stage) losses after each step.
+struct PipelineTrace {
+  std::vector<std::vector<Snapshot>> parameters;  // [rank][step]
+  std::vector<ensemble::MultiTaskLosses> losses;  // last stage, per step
+  std::vector<int64_t> peak_in_flight;            // per rank
+};
+PipelineTrace pipelined(const PackedTransformerOptions& options, int64_t stages, int64_t micro_batches,
+                        const std::vector<Batch>& batches) {
+  PipelineTrace trace;
+  trace.parameters.resize(static_cast<size_t>(stages));
+  trace.peak_in_flight.resize(static_cast<size_t>(stages));
+  const int64_t B = batches.front().text.tokens.size(0), T = batches.front().text.tokens.size(1);
+  const auto placement = distributed::place_pipeline(options, stages, B / micro_batches, T);
+  const std::vector<std::string> errors = run_ranks(stages, [&](int64_t rank, ProcessGroup& group) {
+    PackedTransformer model(options, placement[static_cast<size_t>(rank)].blocks);
+    ensemble::PackedAdam optimizer(model.parameters(), adam());
+    MultiTaskPipeline pipeline(model, optimizer, group, micro_batches, kWeights);
+    for (size_t step = 0; step < batches.size(); ++step) {
+      const ensemble::MultiTaskLosses losses =
+          pipeline.train_step(batches[step].text, batches[step].labels, static_cast<int64_t>(step));
+      trace.parameters[static_cast<size_t>(rank)].push_back(snapshot(model.parameters()));
+      if (rank == stages - 1) trace.losses.push_back(losses);
+    }
+    trace.peak_in_flight[static_cast<size_t>(rank)] = pipeline.peak_micro_batches_in_flight();
+  });
+  for (int64_t r = 0; r < stages; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  }
+  return trace;
+}
+
+// Every stage's parameters equal the one-process model's (by name) after every
+// step, to `tolerance`; the tied embedding's two copies are bitwise equal.
+void expect_same_training(const PackedTransformerOptions& options, int64_t stages, int64_t micro_batches,
+                          double tolerance) {
+  std::vector<Batch> batches;
+  for (uint64_t s = 0; s < 3; ++s) batches.push_back(random_batch(8, 12, 100 + s));
+  const Trace reference = one_process(options, batches);
+  const PipelineTrace trace = pipelined(options, stages, micro_batches, batches);
+  if (::testing::Test::HasFailure()) return;
+  ASSERT_EQ(trace.losses.size(), batches.size());
+  for (size_t step = 0; step < batches.size(); ++step) {
+    SCOPED_TRACE("after step " + std::to_string(step));
+    size_t names = 0;
+    for (int64_t r = 0; r < stages; ++r) {
+      for (const auto& [name, value] : trace.parameters[static_cast<size_t>(r)][step]) {
+        EXPECT_TRUE(all_close(value, reference.parameters[step].at(name), tolerance)) << name << " on stage " << r;
+        ++names;
+      }
+    }
+    // Every parameter of the model is on some stage (a tied LM head's copy once more).
+    const bool copy = options.tie_lm_head() && stages > 1;
+    EXPECT_EQ(names, reference.parameters[step].size() + (copy ? 1 : 0));
+    if (copy) {
+      EXPECT_TRUE(all_equal(trace.parameters.front()[step].at("tok_emb.weight"),
+                            trace.parameters.back()[step].at("tok_emb.weight")));
+    } else {
+      EXPECT_FALSE(trace.parameters.back()[step].contains("tok_emb.weight"));
+    }
+    EXPECT_TRUE(all_close(trace.losses[step].classification, reference.losses[step].classification, tolerance));
+    EXPECT_TRUE(all_close(trace.losses[step].language_model, reference.losses[step].language_model, tolerance));
+  }
+  // 1F1B: stage s keeps at most min(M, S - s) micro-batches' activations.
+  for (int64_t s = 0; s < stages; ++s) {
+    EXPECT_EQ(trace.peak_in_flight[static_cast<size_t>(s)], std::min(micro_batches, stages - s)) << "stage " << s;
+  }
+}
+
+void skip_without_gloo() {
+  if (!ProcessGroup::gloo_available()) GTEST_SKIP() << "built without Gloo's headers (Debian libgloo-dev)";
+}
+
+TEST(PipelineTest, TwoStagesTrainTheSameModelAsOneProcessFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble), 2, 4, 1e-9);
+}
+
+TEST(PipelineTest, FourStagesTrainTheSameModelAsOneProcessFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble), 4, 4, 1e-9);
+}
+
+TEST(PipelineTest, FewerMicroBatchesThanStagesFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble), 4, 2, 1e-9);
+}
+
+TEST(PipelineTest, UntiedHeadFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble).tie_lm_head(false), 2, 2, 1e-9);
+}
+
+// Float32: the pipeline sums the micro-batches' gradients where one process sums
+// the whole batch's, so each gradient differs from the one-process one by rounding.
+// Adam divides each gradient by its own running scale, so a relative difference e
+// moves a weight by ~e x lr per step: ~1e-7 x lr for ordinary gradients, but up to
+// ~1e-3 x lr where a gradient is a sum that nearly cancels (measured: 1.05e-5 on an
+// MLP weight after 3 steps). 1e-4 covers that (3 steps x 1e-3 x lr 1e-2 = 3e-5,
+// with room) and is still 100x below one step's change (lr), so a missed, repeated
+// or wrong step fails. Attention key biases are compared separately: softmax is
+// unchanged by adding the same value to every key score, so their exact gradient is
+// zero and what each run gets is rounding noise, which Adam scales up to steps of
+// up to lr; they are only bounded (by 1.5 x lr x steps from each other).
+TEST(PipelineTest, TwoStagesTrainTheSameModelAsOneProcessFloat32) {
+  skip_without_gloo();
+  const PackedTransformerOptions options = model_options(at::kFloat);
+  std::vector<Batch> batches;
+  for (uint64_t s = 0; s < 3; ++s) batches.push_back(random_batch(8, 12, 100 + s));
+  const Trace reference = one_process(options, batches);
+  const PipelineTrace trace = pipelined(options, 2, 4, batches);
+  if (::testing::Test::HasFailure()) return;
+  const int64_t d = options.width();
+  for (size_t step = 0; step < batches.size(); ++step) {
+    SCOPED_TRACE("after step " + std::to_string(step));
+    for (const auto& stage : trace.parameters) {
+      for (const auto& [name, value] : stage[step]) {
+        const at::Tensor expected = reference.parameters[step].at(name);
+        if (name.ends_with(".attn.qkv.bias")) {
+          // Columns [q | k | v], d each: q and v as any weight, k bounded.
+          EXPECT_TRUE(all_close(value.narrow(-1, 0, d), expected.narrow(-1, 0, d), 1e-4)) << name;
+          EXPECT_TRUE(all_close(value.narrow(-1, 2 * d, d), expected.narrow(-1, 2 * d, d), 1e-4)) << name;
+          EXPECT_TRUE(all_close(value.narrow(-1, d, d), expected.narrow(-1, d, d), 1.5 * 1e-2 * (step + 1))) << name;
+        } else {
+          EXPECT_TRUE(all_close(value, expected, 1e-4)) << name;
+        }
+      }
+    }
+    EXPECT_TRUE(all_equal(trace.parameters.front()[step].at("tok_emb.weight"),
+                          trace.parameters.back()[step].at("tok_emb.weight")));
+  }
+}
+
+TEST(PipelineTest, StagesStartWhereTheWholeModelDoes) {
+  const PackedTransformerOptions options = model_options(at::kFloat);
+  const Snapshot whole = snapshot(PackedTransformer(options).parameters());
+  for (const auto& p : distributed::place_pipeline(options, 3, 4, 12)) {
+    const Snapshot stage = snapshot(PackedTransformer(options, p.blocks).parameters());
+    for (const auto& [name, value] : stage) EXPECT_TRUE(all_equal(value, whole.at(name))) << name;
+  }
+}
+
+// Scalars of all members that blocks [first, end) with their extras hold.
+int64_t stage_parameters(const PackedTransformerOptions& options, int64_t first, int64_t end) {
+  int64_t n = 0;
+  for (const ensemble::ParameterSpec& spec : ensemble::transformer_parameters(options, {first, end})) {
+    int64_t m = 1;
+    for (const int64_t d : spec.shape) m *= d;
+    n += m;
+  }
+  return n * options.members();
+}
+
+TEST(PipelinePlacementTest, ContiguousBalancedAndEveryStageHoldsABlock) {
+  const PackedTransformerOptions options = model_options(at::kFloat, 8).width(64).heads(4).max_length(64);
+  for (int64_t S : {1, 2, 4, 8}) {
+    SCOPED_TRACE("S = " + std::to_string(S));
+    const auto placement = distributed::place_pipeline(options, S, 4, 32);
+    ASSERT_EQ(static_cast<int64_t>(placement.size()), S);
+    int64_t next = 0, largest = 0, total = 0;
+    for (const auto& p : placement) {
+      EXPECT_EQ(p.blocks.first_layer, next);
+      EXPECT_GT(p.blocks.end_layer, p.blocks.first_layer);
+      EXPECT_EQ(p.parameters, stage_parameters(options, p.blocks.first_layer, p.blocks.end_layer));
+      next = p.blocks.end_layer;
+      largest = std::max(largest, p.parameters);
+      total += p.parameters;
+    }
+    EXPECT_EQ(next, 8);
+    // No other contiguous split has a smaller largest stage: moving any boundary
+    // one block either way cannot lower the maximum.
+    for (int64_t s = 0; s + 1 < S; ++s) {
+      for (int64_t shift : {-1, 1}) {
+        std::vector<int64_t> ends;
+        for (const auto& p : placement) ends.push_back(p.blocks.end_layer);
+        ends[static_cast<size_t>(s)] += shift;
+        int64_t first = 0, worst = 0;
+        bool valid = true;
+        for (int64_t end : ends) {
+          valid = valid && end > first;
+          if (valid) worst = std::max(worst, stage_parameters(options, first, end));
+          first = end;
+        }
+        if (valid) {
+          EXPECT_GE(worst, largest) << "boundary " << s << " moved by " << shift;
+        }
+      }
+    }
+    if (S == 1) {
+      EXPECT_EQ(total, PackedTransformer(options).parameters().flat().numel());
+    }
+  }
+  EXPECT_THROW(distributed::place_pipeline(options, 0, 4, 32), std::invalid_argument);
+  EXPECT_THROW(distributed::place_pipeline(options, 9, 4, 32), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(distributed::bubble_fraction(4, 8), 3.0 / 11.0);
+  EXPECT_DOUBLE_EQ(distributed::bubble_fraction(1, 8), 0.0);
+}
+
+// The bytes each rank holds — its stage's parameters, gradients and Adam moments,
+// measured from the tensors — fall as ~1/S: the largest rank holds at most 1.3x an
+// even share of the whole model's (the embeddings and heads make the end stages
+// heavier; a model whose blocks dominate, as this one's 16 do, stays near 1/S).
+TEST(PipelinePlacementTest, BytesPerRankFallAsOneOverS) {
+  const PackedTransformerOptions options = model_options(at::kFloat, 16).width(64).heads(4).max_length(64);
+  const auto held_bytes = [](PackedTransformer& model) {
+    ensemble::PackedAdam optimizer(model.parameters(), adam());
+    int64_t bytes = model.parameters().flat().nbytes() + model.parameters().flat_grad().nbytes();
+    for (const auto& [name, t] : optimizer.state()) bytes += static_cast<int64_t>(t.nbytes());
+    return bytes;
+  };
+  PackedTransformer whole(options);
+  const int64_t one = held_bytes(whole);
+  for (int64_t S : {2, 4, 8}) {
+    int64_t largest = 0;
+    const auto placement = distributed::place_pipeline(options, S, 4, 32);
+    for (const auto& p : placement) {
+      PackedTransformer stage(options, p.blocks);
+      const int64_t bytes = held_bytes(stage);
+      // The placement's estimate is what the tensors hold (up to Adam's step counts).
+      EXPECT_NEAR(static_cast<double>(bytes), static_cast<double>(p.state_bytes), 0.01 * p.state_bytes);
+      largest = std::max(largest, bytes);
+    }
+    EXPECT_LE(static_cast<double>(largest), 1.3 * static_cast<double>(one) / static_cast<double>(S)) << "S = " << S;
+  }
+}
+
+// A stage that stops (here: returns after one step, closing its group) ends its
+// neighbour within the timeout, naming the two stages and the step.
+TEST(PipelineTest, AStageThatStopsEndsItsNeighbourNamingStagesAndStep) {
+  skip_without_gloo();
+  const PackedTransformerOptions options = model_options(at::kFloat);
+  const Batch batch = random_batch(4, 8, 7);
+  const auto placement = distributed::place_pipeline(options, 2, 2, 8);
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<std::string> errors = run_ranks(
+      2,
+      [&](int64_t rank, ProcessGroup& group) {
+        PackedTransformer model(options, placement[static_cast<size_t>(rank)].blocks);
+        ensemble::PackedAdam optimizer(model.parameters(), adam());
+        MultiTaskPipeline pipeline(model, optimizer, group, 2, kWeights);
+        for (int64_t step = 0; step < (rank == 1 ? 1 : 3); ++step) pipeline.train_step(batch.text, batch.labels, step);
+      },
+      std::chrono::seconds(3));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("stage 1 to stage 0 at step 1"), std::string::npos)
+      << errors[0];  // the gradients stage 0 waits for in step 1
+  EXPECT_NE(errors[0].find("rank 0 of 2"), std::string::npos) << errors[0];
+  EXPECT_LT(seconds, 30.0);
+}
+
+}  // namespace
+}  // namespace packtrain::runtime
