@@ -23,6 +23,7 @@
 #include "benchmarks/captured_step_bench.h"
 #include "benchmarks/data_parallel_bench.h"
 #include "benchmarks/multitask_bench.h"
+#include "benchmarks/pipeline_bench.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/pack.h"
 #include "packtrain/ensemble/packed_mlp.h"
@@ -221,6 +222,7 @@ int main(int argc, char** argv) {
   }
   packtrain::benchmarks::register_multitask_benchmarks(device);
   packtrain::benchmarks::register_data_parallel_benchmarks(device);
+  packtrain::benchmarks::register_pipeline_benchmarks();
   if (!device.is_cuda()) {
     std::fprintf(stderr, "MultiTaskGraph, DecodeGraph: not run (CUDA graphs need a CUDA device)\n");
   }

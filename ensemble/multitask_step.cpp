@@ -33,13 +33,14 @@ at::Tensor packed_lm_loss(const at::Tensor& logits, const TextBatch& batch) {
 }
 
 MultiTaskLosses multitask_losses(const PackedTransformer& model, const TextBatch& classification,
-                                 const at::Tensor& labels, const TextBatch& language_model) {
+                                 const at::Tensor& labels, const TextBatch& language_model,
+                                 const at::Tensor& class_weights) {
   PACKTRAIN_NVTX_RANGE("forward");
   const at::Tensor hidden = model.trunk(classification.tokens);
   const bool shared = classification.tokens.is_same(language_model.tokens);
   const at::Tensor lm_hidden = shared ? hidden : model.trunk(language_model.tokens);
   MultiTaskLosses losses;
-  losses.classification = packed_cross_entropy_loss(model.classify(hidden, classification.lengths), labels);
+  losses.classification = packed_cross_entropy_loss(model.classify(hidden, classification.lengths), labels, class_weights);
   losses.language_model = packed_lm_loss(model.lm_logits(lm_hidden), language_model);
   return losses;
 }
@@ -50,7 +51,7 @@ MultiTaskLosses multitask_train_step(PackedTransformer& model, PackedOptimizer& 
                                      const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "multitask_train_step: the optimizer does not hold this model's parameters");
-  const MultiTaskLosses losses = multitask_losses(model, classification, labels, language_model);
+  const MultiTaskLosses losses = multitask_losses(model, classification, labels, language_model, weights.class_weights);
   {
     PACKTRAIN_NVTX_RANGE("backward");
     const at::Tensor total =

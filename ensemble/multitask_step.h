@@ -22,6 +22,10 @@ struct TextBatch {
 struct TaskWeights {
   double classification = 1.0;
   double language_model = 1.0;
+  // (C) on the model's device: each row's classification loss scaled by its class's
+  // weight (e.g. N / (C n_c), class-balanced); undefined: all 1. Read in place, so
+  // a captured step sees later changes to it.
+  at::Tensor class_weights = {};
 };
 
 // Per-member (K) losses of each task.
@@ -41,7 +45,8 @@ at::Tensor lm_target_count(const TextBatch& batch);
 // Both tasks' losses. The trunk runs once when the two tasks read the same batch
 // (the same tokens tensor), twice when they read different texts.
 MultiTaskLosses multitask_losses(const PackedTransformer& model, const TextBatch& classification,
-                                 const at::Tensor& labels, const TextBatch& language_model);
+                                 const at::Tensor& labels, const TextBatch& language_model,
+                                 const at::Tensor& class_weights = {});
 
 // One training step: gradients zeroed in place, multitask_losses, one backward of
 // sum over members of (w_c * classification + w_lm * language_model), one optimizer

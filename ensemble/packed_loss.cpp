@@ -53,7 +53,8 @@ at::Tensor packed_gaussian_nll_loss(const at::Tensor& pred, const at::Tensor& ta
   return nll.mean({1, 2});
 }
 
-at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target) {
+at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target,
+                                     const at::Tensor& class_weights) {
   TORCH_CHECK(logits.dim() == 3, "packed_cross_entropy_loss: logits must be (K, B, C), got ", logits.sizes());
   TORCH_CHECK(target.defined() && target.scalar_type() == at::kLong,
               "packed_cross_entropy_loss: target must be int64 class indices, got ",
@@ -74,7 +75,10 @@ at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor&
   }
   const at::Tensor log_probs = at::log_softmax(logits, 2);
   const at::Tensor picked = log_probs.gather(2, t.unsqueeze(2)).squeeze(2);  // (K, B)
-  return -picked.mean(1);
+  if (!class_weights.defined()) return -picked.mean(1);
+  TORCH_CHECK(class_weights.dim() == 1 && class_weights.size(0) == logits.size(2),
+              "packed_cross_entropy_loss: class_weights must be [", logits.size(2), "], got ", class_weights.sizes());
+  return -(picked * class_weights.index_select(0, t.reshape({-1})).view({K, B})).mean(1);
 }
 
 }  // namespace packtrain::ensemble

@@ -23,7 +23,10 @@ at::Tensor packed_gaussian_nll_loss(const at::Tensor& pred, const at::Tensor& ta
                                     double min_variance = 1e-6);
 
 // logits (K, B, C); target class indices (B) shared or (K, B) per member, int64.
-// Returns (K), the mean cross-entropy per member.
-at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target);
+// Returns (K), the mean cross-entropy per member. With `class_weights` (C), each
+// row's cross-entropy is scaled by its true class's weight, still divided by B (not
+// by the weights' sum, so micro-batches' losses add up to the batch's).
+at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target,
+                                     const at::Tensor& class_weights = {});
 
 }  // namespace packtrain::ensemble

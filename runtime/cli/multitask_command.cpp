@@ -396,6 +396,10 @@ void add_multitask_train(CLI::App* mt, int& status) {
   train->add_option("--warmup", o.warmup_steps(), "Linear warm-up steps")->check(non_negative())->capture_default_str();
   train->add_option("--cls-weight", o.classification_weight(), "Weight of the classification loss")->check(non_negative())->capture_default_str();
   train->add_option("--lm-weight", o.lm_weight(), "Weight of the LM loss")->check(non_negative())->capture_default_str();
+  train->add_flag("--balance-classes,!--no-balance-classes", o.balance_classes(),
+                  "Weight each sentence's classification loss by N / (C x its class's count), so the majority "
+                  "class alone is no longer the cheapest answer (the dev metrics are never weighted)")
+      ->capture_default_str();
   train->add_flag_callback("--separate-lm-texts", [&o] { o.shared_inputs(false); },
                            "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
   train->add_option("--pipeline-stages", o.pipeline_stages(),

@@ -121,7 +121,8 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
       const at::Tensor hidden = model_->final_norm(y);
       const double share = static_cast<double>(rows) / static_cast<double>(B);
       const at::Tensor classification =
-          ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, i * rows, rows)) *
+          ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, i * rows, rows),
+                                             weights_.class_weights) *
           share;
       const double targets = static_cast<double>(ensemble::lm_target_count(micro).item<int64_t>());
       const at::Tensor lm = ensemble::packed_lm_loss(model_->lm_logits(hidden), micro) * (targets / lm_targets);

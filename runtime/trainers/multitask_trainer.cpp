@@ -128,7 +128,7 @@ std::string to_json(const MultiTaskTrainerOptions& o) {
       {"classes", m.classes()}, {"tie_lm_head", m.tie_lm_head()}, {"dtype", dtype_name(m.dtype())},
       {"batch_size", o.batch_size()}, {"buckets", o.buckets()}, {"lr", o.lr()}, {"weight_decay", o.weight_decay()},
       {"warmup_steps", o.warmup_steps()}, {"classification_weight", o.classification_weight()},
-      {"lm_weight", o.lm_weight()}, {"shared_inputs", o.shared_inputs()}, {"eval_batch_size", o.eval_batch_size()},
+      {"lm_weight", o.lm_weight()}, {"balance_classes", o.balance_classes()}, {"shared_inputs", o.shared_inputs()}, {"eval_batch_size", o.eval_batch_size()},
       {"seed", o.seed()}, {"capture", o.capture()}, {"pipeline_stages", o.pipeline_stages()},
       {"micro_batches", o.micro_batches()}};
   return j.dump();
@@ -168,6 +168,7 @@ MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
   o.batch_size(i64("batch_size")).buckets(merged.at("buckets").get<std::vector<int64_t>>());
   o.lr(f64("lr")).weight_decay(f64("weight_decay")).warmup_steps(i64("warmup_steps"));
   o.classification_weight(f64("classification_weight")).lm_weight(f64("lm_weight"));
+  o.balance_classes(flag("balance_classes"));
   o.shared_inputs(flag("shared_inputs")).eval_batch_size(i64("eval_batch_size"));
   o.seed(merged.at("seed").get<uint64_t>()).capture(flag("capture"));
   o.pipeline_stages(i64("pipeline_stages")).micro_batches(i64("micro_batches"));
@@ -208,18 +209,19 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
     optimizer_->set_schedule(
         ensemble::LrSchedule().kind(ensemble::LrScheduleKind::kLinearWarmup).warmup_steps(options_.warmup_steps()));
   }
+  class_weights_ = at::ones({options_.model().classes()}, model_->parameters().flat().options());
+  const ensemble::TaskWeights weights{options_.classification_weight(), options_.lm_weight(), class_weights_};
   steps_ = std::make_unique<MultiTaskSteps>(
       *model_, *optimizer_,
       MultiTaskStepsOptions()
-          .weights(ensemble::TaskWeights{options_.classification_weight(), options_.lm_weight()})
+          .weights(weights)
           .shared_inputs(options_.shared_inputs())
           .eval_batch_size(options_.eval_batch_size())
           .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
           .capacity(8));
   if (pipeline_group_ != nullptr) {
     pipeline_ = std::make_unique<MultiTaskPipeline>(
-        *model_, *optimizer_, *pipeline_group_, options_.micro_batches(),
-        ensemble::TaskWeights{options_.classification_weight(), options_.lm_weight()});
+        *model_, *optimizer_, *pipeline_group_, options_.micro_batches(), weights);
   }
 }
 
@@ -260,6 +262,18 @@ int64_t MultiTaskTrainer::set_training_data(const LabelledTexts& train) {
   int64_t truncated = 0;
   train_buckets_ = tokenize(train, &truncated);
   training_examples_ = static_cast<int64_t>(train.size());
+  if (options_.balance_classes()) {
+    // N / (C n_c): the weights average 1 over the training rows; an absent class keeps 1.
+    const int64_t C = options_.model().classes();
+    std::vector<double> counts(static_cast<size_t>(C), 0.0), weights(static_cast<size_t>(C), 1.0);
+    for (const int64_t label : train.labels) counts.at(static_cast<size_t>(label)) += 1;
+    for (int64_t c = 0; c < C; ++c) {
+      const double n = counts[static_cast<size_t>(c)];
+      if (n > 0) weights[static_cast<size_t>(c)] = static_cast<double>(train.size()) / (static_cast<double>(C) * n);
+    }
+    at::NoGradGuard no_grad;
+    class_weights_.copy_(at::tensor(weights, at::kDouble));
+  }
   if (pipeline_) return truncated;  // the pipeline gathers each batch's rows itself
   std::vector<MultiTaskSteps::TrainingBucket> data;
   for (const Bucket& b : train_buckets_) data.push_back({b.tokens, b.lengths, b.labels});

@@ -53,6 +53,11 @@ struct MultiTaskTrainerOptions {
   TORCH_ARG(int64_t, warmup_steps) = 100;
   TORCH_ARG(double, classification_weight) = 1.0;
   TORCH_ARG(double, lm_weight) = 1.0;
+  // Class-balanced classification loss: each row weighted N / (C n_c) by its class's
+  // share of the training sentences (set_training_data), so that predicting the
+  // majority class alone is no longer the cheapest answer (CoLA's train set is 70%
+  // acceptable). The metrics are never weighted.
+  TORCH_ARG(bool, balance_classes) = false;
   // true: both tasks read the same sentences (one trunk forward); false: the LM task
   // reads another order of the training sentences (two forwards, still one backward).
   TORCH_ARG(bool, shared_inputs) = true;
@@ -196,6 +201,9 @@ class MultiTaskTrainer {
   // of the last committed save (deleted once the next one is committed).
   distributed::ProcessGroup* pipeline_group_ = nullptr;
   std::unique_ptr<MultiTaskPipeline> pipeline_;
+  // (C) the classification loss's class weights on the device (all 1 unless
+  // balance_classes), read in place by the steps, captured or not.
+  at::Tensor class_weights_;
   std::vector<distributed::StagePlacement> placement_;
   mutable std::filesystem::path committed_stage_file_;
 };

@@ -260,6 +260,10 @@ TEST(PackedLosses, MatchLibTorchPerMember) {
   const at::Tensor logits = at::randn({4, 9, 5}, gen, f64);
   const at::Tensor classes = at::randint(0, 5, {4, 9}, gen, at::kLong);
   const at::Tensor ce = packed_cross_entropy_loss(logits, classes);
+  // Class-weighted: LibTorch's weighted sum over the rows, divided by the rows (not by
+  // the weights' sum, which is LibTorch's "mean").
+  const at::Tensor class_weights = at::rand({5}, gen, f64) + 0.5;
+  const at::Tensor weighted = packed_cross_entropy_loss(logits, classes, class_weights);
   ASSERT_EQ(mse.sizes(), (c10::IntArrayRef{4}));
   for (int64_t k = 0; k < 4; ++k) {
     EXPECT_NEAR(mse[k].item<double>(), torch::mse_loss(pred[k], target).item<double>(), 1e-14);
@@ -270,6 +274,9 @@ TEST(PackedLosses, MatchLibTorchPerMember) {
         -(torch::exp(-(target - mean).square() / (2 * var)) / torch::sqrt(2 * M_PI * var)).log().mean().item<double>();
     EXPECT_NEAR(nll[k].item<double>(), reference, 1e-12);
     EXPECT_NEAR(ce[k].item<double>(), torch::cross_entropy_loss(logits[k], classes[k]).item<double>(), 1e-12);
+    EXPECT_NEAR(weighted[k].item<double>(),
+                torch::cross_entropy_loss(logits[k], classes[k], class_weights, at::Reduction::Sum).item<double>() / 9,
+                1e-12);
   }
 }
 
