@@ -88,8 +88,9 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
   const std::vector<at::Tensor>& params = parameters.tensors();
   parameters.zero_grad();
   at::Tensor flat_grad = parameters.flat_grad();
-  // The whole batch's LM target tokens: each micro-batch's LM sum is divided by it.
-  const double lm_targets = static_cast<double>(ensemble::lm_target_count(batch).item<int64_t>());
+  // The whole batch's LM target tokens: each micro-batch's LM sum is divided by it
+  // (kept on the device: no host synchronization inside the step).
+  const at::Tensor lm_targets = ensemble::lm_target_count(batch).to(parameters.flat().scalar_type());
   ensemble::MultiTaskLosses losses;
   if (model_->last_stage()) {
     losses.classification = at::zeros({model_->members()}, parameters.flat().options());
@@ -124,8 +125,8 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
           ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, i * rows, rows),
                                              weights_.class_weights) *
           share;
-      const double targets = static_cast<double>(ensemble::lm_target_count(micro).item<int64_t>());
-      const at::Tensor lm = ensemble::packed_lm_loss(model_->lm_logits(hidden), micro) * (targets / lm_targets);
+      const at::Tensor lm = ensemble::packed_lm_loss(model_->lm_logits(hidden), micro) *
+                            (ensemble::lm_target_count(micro).to(lm_targets.scalar_type()) / lm_targets);
       f.output = (classification * weights_.classification + lm * weights_.language_model).sum();
       losses.classification.add_(classification.detach());
       losses.language_model.add_(lm.detach());
