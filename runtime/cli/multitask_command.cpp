@@ -1,9 +1,10 @@
 // packtrain multitask train | resume | score | generate: one transformer trunk with an
 // acceptability classifier and a causal-LM head (runtime/multitask_trainer.h).
 //
-//   train     with no arguments: the bundled CoLA corpus (train / in-domain dev),
-//             both tasks on the same sentences; a checkpoint after every epoch;
-//             dev accuracy, Matthews correlation and LM perplexity at the end
+//   train     with no arguments: the bundled language-identification task (fortune
+//             cookies in 5 languages; --task cola: CoLA acceptability), both tasks
+//             on the same sentences; a checkpoint after every epoch; dev accuracy
+//             (beside the majority class's), Matthews correlation and LM perplexity
 //   resume    continue a run from its checkpoint (same files, exact at an epoch boundary)
 //   score     class probabilities for texts (arguments, or one per line from a file)
 //   generate  a continuation of --prompt (with --score, the prompt's score too)
@@ -25,11 +26,14 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace packtrain::cli {
 
@@ -39,7 +43,7 @@ namespace {
 // are the options' own), plus what belongs to the run rather than the trainer.
 struct MultiTaskTrainArgs {
   runtime::MultiTaskTrainerOptions options;
-  std::string train, dev, device = "auto";
+  std::string task = "languages", train, dev, class_names, device = "auto";
   int64_t epochs = 6;
   OutputArgs output;
   CheckpointArgs checkpoint{.path = "multitask.ckpt", .every = 1};  // after every epoch
@@ -54,21 +58,25 @@ nlohmann::json metrics_json(const runtime::TaskMetrics& m) {
 // `extra`, so `multitask resume` reloads the same files.
 // With each file's fingerprint (of its sentences and labels), so a resume on
 // files edited since is refused.
+// With the class names, so `score` can name what it predicts.
 struct RunFiles {
   std::filesystem::path train, dev;
   int64_t epochs = 0;
   std::string train_fingerprint, dev_fingerprint;  // empty in checkpoints from earlier versions
+  std::vector<std::string> class_names;            // empty: classes are numbered
 
   std::string to_json() const {
     return nlohmann::json{{"train", train.string()}, {"dev", dev.string()}, {"epochs", epochs},
-                          {"train_fingerprint", train_fingerprint}, {"dev_fingerprint", dev_fingerprint}}
+                          {"train_fingerprint", train_fingerprint}, {"dev_fingerprint", dev_fingerprint},
+                          {"class_names", class_names}}
         .dump();
   }
   static RunFiles from_json(const std::string& text, const std::string& checkpoint) {
     try {
       const nlohmann::json j = nlohmann::json::parse(text);
       return {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>(),
-              j.value("train_fingerprint", ""), j.value("dev_fingerprint", "")};
+              j.value("train_fingerprint", ""), j.value("dev_fingerprint", ""),
+              j.value("class_names", std::vector<std::string>{})};
     } catch (const std::exception& e) {
       throw runtime::DataError(checkpoint + ": no run description to resume from (" + e.what() + ")");
     }
@@ -104,9 +112,10 @@ struct Session {
 void describe(const Session& s, RunDriver& driver) {
   const runtime::MultiTaskTrainerOptions& options = s.trainer.options();
   const auto& m = options.model();
-  driver.note(fmt::format("multitask: {} ({} train / {} dev sentences), {} member(s), width {}, {} layers, {} heads, "
-                          "buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
-                          s.files.train.filename().string(), s.trainer.training_examples(), s.dev.size(), m.members(),
+  driver.note(fmt::format("multitask: {} ({} train / {} dev sentences, {} classes), {} member(s), width {}, {} layers, "
+                          "{} heads, buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
+                          s.files.train.filename().string(), s.trainer.training_examples(), s.dev.size(),
+                          m.classes(), m.members(),
                           m.width(), m.layers(), m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(),
                           s.trainer.steps_per_epoch(),
                           options.shared_inputs() ? "one trunk forward per step"
@@ -140,9 +149,25 @@ void describe(const Session& s, RunDriver& driver) {
   if (s.trainer.epochs_done() > 0) driver.note(fmt::format("multitask: resuming after epoch {}", s.trainer.epochs_done()));
 }
 
+// Class k's name, or its number when the run has no names.
+std::string class_name(const std::vector<std::string>& names, int64_t k) {
+  return k < static_cast<int64_t>(names.size()) ? names[static_cast<size_t>(k)] : std::to_string(k);
+}
+
+// The baseline a classifier must beat: always answering the dev set's most frequent
+// class (its accuracy; its Matthews correlation is 0).
+std::pair<int64_t, double> majority_class(const runtime::LabelledTexts& dev) {
+  std::map<int64_t, int64_t> counts;
+  for (const int64_t label : dev.labels) ++counts[label];
+  const auto most = std::max_element(counts.begin(), counts.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  return {most->first, static_cast<double>(most->second) / static_cast<double>(dev.size())};
+}
+
 // Dev metrics and the run's summary (`saved`: whether the final checkpoint was written).
 void report(const Session& s, const RunDriver& driver, const nlohmann::json& epochs, double seconds, bool saved) {
   const runtime::TaskMetrics metrics = s.trainer.evaluate(s.dev);
+  const auto [majority, majority_accuracy] = majority_class(s.dev);
   if (!driver.primary()) return;
   const std::string checkpoint = saved ? driver.checkpoint().path : "";
   const c10::Device device = s.trainer.options().model().device();
@@ -151,7 +176,10 @@ void report(const Session& s, const RunDriver& driver, const nlohmann::json& epo
                                 {"device", device.str()},
                                 {"options", nlohmann::json::parse(runtime::to_json(s.trainer.options()))},
                                 {"truncated", s.truncated}, {"epochs", epochs}, {"seconds", seconds},
-                                {"dev_metrics", metrics_json(metrics)}, {"checkpoint", checkpoint},
+                                {"dev_metrics", metrics_json(metrics)},
+                                {"majority_class", {{"class", class_name(s.files.class_names, majority)},
+                                                    {"accuracy", majority_accuracy}, {"mcc", 0.0}}},
+                                {"class_names", s.files.class_names}, {"checkpoint", checkpoint},
                                 {"log", driver.graph_log_lines()}};
     fmt::print("{}\n", out.dump(1));
     return;
@@ -160,6 +188,9 @@ void report(const Session& s, const RunDriver& driver, const nlohmann::json& epo
              "perplexity {:.3f}\n",
              s.files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
              metrics.perplexity);
+  fmt::print("Majority class ('{}') on dev: accuracy {:.4f}, Matthews correlation 0: the classifier {} it\n",
+             class_name(s.files.class_names, majority), majority_accuracy,
+             metrics.mcc > 0 && metrics.accuracy > majority_accuracy ? "beats" : "does not beat");
   fmt::print("Trained to epoch {} ({} steps in all), {:.1f} s in this run on {}{}\n", s.trainer.epochs_done(),
              s.trainer.steps_done(), seconds, device.str(), saved ? "; checkpoint " + checkpoint : "");
 }
@@ -213,17 +244,33 @@ int run_session(const Session& s, RunDriver& driver) {
   return writes.rethrow_or(0);
 }
 
+// Labels of files without class names may run up to this (a guard, not a limit users meet).
+constexpr int64_t kMaxClasses = 1000;
+
 int run_train(const MultiTaskTrainArgs& a) {
-  RunFiles files{a.train.empty() ? runtime::bundled_cola_dir() / "in_domain_train.tsv" : std::filesystem::path(a.train),
-                 a.dev.empty() ? runtime::bundled_cola_dir() / "in_domain_dev.tsv" : std::filesystem::path(a.dev),
-                 a.epochs};
+  const runtime::BundledTextTask task = runtime::bundled_text_task(a.task);
+  RunFiles files;
+  files.train = a.train.empty() ? task.train : std::filesystem::path(a.train);
+  files.dev = a.dev.empty() ? task.dev : std::filesystem::path(a.dev);
+  files.epochs = a.epochs;
   check_outputs({{"-o", a.checkpoint.path}, {"--log", a.output.log}},
                 {{"--train", files.train.string()}, {"--dev", files.dev.string()}});
-  const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
-  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
+  // Classes: the names given (or the bundled task's, for its own files), else what the
+  // training labels imply.
+  if (!a.class_names.empty()) {
+    files.class_names = runtime::read_class_names(a.class_names);
+  } else if (a.train.empty()) {
+    files.class_names = task.class_names;
+  }
+  const runtime::LabelledTexts train = runtime::read_labelled_tsv(
+      files.train, files.class_names.empty() ? kMaxClasses : static_cast<int64_t>(files.class_names.size()));
+  const int64_t classes =
+      files.class_names.empty() ? runtime::classes_in(train) : static_cast<int64_t>(files.class_names.size());
+  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev, classes);
   files.train_fingerprint = runtime::fingerprint_hex(runtime::fingerprint(train));
   files.dev_fingerprint = runtime::fingerprint_hex(runtime::fingerprint(dev));
   runtime::MultiTaskTrainerOptions options = a.options;
+  options.model().classes(classes);
   options.model().device(pick_device(a.device));
   try {
     options.validate();
@@ -279,8 +326,9 @@ int run_resume(MultiTaskResumeArgs a) {
     throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", a.checkpoint,
                                  trainer->epochs_done()));
   }
-  const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train);
-  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev);
+  const int64_t classes = trainer->options().model().classes();
+  const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train, classes);
+  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev, classes);
   check_same_texts(files.train_fingerprint, train, "training", driver);
   check_same_texts(files.dev_fingerprint, dev, "dev", driver);
   runtime::check_memory(runtime::estimate_multitask_run(trainer->options(), static_cast<int64_t>(train.size()), true),
@@ -290,8 +338,27 @@ int run_resume(MultiTaskResumeArgs a) {
   return run_session({*trainer, files, dev, truncated, group.get()}, driver);
 }
 
-std::unique_ptr<runtime::MultiTaskTrainer> load(const std::string& checkpoint, const std::string& device) {
-  return runtime::MultiTaskTrainer::load(checkpoint, pick_device(device));
+// A trained model and the class names its run recorded (none from earlier versions).
+struct Loaded {
+  std::unique_ptr<runtime::MultiTaskTrainer> trainer;
+  std::vector<std::string> class_names;
+};
+
+Loaded load(const std::string& checkpoint, const std::string& device) {
+  std::string extra;
+  Loaded out{runtime::MultiTaskTrainer::load(checkpoint, pick_device(device), &extra), {}};
+  try {
+    out.class_names = nlohmann::json::parse(extra).value("class_names", std::vector<std::string>{});
+  } catch (const nlohmann::json::exception&) {
+    // written by the library (MultiTaskModel.save): no run description, classes numbered
+  }
+  return out;
+}
+
+// The likeliest class of a row of probabilities: its name (or number) and probability.
+std::pair<std::string, double> likeliest(const std::vector<std::string>& names, const at::Tensor& probabilities) {
+  const int64_t k = probabilities.argmax().item<int64_t>();
+  return {class_name(names, k), probabilities[k].item<double>()};
 }
 
 std::vector<std::string> read_texts(const std::vector<std::string>& args, const std::string& file) {
@@ -322,18 +389,23 @@ std::vector<std::string> read_texts(const std::vector<std::string>& args, const 
 int run_score(const std::string& checkpoint, const std::vector<std::string>& args, const std::string& file,
               const std::string& device, bool json) {
   const std::vector<std::string> texts = read_texts(args, file);
-  auto trainer = load(checkpoint, device);
+  const auto [trainer, names] = load(checkpoint, device);
   const at::Tensor p = trainer->score(texts);
+  const bool binary = p.size(1) == 2;  // prints P(class 1), as CoLA's acceptability
   const int64_t limit = trainer->options().buckets().back() - 2;
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < texts.size(); ++i) {
     const at::Tensor row = p[static_cast<int64_t>(i)];
     std::vector<double> probabilities(row.data_ptr<double>(), row.data_ptr<double>() + row.numel());
     const bool cut = static_cast<int64_t>(texts[i].size()) > limit;
+    const auto [predicted, probability] = likeliest(names, row);
     if (json) {
-      rows.push_back({{"text", texts[i]}, {"probabilities", probabilities}, {"truncated", cut}});
-    } else {
+      rows.push_back({{"text", texts[i]}, {"probabilities", probabilities}, {"class", predicted},
+                      {"truncated", cut}});
+    } else if (binary) {
       fmt::print("{:.4f}\t{}{}\n", probabilities.back(), texts[i], cut ? "\t(truncated)" : "");
+    } else {
+      fmt::print("{}\t{:.4f}\t{}{}\n", predicted, probability, texts[i], cut ? "\t(truncated)" : "");
     }
   }
   if (json) fmt::print("{}\n", rows.dump(1, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -343,7 +415,7 @@ int run_score(const std::string& checkpoint, const std::vector<std::string>& arg
 int run_generate(const std::string& checkpoint, const std::string& prompt, const runtime::GenerateOptions& g,
                  const std::string& device, bool with_score, bool json) {
   if (prompt.empty()) throw UsageError("--prompt is empty");
-  auto trainer = load(checkpoint, device);
+  const auto [trainer, names] = load(checkpoint, device);
   if (static_cast<int64_t>(prompt.size()) + 1 > trainer->options().model().max_length()) {
     throw UsageError(fmt::format("the prompt has {} bytes; the model has {} positions (BOS included)", prompt.size(),
                                  trainer->options().model().max_length()));
@@ -357,12 +429,18 @@ int run_generate(const std::string& checkpoint, const std::string& prompt, const
     if (with_score) {
       const at::Tensor p = out.probabilities.contiguous();
       j["probabilities"] = std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
+      j["class"] = likeliest(names, p).first;
     }
     // Generated bytes need not be valid UTF-8: invalid ones print as U+FFFD.
     fmt::print("{}\n", j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
   }
-  if (with_score) fmt::print("score\t{:.4f}\n", out.probabilities[-1].item<double>());
+  if (with_score && out.probabilities.numel() == 2) {
+    fmt::print("score\t{:.4f}\n", out.probabilities[-1].item<double>());
+  } else if (with_score) {
+    const auto [predicted, probability] = likeliest(names, out.probabilities);
+    fmt::print("class\t{}\t{:.4f}\n", predicted, probability);
+  }
   for (size_t k = 0; k < out.continuations.size(); ++k) {
     fmt::print("{}{}{}\n", out.continuations.size() > 1 ? fmt::format("member {}\t", k) : "", prompt,
                out.continuations[k]);
@@ -377,12 +455,25 @@ void add_multitask_train(CLI::App* mt, int& status) {
   ensemble::PackedTransformerOptions& m = o.model();
   CLI::App* train = mt->add_subcommand(
       "train",
-      "Train on labelled sentences (default: the bundled CoLA corpus, acceptability + language modelling on the same "
-      "sentences); report dev accuracy, Matthews correlation and LM perplexity. A checkpoint is written after every "
+      "Train on labelled sentences (default: the bundled language-identification task, --task; classification + "
+      "language modelling on the same sentences); report dev accuracy beside the majority class's, Matthews "
+      "correlation and LM perplexity. A checkpoint is written after every "
       "epoch; Ctrl-C stops after the current epoch (a second Ctrl-C stops at once). Sentences longer than the longest "
       "bucket are truncated to it and counted.");
-  train->add_option("--train", a->train, "TSV: CoLA's 4 columns or (label, sentence) (default: bundled CoLA train)");
-  train->add_option("--dev", a->dev, "TSV for the dev metrics (default: bundled CoLA in-domain dev)");
+  std::string tasks;
+  for (const runtime::BundledTextTask& t : runtime::bundled_text_tasks()) tasks += "\n  " + t.name + ": " + t.description;
+  train->add_option("--task", a->task, "A bundled labelled-text task (its train and dev files):" + tasks)
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (const runtime::BundledTextTask& t : runtime::bundled_text_tasks()) names.push_back(t.name);
+        return names;
+      }()))
+      ->capture_default_str();
+  train->add_option("--train", a->train, "TSV: CoLA's 4 columns or (label, sentence), labels 0..C-1 (default: the "
+                                         "task's train file)");
+  train->add_option("--dev", a->dev, "TSV for the dev metrics (default: the task's dev file)");
+  train->add_option("--class-names", a->class_names, "File naming class k on line k; their count is C (default: the "
+                                                      "task's names; with --train, C = 1 + the largest label)");
   train->add_option("--epochs", a->epochs, "Passes over the training sentences")->check(positive())->capture_default_str();
   train->add_option("--members", m.members(), "Models trained as one pack (1: an ordinary model)")->check(positive())->capture_default_str();
   train->add_option("--width", m.width(), "Model width")->check(positive())->capture_default_str();

@@ -5,7 +5,9 @@
 #include "packtrain/runtime/data/dataset.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 
@@ -59,5 +61,65 @@ LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t class
 }
 
 std::filesystem::path bundled_cola_dir() { return bundled_data_dir() / "cola"; }
+
+const std::vector<BundledTextTask>& bundled_text_tasks() {
+  static const std::vector<BundledTextTask> tasks = [] {
+    const std::filesystem::path languages = bundled_data_dir() / "fortunes-languages";
+    return std::vector<BundledTextTask>{
+        {"languages",
+         "which of 5 languages a sentence is in (English, German, Spanish, Italian, Portuguese fortune cookies from "
+         "Debian; 8,000 train / 1,000 dev, classes balanced)",
+         languages / "train.tsv", languages / "dev.tsv", {}},
+        {"cola",
+         "CoLA v1.1: is an English sentence grammatically acceptable (8,551 train / 527 in-domain dev, 70% "
+         "acceptable)",
+         bundled_cola_dir() / "in_domain_train.tsv", bundled_cola_dir() / "in_domain_dev.tsv",
+         {"unacceptable", "acceptable"}},
+    };
+  }();
+  return tasks;
+}
+
+BundledTextTask bundled_text_task(const std::string& name) {
+  std::vector<std::string> names;
+  for (const BundledTextTask& task : bundled_text_tasks()) {
+    if (task.name != name) {
+      names.push_back(task.name);
+      continue;
+    }
+    BundledTextTask out = task;
+    if (out.class_names.empty()) out.class_names = read_class_names(out.train.parent_path() / "labels.txt");
+    return out;
+  }
+  throw DataError(fmt::format("no bundled text task '{}' (there are: {})", name, fmt::join(names, ", ")));
+}
+
+std::vector<std::string> read_class_names(const std::filesystem::path& path) {
+  check_input_file(path, "class names file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open (missing or unreadable)", path.string()));
+  std::vector<std::string> names;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    check_line_length(path, number, line.size());
+    if (number == 1) strip_bom(line);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (blank(line)) continue;
+    if (std::find(names.begin(), names.end(), line) != names.end()) {
+      throw DataError(fmt::format("{}:{}: the class name '{}' is given twice", path.string(), number, line));
+    }
+    names.push_back(line);
+  }
+  if (names.size() < 2) {
+    throw DataError(fmt::format("{}: {} class name(s); a classifier needs at least 2, one per line", path.string(),
+                                names.size()));
+  }
+  return names;
+}
+
+int64_t classes_in(const LabelledTexts& texts) {
+  const int64_t largest = texts.labels.empty() ? 0 : *std::max_element(texts.labels.begin(), texts.labels.end());
+  return std::max<int64_t>(2, largest + 1);
+}
 
 }  // namespace packtrain::runtime

@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "tests/runtime/cli/cli_harness.h"
 
@@ -62,6 +65,68 @@ TEST_F(Cli, MultitaskResumeEqualsTheUninterruptedRunAndConfigFilesWork) {
   const Result done = run("multitask resume " + path("a.ckpt") + " --epochs 3 --device cpu");
   EXPECT_EQ(done.status, 2);
   EXPECT_THAT(done.out, HasSubstr("is at epoch 3"));
+}
+
+// More than two classes, named: the dev metrics stand beside the majority class's,
+// score names the likeliest class, and a resume reads the dev labels against the
+// model's classes.
+TEST_F(Cli, MultitaskNamedClassesAreScoredByName) {
+  std::string rows;
+  const char* words[] = {"red apple", "green leaf", "blue sky"};
+  for (int i = 0; i < 24; ++i) rows += std::to_string(i % 3) + "\t" + words[i % 3] + " " + std::to_string(i) + "\n";
+  write_file(path("train.tsv"), rows);
+  write_file(path("names.txt"), "red\ngreen\nblue\n");
+  const std::string data = " --train " + path("train.tsv") + " --dev " + path("train.tsv");
+  const nlohmann::json report = run_json("multitask train " + kTinyMultitask + data + " --class-names " +
+                                         path("names.txt") + " -o " + path("c.ckpt") + " --json");
+  ASSERT_TRUE(report.is_object());
+  EXPECT_EQ(report["options"]["classes"], 3);
+  EXPECT_EQ(report["class_names"], nlohmann::json({"red", "green", "blue"}));
+  EXPECT_EQ(report["majority_class"]["class"], "red");  // 8 of each: the first
+  EXPECT_NEAR(report["majority_class"]["accuracy"].get<double>(), 1.0 / 3, 1e-12);
+
+  const nlohmann::json scored = run_json("multitask score " + path("c.ckpt") + " 'blue sky 3' --json --device cpu");
+  ASSERT_TRUE(scored.is_array());
+  EXPECT_EQ(scored[0]["probabilities"].size(), 3u);
+  const std::vector<double> p = scored[0]["probabilities"].get<std::vector<double>>();
+  const std::string names[] = {"red", "green", "blue"};
+  EXPECT_EQ(scored[0]["class"], names[std::max_element(p.begin(), p.end()) - p.begin()]);
+  const Result plain = run("multitask score " + path("c.ckpt") + " 'blue sky 3' --device cpu");
+  EXPECT_THAT(plain.out, HasSubstr(scored[0]["class"].get<std::string>() + "\t"));
+  EXPECT_EQ(run("multitask resume " + path("c.ckpt") + " --epochs 3 --device cpu -q").status, 0);
+
+  // Without names, the labels imply the classes; a dev label beyond them is named.
+  write_file(path("dev.tsv"), "3\tyellow sun\n");
+  const Result beyond = run("multitask train " + kTinyMultitask + " --train " + path("train.tsv") + " --dev " +
+                            path("dev.tsv") + " -o " + path("d.ckpt"));
+  EXPECT_EQ(beyond.status, 2) << beyond.out;
+  EXPECT_THAT(beyond.out, HasSubstr("dev.tsv:1: unknown label '3' (labels are integers 0 to 2)"));
+  // Names fix the count: a training label beyond them is refused.
+  write_file(path("two.txt"), "red\ngreen\n");
+  const Result fewer = run("multitask train " + kTinyMultitask + data + " --class-names " + path("two.txt") +
+                           " -o " + path("d.ckpt"));
+  EXPECT_EQ(fewer.status, 2) << fewer.out;
+  EXPECT_THAT(fewer.out, HasSubstr("train.tsv:3: unknown label '2' (labels are integers 0 to 1)"));
+}
+
+// The default task: the classifier learns within one epoch of the default model —
+// well above the majority class (20% accuracy, MCC 0) — and says that it does.
+TEST_F(Cli, MultitaskDefaultTaskBeatsTheMajorityClass) {
+  const Result r = run("multitask train --epochs 1 --device cpu -o " + path("lang.ckpt"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("train.tsv (8000 train / 1000 dev sentences, 5 classes)"));
+  EXPECT_THAT(r.out, HasSubstr("Majority class ('English') on dev: accuracy 0.2000, Matthews correlation 0: the "
+                               "classifier beats it"));
+  std::smatch dev;
+  ASSERT_TRUE(std::regex_search(r.out, dev, std::regex("Dev \\(dev.tsv, 1000 sentences\\): accuracy ([0-9.]+), "
+                                                        "Matthews correlation ([-0-9.]+)")))
+      << r.out;
+  EXPECT_GT(std::stod(dev[1]), 0.5) << "accuracy";
+  EXPECT_GT(std::stod(dev[2]), 0.4) << "Matthews correlation";
+  const nlohmann::json scored =
+      run_json("multitask score " + path("lang.ckpt") + " 'Der Hund schläft unter dem Tisch.' --json --device cpu");
+  ASSERT_TRUE(scored.is_array());
+  EXPECT_EQ(scored[0]["class"], "German");
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -448,6 +449,63 @@ TEST(MultiTaskData, CoLAIsBundledAndReadable) {
   EXPECT_EQ(dev.size(), 527u);
   const LabelledTexts train = read_labelled_tsv(bundled_cola_dir() / "in_domain_train.tsv");
   EXPECT_EQ(train.size(), 8551u);
+}
+
+// Every bundled task reads with its own class count; the default one's classes are
+// balanced (so the majority class scores 1/C) and its dev sentences are not in train.
+TEST(MultiTaskData, BundledTasksAreReadableAndTheDefaultIsBalanced) {
+  for (const BundledTextTask& listed : bundled_text_tasks()) {
+    const BundledTextTask task = bundled_text_task(listed.name);
+    const auto classes = static_cast<int64_t>(task.class_names.size());
+    const LabelledTexts train = read_labelled_tsv(task.train, classes);
+    const LabelledTexts dev = read_labelled_tsv(task.dev, classes);
+    EXPECT_EQ(classes_in(train), classes) << task.name << ": every class has training sentences";
+    EXPECT_GT(dev.size(), 0u) << task.name;
+  }
+  const BundledTextTask languages = bundled_text_task("languages");
+  EXPECT_EQ(languages.class_names,
+            (std::vector<std::string>{"English", "German", "Spanish", "Italian", "Portuguese"}));
+  const LabelledTexts train = read_labelled_tsv(languages.train, 5);
+  const LabelledTexts dev = read_labelled_tsv(languages.dev, 5);
+  std::vector<int64_t> train_counts(5), dev_counts(5);
+  for (const int64_t label : train.labels) ++train_counts[static_cast<size_t>(label)];
+  for (const int64_t label : dev.labels) ++dev_counts[static_cast<size_t>(label)];
+  EXPECT_EQ(train_counts, std::vector<int64_t>(5, 1600));
+  EXPECT_EQ(dev_counts, std::vector<int64_t>(5, 200));
+  const std::set<std::string> seen(train.texts.begin(), train.texts.end());
+  for (const std::string& text : dev.texts) EXPECT_EQ(seen.count(text), 0u) << "in train and dev: " << text;
+
+  try {
+    bundled_text_task("sst2");
+    ADD_FAILURE() << "an unknown task was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("no bundled text task 'sst2' (there are: languages, cola)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(MultiTaskData, ClassNamesFilesAreChecked) {
+  ScopedTempDir dir("packtrain-class-names");
+  const auto message = [&](const std::string& body) {
+    std::ofstream(dir.path() / "names.txt") << body;
+    try {
+      read_class_names(dir.path() / "names.txt");
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("red\ngreen\nred\n").find("names.txt:3: the class name 'red' is given twice"),
+            std::string::npos);
+  EXPECT_NE(message("only\n\n").find("1 class name(s); a classifier needs at least 2"), std::string::npos);
+  std::ofstream(dir.path() / "ok.txt") << "\xEF\xBB\xBFred\r\n\ngreen\n";
+  EXPECT_EQ(read_class_names(dir.path() / "ok.txt"), (std::vector<std::string>{"red", "green"}));
+  LabelledTexts texts;
+  texts.labels = {0, 0};
+  EXPECT_EQ(classes_in(texts), 2) << "one class still makes a binary classifier";
+  texts.labels = {4, 1};
+  EXPECT_EQ(classes_in(texts), 5);
 }
 
 }  // namespace
