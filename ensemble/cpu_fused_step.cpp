@@ -331,7 +331,7 @@ bool cpu_fused_step_applies(const PackedMLP& model, const at::Tensor& x, const a
   const PackedMLPOptions& o = model.options();
   const at::Tensor& flat = model.parameters().flat();
   if (!flat.is_cpu() || (o.dtype() != at::kFloat && o.dtype() != at::kDouble)) return false;
-  if (o.layer_norm() || (o.dropout() > 0.0 && model.is_training())) return false;
+  if (o.layer_norm() || (o.has_dropout() && model.is_training())) return false;
   for (const PackedLinear& linear : model.linears()) {
     if (!linear.weight().is_contiguous() || !linear.bias().is_contiguous() || !contiguous_grad(linear.weight()) ||
         !contiguous_grad(linear.bias()))

@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -20,7 +21,17 @@ void PackedMLPOptions::validate() const {
   TORCH_CHECK(depth() >= 0, "depth (hidden layers) must be >= 0, got ", depth());
   TORCH_CHECK(depth() == 0 || hidden() > 0, "hidden width must be positive, got hidden=", hidden());
   TORCH_CHECK(dropout() >= 0.0 && dropout() < 1.0, "dropout must be in [0, 1), got ", dropout());
+  TORCH_CHECK(member_dropout().empty() || static_cast<int64_t>(member_dropout().size()) == members(),
+              "per-member dropout: expected one rate per member (", members(), "), got ", member_dropout().size());
+  for (const double p : member_dropout()) {
+    TORCH_CHECK(p >= 0.0 && p < 1.0, "per-member dropout must be in [0, 1), got ", p);
+  }
   TORCH_CHECK(c10::isFloatingType(dtype()), "PackedMLP dtype must be floating point, got ", dtype());
+}
+
+bool PackedMLPOptions::has_dropout() const {
+  if (member_dropout().empty()) return dropout() > 0.0;
+  return std::any_of(member_dropout().begin(), member_dropout().end(), [](double p) { return p > 0.0; });
 }
 
 namespace {
@@ -67,6 +78,11 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
       norm_biases_.push_back(parameters_.at("norm" + std::to_string(l) + ".bias"));
     }
   }
+  if (!options_.member_dropout().empty()) {
+    keep_ = (1 - at::tensor(options_.member_dropout(), at::kDouble))
+                .to(options_.device(), options_.dtype())
+                .reshape({options_.members(), 1, 1});
+  }
   reinitialize(options_.seed());
 }
 
@@ -80,7 +96,13 @@ at::Tensor PackedMLP::forward(const at::Tensor& x) const {
       h = at::addcmul(norm_biases_[l], h, norm_weights_[l]);
     }
     h = activate(h, options_.activation());
-    if (options_.dropout() > 0.0) h = at::dropout(h, options_.dropout(), training_);
+    if (keep_.defined() && training_ && options_.has_dropout()) {
+      // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]
+      // (inverted dropout, as at::dropout): one mask draw for the whole pack.
+      h = h * at::empty_like(h).bernoulli_(keep_).div_(keep_);
+    } else if (!keep_.defined() && options_.dropout() > 0.0) {
+      h = at::dropout(h, options_.dropout(), training_);
+    }
   }
   return linears_.back().forward(h);  // (K, B, O)
 }

@@ -41,6 +41,9 @@ struct PackedMLPOptions {
   TORCH_ARG(Activation, activation) = Activation::kReLU;
   TORCH_ARG(bool, layer_norm) = false;         // LayerNorm after each hidden Linear
   TORCH_ARG(double, dropout) = 0.0;            // after each hidden activation, in training mode
+  // Per-member dropout rates (members() values, or empty: every member uses dropout):
+  // a sweep over the rate trains in one pack, the rates a (K, 1, 1) device tensor.
+  TORCH_ARG(std::vector<double>, member_dropout) = {};
   TORCH_ARG(uint64_t, seed) = 0;               // member i draws from member_seed(seed, first_member + i)
   // The global index of member 0: a shard of a bigger ensemble (member parallel)
   // holds members first_member .. first_member + K - 1 of it, initialized as there.
@@ -51,6 +54,8 @@ struct PackedMLPOptions {
  public:
   // Throws naming the offending field and value.
   void validate() const;
+  // Whether any member drops units in training (dropout, or a member's rate, > 0).
+  bool has_dropout() const;
 };
 
 class PackedMLP {
@@ -66,7 +71,7 @@ class PackedMLP {
   // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O).
   at::Tensor forward(const at::Tensor& x) const;
 
-  // Training mode enables dropout.
+  // Training mode enables dropout (each member at its own rate with member_dropout).
   void train(bool on = true) { training_ = on; }
   bool is_training() const { return training_; }
 
@@ -86,6 +91,7 @@ class PackedMLP {
   std::vector<PackedLinear> linears_;        // depth + 1 layers
   std::vector<at::Tensor> norm_weights_;     // (K, 1, H) each, when layer_norm
   std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
+  at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when given
   bool training_ = true;
 };
 

@@ -38,7 +38,8 @@ void to_python_logging(const std::string& message) {
 }
 
 // The trainer's options with every key the caller gave replaced (types checked by
-// options_from_json, values by validate()).
+// options_from_json, values by validate()); a bad value is a ValueError, as
+// scikit-learn's estimators raise for invalid parameters.
 packtrain::runtime::EnsembleTrainerOptions options_from(const std::string& overrides_json) {
   nlohmann::json merged = nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
   const nlohmann::json overrides = nlohmann::json::parse(overrides_json);
@@ -46,10 +47,14 @@ packtrain::runtime::EnsembleTrainerOptions options_from(const std::string& overr
     if (!merged.contains(key)) throw py::value_error("unknown trainer option '" + key + "'");
     merged[key] = value;
   }
-  packtrain::runtime::EnsembleTrainerOptions options = packtrain::runtime::options_from_json(merged.dump());
-  options.log(to_python_logging);
-  options.validate();
-  return options;
+  try {
+    packtrain::runtime::EnsembleTrainerOptions options = packtrain::runtime::options_from_json(merged.dump());
+    options.log(to_python_logging);
+    options.validate();
+    return options;
+  } catch (const c10::Error& e) {
+    throw py::value_error(e.what_without_backtrace());
+  }
 }
 
 py::dict report_dict(const packtrain::runtime::EpochReport& r) {

@@ -22,6 +22,7 @@ _TRAINER_DEFAULTS = json.loads(_core.default_options())
 _TRAINER_DEFAULTS.pop("first_member")  # member-parallel shards only
 _TRAINER_DEFAULTS.pop("member_lr")  # per-member values: the CLI's sweeps (not an estimator parameter yet)
 _TRAINER_DEFAULTS.pop("member_weight_decay")
+_TRAINER_DEFAULTS.pop("member_dropout")
 _TRAINER_DEFAULTS["device"] = "auto"   # the CLI's default: CUDA when there is one
 _DATA_DEFAULTS = dict(_core.default_data_options())
 _OPTION_NAMES = tuple(_TRAINER_DEFAULTS)
@@ -465,6 +466,7 @@ def load(path, device="cpu"):
     # trained); the estimator's parameters are the scalar options a refit would use.
     options.pop("member_lr", None)
     options.pop("member_weight_decay", None)
+    options.pop("member_dropout", None)
     options["device"] = device
     if options["head"] == "classification":
         options.pop("head")

@@ -228,6 +228,24 @@ def test_patience_needs_validation():
     assert model.epochs_done_ < 400 and set(model.member_status_) == {"stopped"}
 
 
+def test_early_stopping_parameter_is_the_clis(tmp_path):
+    """early_stopping="ensemble" stops each ensemble on its mixture's validation loss,
+    as `packtrain train --early-stopping ensemble` does: the same stopping epoch, the
+    same model; "member" (the estimator's default) stops on each member's own loss."""
+    assert packtrain.EnsembleRegressor().get_params()["early_stopping"] == "member"
+    x, y, train, test = concrete()
+    settings = dict(members=4, epochs=300, hidden=32, patience=5)
+    run_cli("train", "--members", 4, "--epochs", 300, "--hidden", 32, "--patience", 5, "--early-stopping", "ensemble",
+            "--checkpoint", tmp_path / "cli.pt", "-q")
+    from_cli = packtrain.load(tmp_path / "cli.pt")
+    model = packtrain.EnsembleRegressor(early_stopping="ensemble", **settings).fit(x[train], y[train])
+    assert model.epochs_done_ < 300 and set(model.member_status_) == {"stopped"}
+    assert model.epochs_done_ == from_cli.epochs_done_
+    assert np.array_equal(model.predict(x[test]), from_cli.predict(x[test]))
+    with pytest.raises(ValueError, match="early.stopping"):
+        packtrain.EnsembleRegressor(early_stopping="sometimes", **settings).fit(x[train], y[train])
+
+
 def test_import_refuses_another_torch(tmp_path):
     """A package built against another torch says so at import."""
     package = Path(packtrain.__file__).parent

@@ -17,14 +17,15 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
   app->add_option("--depth", o.depth(), "Number of hidden layers")->capture_default_str()->check(non_negative())->group("Model");
   add_enum_option(app, "--activation", o.activation(), ensemble::kActivationNames, "Hidden activation")->group("Model");
   app->add_flag("--layer-norm", o.layer_norm(), "LayerNorm after each hidden layer")->group("Model");
-  app->add_option("--dropout", o.dropout(), "Dropout after each hidden activation")->capture_default_str()->group("Model");
+  app->add_option("--dropout", f.dropout, "Dropout after each hidden activation; several sweep them as --lr")
+      ->delimiter(',')->capture_default_str()->group("Model");
   add_enum_option(app, "--head", o.head(), runtime::kHeadNames,
                   "gaussian: mean and variance (deep ensembles); mean: MSE; classification: labels in the target column")
       ->group("Model");
   add_enum_option(app, "--optimizer", o.optimizer(), runtime::kOptimizerKindNames, "Optimizer")->group("Optimizer");
   app->add_option("--lr", f.lr,
-                  "Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight decay) "
-                  "pair x --members seeds in one pack, a table per configuration, --select best")
+                  "Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight decay, "
+                  "dropout) triple x --members seeds in one pack, a table per configuration, --select best")
       ->delimiter(',')->capture_default_str()->group("Optimizer");
   app->add_option("--weight-decay", f.weight_decay, "Weight decay (decoupled for adamw); several sweep them as --lr")
       ->delimiter(',')->capture_default_str()->group("Optimizer");
@@ -75,12 +76,14 @@ void add_data_options(CLI::App* app, runtime::DataArgs& a) {
 
 runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   runtime::EnsembleTrainerOptions o = f.options;
-  if (f.lr.empty() || f.weight_decay.empty()) throw UsageError("--lr and --weight-decay need at least one value");
-  o.lr(f.lr.front()).weight_decay(f.weight_decay.front());
+  if (f.lr.empty() || f.weight_decay.empty() || f.dropout.empty()) {
+    throw UsageError("--lr, --weight-decay and --dropout need at least one value");
+  }
+  o.lr(f.lr.front()).weight_decay(f.weight_decay.front()).dropout(f.dropout.front());
   o.device(pick_device(f.device));
   try {
     o.validate();
-    if (f.sweep()) o = runtime::sweep_options(o, {f.lr, f.weight_decay, o.members()});
+    if (f.sweep()) o = runtime::sweep_options(o, {f.lr, f.weight_decay, o.members(), f.dropout});
     o.validate();
   } catch (const c10::Error& e) {
     throw UsageError(e.what_without_backtrace());

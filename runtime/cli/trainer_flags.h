@@ -16,15 +16,16 @@ namespace packtrain::cli {
 
 // The trainer's flags and the device name they are used with ("auto" by default;
 // the options hold a c10::Device, which has no "auto").
-// --lr and --weight-decay take comma lists: with more than one value, the run is a
-// sweep of their cross product, --members seeds each, in one pack
+// --lr, --weight-decay and --dropout take comma lists: with more than one value, the
+// run is a sweep of their cross product, --members seeds each, in one pack
 // (runtime/trainers/hyperparameter_sweep.h).
 struct TrainerFlags {
   runtime::EnsembleTrainerOptions options;
   std::string device = "auto";
   std::vector<double> lr{runtime::EnsembleTrainerOptions().lr()};
   std::vector<double> weight_decay{runtime::EnsembleTrainerOptions().weight_decay()};
-  bool sweep() const { return lr.size() > 1 || weight_decay.size() > 1; }
+  std::vector<double> dropout{runtime::EnsembleTrainerOptions().dropout()};
+  bool sweep() const { return lr.size() > 1 || weight_decay.size() > 1 || dropout.size() > 1; }
 };
 
 void add_trainer_options(CLI::App* app, TrainerFlags& flags);

@@ -107,6 +107,7 @@ void EnsembleTrainer::build_model(int64_t in_features) {
                                                      .activation(options_.activation())
                                                      .layer_norm(options_.layer_norm())
                                                      .dropout(options_.dropout())
+                                                     .member_dropout(options_.member_dropout())
                                                      .seed(options_.seed())
                                                      .first_member(options_.first_member())
                                                      .device(options_.device()));

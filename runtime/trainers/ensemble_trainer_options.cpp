@@ -31,6 +31,9 @@ void EnsembleTrainerOptions::validate() const {
   for (const double v : member_weight_decay()) {
     TORCH_CHECK(v >= 0 && std::isfinite(v), "weight decay must be >= 0 and finite, got ", v);
   }
+  TORCH_CHECK(member_dropout().empty() || static_cast<int64_t>(member_dropout().size()) == members(),
+              "per-member dropout: expected one rate per member (", members(), "), got ", member_dropout().size());
+  for (const double v : member_dropout()) TORCH_CHECK(v >= 0 && v < 1, "dropout must be in [0, 1), got ", v);
   TORCH_CHECK(warmup_steps() >= 0, "warm-up steps must be >= 0, got ", warmup_steps());
   TORCH_CHECK(min_lr_factor() >= 0 && min_lr_factor() <= 1, "min lr factor must be in [0, 1], got ",
               min_lr_factor());
@@ -55,6 +58,7 @@ std::string to_json(const EnsembleTrainerOptions& o) {
       {"momentum", o.momentum()},
       {"member_lr", o.member_lr()},
       {"member_weight_decay", o.member_weight_decay()},
+      {"member_dropout", o.member_dropout()},
       {"schedule", std::string(ensemble::to_string(o.schedule()))},
       {"warmup_steps", o.warmup_steps()},
       {"min_lr_factor", o.min_lr_factor()},
@@ -108,6 +112,7 @@ EnsembleTrainerOptions options_from_json(const std::string& text) {
   if (j.contains("early_stopping")) o.early_stopping(parse_early_stopping(str("early_stopping")));  // absent before it
   if (j.contains("member_lr")) o.member_lr(doubles("member_lr"));  // absent before sweeps
   if (j.contains("member_weight_decay")) o.member_weight_decay(doubles("member_weight_decay"));
+  if (j.contains("member_dropout")) o.member_dropout(doubles("member_dropout"));  // absent before dropout sweeps
   o.validate();
   return o;
 }

@@ -69,6 +69,9 @@ struct EnsembleTrainerOptions {
   // both as (K) device tensors, so one captured step serves every configuration.
   TORCH_ARG(std::vector<double>, member_lr) = {};
   TORCH_ARG(std::vector<double>, member_weight_decay) = {};
+  // Per-member dropout rates (PackedMLPOptions::member_dropout): the rate is a
+  // (K, 1, 1) device tensor of the forward, so a sweep over it is one pack too.
+  TORCH_ARG(std::vector<double>, member_dropout) = {};
   TORCH_ARG(ensemble::LrScheduleKind, schedule) = ensemble::LrScheduleKind::kConstant;
   TORCH_ARG(int64_t, warmup_steps) = 0;
   TORCH_ARG(double, min_lr_factor) = 0.0;  // cosine: the final fraction of lr (decays over all epochs)

@@ -25,17 +25,24 @@ void check_axis(const std::vector<double>& values, const char* name) {
 EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid) {
   check_axis(grid.lr, "learning rate");
   check_axis(grid.weight_decay, "weight decay");
+  const std::vector<double> rates = grid.dropout.empty() ? std::vector<double>{base.dropout()} : grid.dropout;
+  check_axis(rates, "dropout rate");
   if (grid.seeds < 1) throw std::invalid_argument("a sweep needs at least one member per configuration");
-  std::vector<double> lr, wd;
+  std::vector<double> lr, wd, dropout;
   for (const double l : grid.lr) {
     for (const double w : grid.weight_decay) {
-      for (int64_t s = 0; s < grid.seeds; ++s) {
-        lr.push_back(l);
-        wd.push_back(w);
+      for (const double p : rates) {
+        for (int64_t s = 0; s < grid.seeds; ++s) {
+          lr.push_back(l);
+          wd.push_back(w);
+          dropout.push_back(p);
+        }
       }
     }
   }
   base.members(static_cast<int64_t>(lr.size())).member_lr(lr).member_weight_decay(wd);
+  // One rate: the model's own dropout (its draws as without a sweep).
+  if (rates.size() > 1) base.member_dropout(dropout);
   return base;
 }
 
@@ -45,10 +52,14 @@ std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOption
   const auto wd = [&](int64_t k) {
     return o.member_weight_decay().empty() ? o.weight_decay() : o.member_weight_decay()[static_cast<size_t>(k)];
   };
+  const auto dropout = [&](int64_t k) {
+    return o.member_dropout().empty() ? o.dropout() : o.member_dropout()[static_cast<size_t>(k)];
+  };
   std::vector<SweepConfiguration> out;
   for (int64_t k = 0; k < K; ++k) {
-    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k)) {
-      out.push_back({lr(k), wd(k), k, 0});
+    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k) ||
+        out.back().dropout != dropout(k)) {
+      out.push_back({lr(k), wd(k), dropout(k), k, 0});
     }
     ++out.back().members;
   }

@@ -1,8 +1,10 @@
 // A hyperparameter sweep trained as one pack: every configuration of a grid of
-// learning rates x weight decays, each with `seeds` members, in one EnsembleTrainer
-// (per-member values in EnsembleTrainerOptions::member_lr / member_weight_decay, one
-// captured step for all). Member k belongs to configuration k / seeds, learning
-// rates outermost. The configurations are read back from the options, so a resumed
+// learning rates x weight decays x dropout rates, each with `seeds` members, in one
+// EnsembleTrainer (per-member values in EnsembleTrainerOptions::member_lr /
+// member_weight_decay / member_dropout, one captured step for all). Member k belongs
+// to configuration k / seeds, learning rates outermost, dropout innermost.
+// (Schedules and Adam's betas are not swept: they are scalars of the fused update
+// kernels, CPU and CUDA, not per-member tensors.) The configurations are read back from the options, so a resumed
 // run reports them too; each is scored as its own ensemble, and the best one by
 // validation loss only can be kept (EnsembleTrainer::keep_members).
 #pragma once
@@ -23,6 +25,7 @@ class EnsembleTrainer;
 struct SweepGrid {
   std::vector<double> lr, weight_decay;  // at least one value each
   int64_t seeds = 1;                     // members per configuration
+  std::vector<double> dropout;           // empty: the options' own rate
 };
 
 // `base` with members = configurations x seeds and the per-member values set;
@@ -30,11 +33,11 @@ struct SweepGrid {
 EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid);
 
 struct SweepConfiguration {
-  double lr = 0, weight_decay = 0;
+  double lr = 0, weight_decay = 0, dropout = 0;
   int64_t first_member = 0, members = 0;
 };
 // The configurations the options train: runs of consecutive members with the same
-// (lr, weight decay); one configuration (every member) without per-member values.
+// (lr, weight decay, dropout); one configuration (every member) without per-member values.
 std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOptions& options);
 
 struct ConfigurationReport {

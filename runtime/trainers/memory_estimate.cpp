@@ -101,8 +101,10 @@ MemoryEstimate ensemble_estimate(const EnsembleTrainerOptions& o, const Ensemble
   //   (K, rows, H) layers at a time;
   // - predict() of a whole set at once: two (K, rows, H) layers.
   const bool per_member = o.order() != graphs::BatchOrder::kShared;
-  const double a = 2 + (o.layer_norm() ? 2 : 0) + (o.dropout() > 0 ? 1.25 : 0);
-  const bool fused = o.device().is_cpu() && !o.layer_norm() && o.dropout() == 0;
+  const bool dropout = o.dropout() > 0 || std::any_of(o.member_dropout().begin(), o.member_dropout().end(),
+                                                      [](double p) { return p > 0; });
+  const double a = 2 + (o.layer_norm() ? 2 : 0) + (dropout ? 1.25 : 0);
+  const bool fused = o.device().is_cpu() && !o.layer_norm() && !dropout;
   const double with_hidden = fused ? std::min(K, static_cast<double>(at::get_num_threads())) : K;
   const double batch = (per_member ? K : 1) * B * (I + 1);
   const double train = (batch + with_hidden * B * H * (a * D + 2) + 3 * K * B * O) * kFloat;

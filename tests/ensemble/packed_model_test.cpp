@@ -62,6 +62,42 @@ TEST_P(PackedModel, ForwardMatchesStandalone_SharedAndPerMemberBatches) {
   }
 }
 
+// Per-member dropout: with every hidden unit 1 and the output layer the identity,
+// the output is the mask itself. Member k zeroes a fraction ~p_k of its units and
+// scales the rest by exactly 1 / (1 - p_k); rate 0 changes nothing; eval mode none.
+TEST_P(PackedModel, MemberDropoutDropsEachMemberAtItsOwnRate) {
+  const std::vector<double> rates{0.0, 0.2, 0.5, 0.8};
+  const int64_t H = 32, B = 256;
+  PackedMLP model(PackedMLPOptions(3, H).members(4).hidden(H).depth(1).member_dropout(rates).dtype(at::kDouble)
+                      .device(device()));
+  EXPECT_TRUE(model.options().has_dropout());
+  {
+    at::NoGradGuard no_grad;
+    model.parameters().at("linear0.weight").zero_();
+    model.parameters().at("linear0.bias").fill_(1.0);  // ReLU(1) = 1
+    model.parameters().at("linear1.weight").copy_(at::eye(H, at::TensorOptions().dtype(at::kDouble)).expand({4, H, H}));
+    model.parameters().at("linear1.bias").zero_();
+  }
+  const at::Tensor x = at::randn({B, 3}, at::TensorOptions().dtype(at::kDouble).device(device()));
+  model.train(true);
+  const at::Tensor out = model.forward(x).detach().cpu();  // (K, B, H)
+  for (int64_t k = 0; k < 4; ++k) {
+    const double p = rates[static_cast<size_t>(k)];
+    const at::Tensor o = out[k];
+    const at::Tensor kept = o != 0;
+    EXPECT_TRUE(at::allclose(o.masked_select(kept), at::full({kept.sum().item<int64_t>()}, 1.0 / (1.0 - p),
+                                                             at::TensorOptions().dtype(at::kDouble)),
+                             0, 1e-15))
+        << "member " << k;
+    const double n = static_cast<double>(B * H), dropped = n - kept.sum().item<double>();
+    // Binomial(n, p): within 5 standard deviations (n = 8192).
+    EXPECT_NEAR(dropped / n, p, 5 * std::sqrt(p * (1 - p) / n) + 1e-12) << "member " << k;
+  }
+  model.train(false);
+  EXPECT_TRUE(at::equal(model.forward(x).cpu(), at::ones({4, B, H}, at::kDouble)));
+  EXPECT_FALSE(PackedMLPOptions(3, 1).members(2).member_dropout({0.0, 0.0}).has_dropout());
+}
+
 TEST_P(PackedModel, PackUnpackRoundTrip) {
   const auto options = small(device()).layer_norm(true);
   std::vector<torch::nn::Sequential> models;
@@ -207,6 +243,10 @@ TEST(PackedErrors, ZeroMembers) {
 TEST(PackedErrors, BadOptions) {
   expect_error([] { PackedMLP(PackedMLPOptions(0, 1)); }, "in_features must be positive, got 0");
   expect_error([] { PackedMLP(PackedMLPOptions(4, 1).dropout(1.5)); }, "dropout must be in [0, 1), got 1.5");
+  expect_error([] { PackedMLP(PackedMLPOptions(4, 1).members(2).member_dropout({0.1})); },
+               "per-member dropout: expected one rate per member (2), got 1");
+  expect_error([] { PackedMLP(PackedMLPOptions(4, 1).members(2).member_dropout({0.1, 1.0})); },
+               "per-member dropout must be in [0, 1), got 1");
   expect_error([] { PackedMLP(PackedMLPOptions(4, 1).dtype(at::kLong)); }, "must be floating point");
   expect_error([] { parse_activation("swish"); }, "unknown activation 'swish'");
   expect_error([] { SGDOptions(0.1).nesterov(true).validate(); }, "Nesterov momentum requires momentum > 0");

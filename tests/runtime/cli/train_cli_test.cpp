@@ -262,6 +262,31 @@ TEST_F(Cli, ASweepTrainsEveryConfigurationInOnePackAndKeepsTheBest) {
   EXPECT_THAT(repeated.out, HasSubstr("values repeat"));
 }
 
+// --dropout takes a list as --lr does: a sweep axis of its own, in the table, the
+// JSON and the --select best note; a resumed sweep keeps each member's rate.
+TEST_F(Cli, ADropoutSweepTrainsInOnePack) {
+  const std::string ckpt = path("dropout.ckpt");
+  const std::string args = "train --dropout 0,0.2,0.5 --lr 3e-3,1e-2 --members 2 --epochs 4 --hidden 16 --patience 0 "
+                           "--device cpu --select best --checkpoint " + ckpt;
+  const Result text = run(args);
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("sweep: 6 configurations (learning rate x weight decay x dropout) x 2 members"));
+  EXPECT_THAT(text.out, HasSubstr("dropout"));
+  EXPECT_THAT(text.out, ::testing::ContainsRegex("sweep: kept lr [0-9.e-]+, weight decay 0.0001, dropout (0|0.2|0.5) "));
+  const nlohmann::json j = run_json(args + " --json");
+  EXPECT_EQ(j["options"]["members"], 12);
+  EXPECT_EQ(j["options"]["member_dropout"],
+            nlohmann::json({0.0, 0.0, 0.2, 0.2, 0.5, 0.5, 0.0, 0.0, 0.2, 0.2, 0.5, 0.5}));
+  ASSERT_EQ(j["configurations"].size(), 6u);
+  EXPECT_EQ(j["configurations"][4]["lr"], 1e-2);
+  EXPECT_EQ(j["configurations"][4]["dropout"], 0.2);
+  const nlohmann::json resumed = run_json("resume " + ckpt + " --epochs 6 --device cpu --json -q");
+  EXPECT_EQ(resumed["options"]["member_dropout"], j["options"]["member_dropout"]);
+  const Result bad = run("train --dropout 0,1.5 --device cpu");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("dropout must be in [0, 1), got 1.5"));
+}
+
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
   const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
                        "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
