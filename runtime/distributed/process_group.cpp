@@ -72,8 +72,17 @@ struct ProcessGroup::Impl {
   // Waits for `work` at most the group's timeout; a peer that died or hangs becomes
   // an error naming the collective and this rank.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int64_t step = -1) const {
+    guarded([&] { work->wait(timeout); }, what, step);
+  }
+  // Runs `call` (posting or waiting on a transfer): a backend error, thrown when the
+  // work is posted (Gloo throws there once a peer has closed its connection) or when
+  // it is waited on, becomes a CollectiveError naming the transfer, step and rank.
+  template <typename Call>
+  auto guarded(Call&& call, const char* what, int64_t step = -1) const -> decltype(call()) {
     try {
-      work->wait(timeout);
+      return call();
+    } catch (const CollectiveError&) {
+      throw;
     } catch (const std::exception& e) {
       throw CollectiveError(fmt::format("{}{} failed on rank {} of {} (timeout {} ms): {}", what,
                                         step >= 0 ? fmt::format(" at step {}", step) : "", info.rank,
@@ -412,7 +421,7 @@ void ProcessGroup::all_reduce_sum_(at::Tensor& tensor, const char* what, int64_t
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   options.timeout = impl_->timeout;
-  impl_->wait(impl_->backend->allreduce(tensors, options), what, step);
+  impl_->wait(impl_->guarded([&] { return impl_->backend->allreduce(tensors, options); }, what, step), what, step);
 }
 
 void ProcessGroup::all_reduce_mean_(at::Tensor& tensor, const char* what, int64_t step) {
@@ -439,13 +448,13 @@ void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root, const char* what
   c10d::BroadcastOptions options;
   options.rootRank = root;
   options.timeout = impl_->timeout;
-  impl_->wait(impl_->backend->broadcast(tensors, options), what);
+  impl_->wait(impl_->guarded([&] { return impl_->backend->broadcast(tensors, options); }, what), what);
 }
 
 void ProcessGroup::barrier() {
   c10d::BarrierOptions options;
   options.timeout = impl_->timeout;
-  impl_->wait(impl_->backend->barrier(options), "barrier");
+  impl_->wait(impl_->guarded([&] { return impl_->backend->barrier(options); }, "barrier"), "barrier");
 }
 
 void ProcessGroup::send(const at::Tensor& tensor, int64_t peer, int tag, const char* what, int64_t step) {
@@ -457,7 +466,9 @@ void ProcessGroup::send(const at::Tensor& tensor, int64_t peer, int tag, const c
   }
   impl_->check_cpu(tensor, what);
   std::vector<at::Tensor> tensors{tensor};
-  impl_->sends.push_back({impl_->backend->send(tensors, static_cast<int>(peer), tag), what, step});
+  impl_->sends.push_back(
+      {impl_->guarded([&] { return impl_->backend->send(tensors, static_cast<int>(peer), tag); }, what, step), what,
+       step});
 }
 
 void ProcessGroup::recv_(at::Tensor& tensor, int64_t peer, int tag, const char* what, int64_t step) {
@@ -469,7 +480,8 @@ void ProcessGroup::recv_(at::Tensor& tensor, int64_t peer, int tag, const char* 
   }
   impl_->check_cpu(tensor, what);
   std::vector<at::Tensor> tensors{tensor};
-  impl_->wait(impl_->backend->recv(tensors, static_cast<int>(peer), tag), what, step);
+  impl_->wait(impl_->guarded([&] { return impl_->backend->recv(tensors, static_cast<int>(peer), tag); }, what, step),
+              what, step);
 }
 
 void ProcessGroup::wait_sends() {
