@@ -40,7 +40,8 @@ MultiTaskLosses multitask_losses(const PackedTransformer& model, const TextBatch
   const bool shared = classification.tokens.is_same(language_model.tokens);
   const at::Tensor lm_hidden = shared ? hidden : model.trunk(language_model.tokens);
   MultiTaskLosses losses;
-  losses.classification = packed_cross_entropy_loss(model.classify(hidden, classification.lengths), labels, class_weights);
+  losses.classification =
+      packed_cross_entropy_loss(model.classify(hidden, classification.lengths), labels, class_weights);
   losses.language_model = packed_lm_loss(model.lm_logits(lm_hidden), language_model);
   return losses;
 }

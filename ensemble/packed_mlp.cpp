@@ -29,10 +29,12 @@ void PackedMLPOptions::validate() const {
   TORCH_CHECK(c10::isFloatingType(dtype()), "PackedMLP dtype must be floating point, got ", dtype());
 }
 
-bool PackedMLPOptions::has_dropout() const {
-  if (member_dropout().empty()) return dropout() > 0.0;
-  return std::any_of(member_dropout().begin(), member_dropout().end(), [](double p) { return p > 0.0; });
+bool drops_units(double dropout, const std::vector<double>& member_dropout) {
+  if (member_dropout.empty()) return dropout > 0.0;
+  return std::any_of(member_dropout.begin(), member_dropout.end(), [](double p) { return p > 0.0; });
 }
+
+bool PackedMLPOptions::has_dropout() const { return drops_units(dropout(), member_dropout()); }
 
 namespace {
 std::vector<ParameterSpec> mlp_specs(const PackedMLPOptions& o) {
@@ -78,7 +80,7 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
       norm_biases_.push_back(parameters_.at("norm" + std::to_string(l) + ".bias"));
     }
   }
-  if (!options_.member_dropout().empty()) {
+  if (!options_.member_dropout().empty() && options_.has_dropout()) {  // decided once, not per forward
     keep_ = (1 - at::tensor(options_.member_dropout(), at::kDouble))
                 .to(options_.device(), options_.dtype())
                 .reshape({options_.members(), 1, 1});
@@ -96,11 +98,11 @@ at::Tensor PackedMLP::forward(const at::Tensor& x) const {
       h = at::addcmul(norm_biases_[l], h, norm_weights_[l]);
     }
     h = activate(h, options_.activation());
-    if (keep_.defined() && training_ && options_.has_dropout()) {
+    if (keep_.defined()) {
       // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]
       // (inverted dropout, as at::dropout): one mask draw for the whole pack.
-      h = h * at::empty_like(h).bernoulli_(keep_).div_(keep_);
-    } else if (!keep_.defined() && options_.dropout() > 0.0) {
+      if (training_) h = h * at::empty_like(h).bernoulli_(keep_).div_(keep_);
+    } else if (options_.member_dropout().empty() && options_.dropout() > 0.0) {
       h = at::dropout(h, options_.dropout(), training_);
     }
   }

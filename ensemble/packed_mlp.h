@@ -54,9 +54,13 @@ struct PackedMLPOptions {
  public:
   // Throws naming the offending field and value.
   void validate() const;
-  // Whether any member drops units in training (dropout, or a member's rate, > 0).
+  // Whether any member drops units in training: drops_units(dropout, member_dropout).
   bool has_dropout() const;
 };
+
+// Whether training drops units: a per-member rate above 0, or, without per-member
+// rates, `dropout` above 0 (per-member rates replace the one rate).
+bool drops_units(double dropout, const std::vector<double>& member_dropout);
 
 class PackedMLP {
  public:
@@ -91,7 +95,7 @@ class PackedMLP {
   std::vector<PackedLinear> linears_;        // depth + 1 layers
   std::vector<at::Tensor> norm_weights_;     // (K, 1, H) each, when layer_norm
   std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
-  at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when given
+  at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when a rate is > 0
   bool training_ = true;
 };
 

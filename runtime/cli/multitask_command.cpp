@@ -347,11 +347,9 @@ struct Loaded {
 Loaded load(const std::string& checkpoint, const std::string& device) {
   std::string extra;
   Loaded out{runtime::MultiTaskTrainer::load(checkpoint, pick_device(device), &extra), {}};
-  try {
-    out.class_names = nlohmann::json::parse(extra).value("class_names", std::vector<std::string>{});
-  } catch (const nlohmann::json::exception&) {
-    // written by the library (MultiTaskModel.save): no run description, classes numbered
-  }
+  // The library's MultiTaskModel.save writes no run description: classes numbered.
+  const nlohmann::json run = nlohmann::json::parse(extra, nullptr, /*allow_exceptions=*/false);
+  if (run.is_object()) out.class_names = run.value("class_names", std::vector<std::string>{});
   return out;
 }
 
@@ -461,13 +459,13 @@ void add_multitask_train(CLI::App* mt, int& status) {
       "epoch; Ctrl-C stops after the current epoch (a second Ctrl-C stops at once). Sentences longer than the longest "
       "bucket are truncated to it and counted.");
   std::string tasks;
-  for (const runtime::BundledTextTask& t : runtime::bundled_text_tasks()) tasks += "\n  " + t.name + ": " + t.description;
+  std::vector<std::string> task_names;
+  for (const runtime::BundledTextTask& t : runtime::bundled_text_tasks()) {
+    tasks += "\n  " + t.name + ": " + t.description;
+    task_names.push_back(t.name);
+  }
   train->add_option("--task", a->task, "A bundled labelled-text task (its train and dev files):" + tasks)
-      ->check(CLI::IsMember([] {
-        std::vector<std::string> names;
-        for (const runtime::BundledTextTask& t : runtime::bundled_text_tasks()) names.push_back(t.name);
-        return names;
-      }()))
+      ->check(CLI::IsMember(task_names))
       ->capture_default_str();
   train->add_option("--train", a->train, "TSV: CoLA's 4 columns or (label, sentence), labels 0..C-1 (default: the "
                                          "task's train file)");

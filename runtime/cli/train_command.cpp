@@ -68,8 +68,8 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
            if (v != "all" && v != "best") throw CLI::ValidationError("--select", "expected all or best, got " + v);
            s.select_best = v == "best";
          },
-         "A sweep (--lr/--weight-decay/--dropout lists): all keeps every configuration's members; best keeps the configuration "
-         "with the lowest validation loss (its members' mean NLL, or RMSE for a mean head, on the validation rows "
+         "A sweep (--lr/--weight-decay/--dropout lists): all keeps every configuration's members; best keeps the "
+         "configuration with the lowest validation loss (its members' mean NLL, or RMSE for a mean head, on the validation rows "
          "only) and deselects the rest before the test metrics and the checkpoint")
       ->default_str("all")
       ->group("Training");
@@ -126,7 +126,8 @@ void describe(const Session& s, RunDriver& driver) {
   }
   const auto configurations = runtime::sweep_configurations(o);
   if (configurations.size() > 1) {
-    driver.note(fmt::format("sweep: {} configurations (learning rate x weight decay x dropout) x {} members in one pack",
+    driver.note(fmt::format("sweep: {} configurations (learning rate x weight decay x dropout) x {} members in one "
+                            "pack",
                             configurations.size(), configurations.front().members));
   }
   driver.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
@@ -269,7 +270,8 @@ void select_configuration(const Session& s, RunDriver& driver, const std::vector
   s.trainer.keep_members(c.first_member, c.members);
   driver.note(fmt::format("sweep: kept lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean validation "
                           "loss {:.4f}); the other {} configurations' members are deselected",
-                          c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1, best.val_loss,
+                          c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1,
+                          best.val_loss,
                           reports.size() - 1));
 }
 
@@ -409,7 +411,9 @@ int run_member_parallel(const TrainCommand& c) {
   if (!c.session.export_path.empty()) {
     throw UsageError("--export is not available with --member-parallel: evaluate or predict read the manifest");
   }
-  if (c.trainer.sweep()) throw UsageError("a sweep (--lr, --weight-decay or --dropout lists) is not available with --member-parallel");
+  if (c.trainer.sweep()) {
+    throw UsageError("a sweep (--lr, --weight-decay or --dropout lists) is not available with --member-parallel");
+  }
   runtime::EnsembleTrainerOptions options = train_options(c);
   const int64_t K = options.members(), W = rank.world_size;
   if (K < W) throw UsageError(fmt::format("--member-parallel: {} members cannot be split over {} ranks", K, W));

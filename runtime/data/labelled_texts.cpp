@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <string_view>
 
 namespace packtrain::runtime {
 
@@ -24,20 +25,28 @@ std::vector<std::string> split_tabs(const std::string& line) {
 }
 
 bool blank(const std::string& s) { return s.find_first_not_of(" \t\r") == std::string::npos; }
-}  // namespace
 
-LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t classes) {
-  check_input_file(path, "text data file");
+// Calls row(number, line) for each non-blank line of a checked input file, a
+// leading byte-order mark (not part of the first value) and a trailing CR removed.
+template <typename Row>
+void for_each_line(const std::filesystem::path& path, std::string_view what, Row&& row) {
+  check_input_file(path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot open (missing or unreadable)", path.string()));
-  LabelledTexts out;
-  out.source = path.string();
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     check_line_length(path, number, line.size());
-    if (number == 1) strip_bom(line);  // not part of the first label
+    if (number == 1) strip_bom(line);
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (blank(line)) continue;
+    if (!blank(line)) row(number, line);
+  }
+}
+}  // namespace
+
+LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t classes) {
+  LabelledTexts out;
+  out.source = path.string();
+  for_each_line(path, "text data file", [&](int64_t number, const std::string& line) {
     const std::vector<std::string> cells = split_tabs(line);
     if (cells.size() != 4 && cells.size() != 2) {
       throw DataError(fmt::format("{}:{}: expected 4 tab-separated columns (source, label, notation, sentence) "
@@ -55,29 +64,26 @@ LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t class
     if (blank(text)) throw DataError(fmt::format("{}:{}: the sentence is empty", path.string(), number));
     out.texts.push_back(text);
     out.labels.push_back(label);
-  }
+  });
   if (out.texts.empty()) throw DataError(fmt::format("{}: no labelled sentences", path.string()));
   return out;
 }
 
 std::filesystem::path bundled_cola_dir() { return bundled_data_dir() / "cola"; }
 
-const std::vector<BundledTextTask>& bundled_text_tasks() {
-  static const std::vector<BundledTextTask> tasks = [] {
-    const std::filesystem::path languages = bundled_data_dir() / "fortunes-languages";
-    return std::vector<BundledTextTask>{
-        {"languages",
-         "which of 5 languages a sentence is in (English, German, Spanish, Italian, Portuguese fortune cookies from "
-         "Debian; 8,000 train / 1,000 dev, classes balanced)",
-         languages / "train.tsv", languages / "dev.tsv", {}},
-        {"cola",
-         "CoLA v1.1: is an English sentence grammatically acceptable (8,551 train / 527 in-domain dev, 70% "
-         "acceptable)",
-         bundled_cola_dir() / "in_domain_train.tsv", bundled_cola_dir() / "in_domain_dev.tsv",
-         {"unacceptable", "acceptable"}},
-    };
-  }();
-  return tasks;
+std::vector<BundledTextTask> bundled_text_tasks() {
+  const std::filesystem::path languages = bundled_data_dir() / "fortunes-languages";
+  return {
+      {"languages",
+       "which of 5 languages a sentence is in (English, German, Spanish, Italian, Portuguese fortune cookies from "
+       "Debian; 8,000 train / 1,000 dev, classes balanced)",
+       languages / "train.tsv", languages / "dev.tsv", {}},
+      {"cola",
+       "CoLA v1.1: is an English sentence grammatically acceptable (8,551 train / 527 in-domain dev, 70% "
+       "acceptable)",
+       bundled_cola_dir() / "in_domain_train.tsv", bundled_cola_dir() / "in_domain_dev.tsv",
+       {"unacceptable", "acceptable"}},
+  };
 }
 
 BundledTextTask bundled_text_task(const std::string& name) {
@@ -95,21 +101,13 @@ BundledTextTask bundled_text_task(const std::string& name) {
 }
 
 std::vector<std::string> read_class_names(const std::filesystem::path& path) {
-  check_input_file(path, "class names file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open (missing or unreadable)", path.string()));
   std::vector<std::string> names;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    check_line_length(path, number, line.size());
-    if (number == 1) strip_bom(line);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (blank(line)) continue;
+  for_each_line(path, "class names file", [&](int64_t number, const std::string& line) {
     if (std::find(names.begin(), names.end(), line) != names.end()) {
       throw DataError(fmt::format("{}:{}: the class name '{}' is given twice", path.string(), number, line));
     }
     names.push_back(line);
-  }
+  });
   if (names.size() < 2) {
     throw DataError(fmt::format("{}: {} class name(s); a classifier needs at least 2, one per line", path.string(),
                                 names.size()));

@@ -34,8 +34,9 @@ struct BundledTextTask {
 };
 
 // "languages" (the default: which of five languages a fortune-cookie sentence is in,
-// from Debian's fortunes packages, classes balanced) and "cola" (CoLA acceptability).
-const std::vector<BundledTextTask>& bundled_text_tasks();
+// from Debian's fortunes packages, classes balanced) and "cola" (CoLA acceptability),
+// under the bundled data directory as it is now.
+std::vector<BundledTextTask> bundled_text_tasks();
 // DataError listing the names for an unknown one; the class names are read here.
 BundledTextTask bundled_text_task(const std::string& name);
 

@@ -4,9 +4,10 @@
 // member_weight_decay / member_dropout, one captured step for all). Member k belongs
 // to configuration k / seeds, learning rates outermost, dropout innermost.
 // (Schedules and Adam's betas are not swept: they are scalars of the fused update
-// kernels, CPU and CUDA, not per-member tensors.) The configurations are read back from the options, so a resumed
-// run reports them too; each is scored as its own ensemble, and the best one by
-// validation loss only can be kept (EnsembleTrainer::keep_members).
+// kernels, CPU and CUDA, not per-member tensors.) The configurations are read back
+// from the options, so a resumed run reports them too; each is scored as its own
+// ensemble, and the best one by validation loss only can be kept
+// (EnsembleTrainer::keep_members).
 #pragma once
 
 #include "packtrain/runtime/trainers/ensemble_predictions.h"

@@ -1,5 +1,7 @@
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
+#include "packtrain/ensemble/packed_mlp.h"
+
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/trainers/active_learning.h"
@@ -101,8 +103,7 @@ MemoryEstimate ensemble_estimate(const EnsembleTrainerOptions& o, const Ensemble
   //   (K, rows, H) layers at a time;
   // - predict() of a whole set at once: two (K, rows, H) layers.
   const bool per_member = o.order() != graphs::BatchOrder::kShared;
-  const bool dropout = o.dropout() > 0 || std::any_of(o.member_dropout().begin(), o.member_dropout().end(),
-                                                      [](double p) { return p > 0; });
+  const bool dropout = ensemble::drops_units(o.dropout(), o.member_dropout());
   const double a = 2 + (o.layer_norm() ? 2 : 0) + (dropout ? 1.25 : 0);
   const bool fused = o.device().is_cpu() && !o.layer_norm() && !dropout;
   const double with_hidden = fused ? std::min(K, static_cast<double>(at::get_num_threads())) : K;

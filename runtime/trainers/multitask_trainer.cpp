@@ -128,7 +128,8 @@ std::string to_json(const MultiTaskTrainerOptions& o) {
       {"classes", m.classes()}, {"tie_lm_head", m.tie_lm_head()}, {"dtype", dtype_name(m.dtype())},
       {"batch_size", o.batch_size()}, {"buckets", o.buckets()}, {"lr", o.lr()}, {"weight_decay", o.weight_decay()},
       {"warmup_steps", o.warmup_steps()}, {"classification_weight", o.classification_weight()},
-      {"lm_weight", o.lm_weight()}, {"balance_classes", o.balance_classes()}, {"shared_inputs", o.shared_inputs()}, {"eval_batch_size", o.eval_batch_size()},
+      {"lm_weight", o.lm_weight()}, {"balance_classes", o.balance_classes()}, {"shared_inputs", o.shared_inputs()},
+      {"eval_batch_size", o.eval_batch_size()},
       {"seed", o.seed()}, {"capture", o.capture()}, {"pipeline_stages", o.pipeline_stages()},
       {"micro_batches", o.micro_batches()}};
   return j.dump();
@@ -209,7 +210,10 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
     optimizer_->set_schedule(
         ensemble::LrSchedule().kind(ensemble::LrScheduleKind::kLinearWarmup).warmup_steps(options_.warmup_steps()));
   }
-  class_weights_ = at::ones({options_.model().classes()}, model_->parameters().flat().options());
+  // Only a balanced run weights its rows: otherwise no tensor, and the loss is the plain mean.
+  if (options_.balance_classes()) {
+    class_weights_ = at::ones({options_.model().classes()}, model_->parameters().flat().options());
+  }
   const ensemble::TaskWeights weights{options_.classification_weight(), options_.lm_weight(), class_weights_};
   steps_ = std::make_unique<MultiTaskSteps>(
       *model_, *optimizer_,

@@ -201,8 +201,8 @@ class MultiTaskTrainer {
   // of the last committed save (deleted once the next one is committed).
   distributed::ProcessGroup* pipeline_group_ = nullptr;
   std::unique_ptr<MultiTaskPipeline> pipeline_;
-  // (C) the classification loss's class weights on the device (all 1 unless
-  // balance_classes), read in place by the steps, captured or not.
+  // (C) the classification loss's class weights on the device with balance_classes
+  // (undefined without: unweighted), read in place by the steps, captured or not.
   at::Tensor class_weights_;
   std::vector<distributed::StagePlacement> placement_;
   mutable std::filesystem::path committed_stage_file_;
