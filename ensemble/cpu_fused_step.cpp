@@ -202,23 +202,47 @@ struct StepPointers {
   const int64_t* labels;
   int64_t y_stride;  // 0: shared by the members
   T* losses;
+  // Dropout in training: per hidden layer l the (K, B, d_out) multiplier forward
+  // would apply (PackedMLP::dropout_noise); empty without dropout.
+  std::vector<const T*> noise;
 };
 
 // One thread's buffers for one step: every layer's pre-activations z_l and
-// activations a_l, and two gradient buffers used in turn going down the layers.
+// activations a_l, with dropout the activations after it (the next layer's input)
+// d_l, and two gradient buffers used in turn going down the layers.
 template <typename T>
 struct Workspace {
-  std::vector<T> z_buf, a_buf, g_buf;
-  std::vector<T*> z, a;
+  std::vector<T> z_buf, a_buf, d_buf, g_buf;
+  std::vector<T*> z, a, d;
   explicit Workspace(const StepPointers<T>& s)
-      : z_buf(s.activations), a_buf(s.activations), g_buf(2 * s.B * s.widest), z(s.layers.size()), a(s.layers.size()) {
+      : z_buf(s.activations),
+        a_buf(s.activations),
+        d_buf(s.noise.empty() ? 0 : s.activations),
+        g_buf(2 * s.B * s.widest),
+        z(s.layers.size()),
+        a(s.layers.size()),
+        d(s.layers.size()) {
     for (size_t l = 0, offset = 0; l < s.layers.size(); ++l) {
       z[l] = z_buf.data() + offset;
       a[l] = a_buf.data() + offset;
+      d[l] = s.noise.empty() ? a[l] : d_buf.data() + offset;  // without dropout the input is a_l itself
       offset += static_cast<size_t>(s.B * s.layers[l].d_out);
     }
   }
 };
+
+// out = a * m elementwise over n values (the product autograd's h * noise computes).
+template <typename T>
+[[gnu::always_inline]] inline void multiply(const T* __restrict a, const T* __restrict m, T* __restrict out,
+                                            int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * m[i];
+}
+
+// g *= m elementwise over n values.
+template <typename T>
+[[gnu::always_inline]] inline void multiply_in_place(T* __restrict g, const T* __restrict m, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] *= m[i];
+}
 
 // Members [begin, end): forward, loss and backward of each while its activations
 // are in cache.
@@ -228,14 +252,18 @@ template <typename T>
   const int64_t L = static_cast<int64_t>(s.layers.size()), B = s.B;
   const std::vector<T*>& z = w.z;
   const std::vector<T*>& a = w.a;
+  const std::vector<T*>& d = w.d;  // layer l + 1's input: a_l, or a_l after dropout
+  const bool dropout = !s.noise.empty();
   for (int64_t k = begin; k < end; ++k) {
     const T* input = s.x + k * s.x_stride;
-    // Forward: z_l = a_{l-1} W_l + b_l; a_l = act(z_l) below the output layer.
+    // Forward: z_l = d_{l-1} W_l + b_l; a_l = act(z_l) below the output layer, and
+    // d_l = a_l * noise_l with dropout (a_l without).
     for (int64_t l = 0; l < L; ++l) {
       const LayerPointers<T>& p = s.layers[l];
-      gemm<T>(false, false, B, p.d_out, p.d_in, l == 0 ? input : a[l - 1], p.d_in, p.w + k * p.d_in * p.d_out,
+      gemm<T>(false, false, B, p.d_out, p.d_in, l == 0 ? input : d[l - 1], p.d_in, p.w + k * p.d_in * p.d_out,
               p.d_out, T(0), z[l], p.d_out);
       add_bias_activate(s.activation, l + 1 < L, z[l], a[l], p.b + k * p.d_out, B, p.d_out);
+      if (dropout && l + 1 < L) multiply(a[l], s.noise[l] + k * B * p.d_out, d[l], B * p.d_out);
     }
     // Loss, its gradient with respect to the output, the output bias's gradient.
     T* grad = w.g_buf.data();
@@ -246,15 +274,16 @@ template <typename T>
                                                       s.labels ? s.labels + k * s.y_stride : nullptr, s.min_variance,
                                                       grad));
     column_sums(grad, out.gb + k * out.d_out, B, out.d_out);
-    // Backward: dW_l = a_{l-1}^T dz_l; dz_{l-1} = (dz_l W_l^T) * act'(z_{l-1}),
-    // whose column sums are b_{l-1}'s gradient.
+    // Backward: dW_l = d_{l-1}^T dz_l; dz_{l-1} = (dz_l W_l^T) [* noise_{l-1}] *
+    // act'(z_{l-1}), whose column sums are b_{l-1}'s gradient.
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerPointers<T>& p = s.layers[l];
-      gemm<T>(true, false, p.d_in, p.d_out, B, l == 0 ? input : a[l - 1], p.d_in, grad, p.d_out, T(0),
+      gemm<T>(true, false, p.d_in, p.d_out, B, l == 0 ? input : d[l - 1], p.d_in, grad, p.d_out, T(0),
               p.gw + k * p.d_in * p.d_out, p.d_out);
       if (l == 0) break;
       gemm<T>(false, true, B, p.d_in, p.d_out, grad, p.d_out, p.w + k * p.d_in * p.d_out, p.d_out, T(0), spare,
               p.d_in);
+      if (dropout) multiply_in_place(spare, s.noise[l - 1] + k * B * p.d_in, B * p.d_in);
       const LayerPointers<T>& below = s.layers[l - 1];
       activation_backward(s.activation, z[l - 1], a[l - 1], spare, below.gb + k * below.d_out, B, p.d_in);
       std::swap(grad, spare);
@@ -296,6 +325,16 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y,
   const bool y_per_member = y.dim() == (labels ? 2 : 3);
   s.y_stride = y_per_member ? (labels ? s.B : s.B * y.size(-1)) : 0;
   s.losses = losses.data_ptr<T>();
+  // Dropout's masks, drawn layer by layer as forward draws them (so from the same
+  // generator state the same units drop); they outlive the members' loop.
+  std::vector<at::Tensor> noise;
+  if (model.is_training() && model.options().has_dropout()) {
+    for (size_t l = 0; l + 1 < s.layers.size(); ++l) {
+      noise.push_back(model.dropout_noise(
+          at::empty({model.members(), s.B, s.layers[l].d_out}, model.parameters().flat().options())));
+      s.noise.push_back(noise.back().data_ptr<T>());
+    }
+  }
   if (labels) {
     // Checked here, not in the members' loop: an exception must not cross the
     // worker threads (nor the CPU-dispatched clones, which GCC treats as not throwing).
@@ -331,7 +370,7 @@ bool cpu_fused_step_applies(const PackedMLP& model, const at::Tensor& x, const a
   const PackedMLPOptions& o = model.options();
   const at::Tensor& flat = model.parameters().flat();
   if (!flat.is_cpu() || (o.dtype() != at::kFloat && o.dtype() != at::kDouble)) return false;
-  if (o.layer_norm() || (o.has_dropout() && model.is_training())) return false;
+  if (o.layer_norm()) return false;
   for (const PackedLinear& linear : model.linears()) {
     if (!linear.weight().is_contiguous() || !linear.bias().is_contiguous() || !contiguous_grad(linear.weight()) ||
         !contiguous_grad(linear.bias()))

@@ -10,9 +10,11 @@
 // compare the two) into the pack's flat gradient buffer; the optimizer is unchanged.
 //
 // Handles: float32/float64 CPU tensors, any depth and activation, MSE, Gaussian NLL
-// and cross-entropy, shared (B, I) or per-member (K, B, I) inputs and targets.
-// Not handled (packed_train_step keeps autograd): layer norm, dropout while training,
-// any other device or dtype, and inputs autograd would reject (it then reports them).
+// and cross-entropy, shared (B, I) or per-member (K, B, I) inputs and targets, and
+// dropout (one rate or per-member rates: the masks are drawn as forward draws them,
+// so the same generator state drops the same units).
+// Not handled (packed_train_step keeps autograd): layer norm, any other device or
+// dtype, and inputs autograd would reject (it then reports them).
 #pragma once
 
 #include "packtrain/ensemble/packed_mlp.h"

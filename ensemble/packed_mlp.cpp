@@ -80,7 +80,8 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
       norm_biases_.push_back(parameters_.at("norm" + std::to_string(l) + ".bias"));
     }
   }
-  if (!options_.member_dropout().empty() && options_.has_dropout()) {  // decided once, not per forward
+  drops_units_ = options_.has_dropout();
+  if (!options_.member_dropout().empty() && drops_units_) {
     keep_ = (1 - at::tensor(options_.member_dropout(), at::kDouble))
                 .to(options_.device(), options_.dtype())
                 .reshape({options_.members(), 1, 1});
@@ -98,15 +99,21 @@ at::Tensor PackedMLP::forward(const at::Tensor& x) const {
       h = at::addcmul(norm_biases_[l], h, norm_weights_[l]);
     }
     h = activate(h, options_.activation());
-    if (keep_.defined()) {
-      // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]
-      // (inverted dropout, as at::dropout): one mask draw for the whole pack.
-      if (training_) h = h * at::empty_like(h).bernoulli_(keep_).div_(keep_);
-    } else if (options_.member_dropout().empty() && options_.dropout() > 0.0) {
-      h = at::dropout(h, options_.dropout(), training_);
-    }
+    if (!training_ || !drops_units_) continue;
+    // at::dropout's fused kernel on a GPU; elsewhere the multiply at::dropout does on CPU.
+    h = keep_.defined() || !h.is_cuda() ? h * dropout_noise(h) : at::dropout(h, options_.dropout(), true);
   }
   return linears_.back().forward(h);  // (K, B, O)
+}
+
+at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
+  if (!drops_units_) return {};
+  // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]
+  // (inverted dropout): one mask draw for the whole pack.
+  if (keep_.defined()) return at::empty_like(h).bernoulli_(keep_).div_(keep_);
+  // One rate: the draw and scale of at::dropout on CPU (ATen's _dropout).
+  const double keep = 1.0 - options_.dropout();
+  return at::empty_like(h).bernoulli_(keep).div_(keep);
 }
 
 at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {

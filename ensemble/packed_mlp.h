@@ -79,6 +79,12 @@ class PackedMLP {
   void train(bool on = true) { training_ = on; }
   bool is_training() const { return training_; }
 
+  // The multiplier training applies to a hidden activation h (K, B, H): 0 where a
+  // unit is dropped, 1 / keep where it is kept; undefined when no member drops
+  // units. Draws from the default generator exactly as forward does (on CPU), so a
+  // step that draws its masks here, layer by layer, drops the units forward would.
+  at::Tensor dropout_noise(const at::Tensor& h) const;
+
   // Re-initializes members in place from `seed` (member i from member_seed(seed, i)),
   // all members, or those where `which` (K, bool) is true. No tensor is reallocated,
   // so captured graphs stay valid. Afterwards the model equals a fresh pack with
@@ -96,6 +102,7 @@ class PackedMLP {
   std::vector<at::Tensor> norm_weights_;     // (K, 1, H) each, when layer_norm
   std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
   at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when a rate is > 0
+  bool drops_units_ = false;                 // options_.has_dropout(), decided once
   bool training_ = true;
 };
 

@@ -97,18 +97,19 @@ MemoryEstimate ensemble_estimate(const EnsembleTrainerOptions& o, const Ensemble
   //   layer norm, +1.25 with dropout: its output and a byte mask) and the backward
   //   holds two layers' gradients at a time: (a * depth + 2) (K, B, H) floats, and
   //   3 (K, B, O) for the output, the loss and its gradient. On CPU without layer
-  //   norm or dropout the fused step (ensemble/cpu_fused_step.h) holds that for one
-  //   member per thread only;
+  //   norm the fused step (ensemble/cpu_fused_step.h) holds that for one member per
+  //   thread only, besides dropout's masks for the whole pack (K, B, H) per layer;
   // - evaluation, without gradients, in chunks of the steps' evaluation batch: two
   //   (K, rows, H) layers at a time;
   // - predict() of a whole set at once: two (K, rows, H) layers.
   const bool per_member = o.order() != graphs::BatchOrder::kShared;
   const bool dropout = ensemble::drops_units(o.dropout(), o.member_dropout());
   const double a = 2 + (o.layer_norm() ? 2 : 0) + (dropout ? 1.25 : 0);
-  const bool fused = o.device().is_cpu() && !o.layer_norm() && !dropout;
+  const bool fused = o.device().is_cpu() && !o.layer_norm();
   const double with_hidden = fused ? std::min(K, static_cast<double>(at::get_num_threads())) : K;
+  const double masks = fused && dropout ? K * B * H * D : 0;
   const double batch = (per_member ? K : 1) * B * (I + 1);
-  const double train = (batch + with_hidden * B * H * (a * D + 2) + 3 * K * B * O) * kFloat;
+  const double train = (batch + masks + with_hidden * B * H * (a * D + 2) + 3 * K * B * O) * kFloat;
   const double eval_rows = std::min(V, static_cast<double>(EnsembleStepsOptions().eval_batch_size()));
   const double eval = K * eval_rows * (2 * H + 2 * O) * kFloat;
   const double predict = (K * T * (2 * H + O) + T * I) * kFloat;

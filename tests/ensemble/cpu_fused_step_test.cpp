@@ -134,9 +134,7 @@ TEST(CpuFusedStepScope, StepsAsideForWhatItDoesNotHandle) {
   PackedMLP norm(PackedMLPOptions(kIn, 3).members(3).layer_norm(true));
   EXPECT_FALSE(cpu_fused_step_applies(norm, x, y, LossKind::kMSE)) << "layer norm";
   PackedMLP dropout(PackedMLPOptions(kIn, 3).members(3).dropout(0.1));
-  EXPECT_FALSE(cpu_fused_step_applies(dropout, x, y, LossKind::kMSE)) << "dropout while training";
-  dropout.train(false);
-  EXPECT_TRUE(cpu_fused_step_applies(dropout, x, y, LossKind::kMSE)) << "dropout is off in eval mode";
+  EXPECT_TRUE(cpu_fused_step_applies(dropout, x, y, LossKind::kMSE)) << "dropout is handled";
   EXPECT_FALSE(cpu_fused_step_applies(plain, x.to(at::kDouble), y, LossKind::kMSE)) << "dtype mismatch";
   EXPECT_FALSE(cpu_fused_step_applies(plain, x.narrow(1, 0, 4), y, LossKind::kMSE)) << "wrong input width";
   EXPECT_FALSE(cpu_fused_step_applies(plain, x, y.narrow(0, 0, 5), LossKind::kMSE)) << "rows differ";
@@ -150,6 +148,79 @@ TEST(CpuFusedStepScope, StepsAsideForWhatItDoesNotHandle) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("input width"), std::string::npos)
         << e.what_without_backtrace();
+  }
+}
+
+// Dropout: from the same generator state the fused step drops the units autograd's
+// forward drops (one rate, per-member rates, float32 and float64), so it writes the
+// same gradients; and those differ from a step without dropout (the masks act).
+TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
+  struct DropoutCase {
+    Case c;
+    double rate;
+    std::vector<double> member_rates;
+  };
+  const std::vector<DropoutCase> cases = {
+      {{Activation::kTanh, LossKind::kGaussianNLL, 2, false, at::kDouble}, 0.3, {}},
+      {{Activation::kReLU, LossKind::kMSE, 3, true, at::kDouble, 4}, 0.0, {0.0, 0.2, 0.5, 0.8}},
+      {{Activation::kGELU, LossKind::kCrossEntropy, 2, false, at::kFloat, 9, 64, 64}, 0.0,
+       {0.1, 0.0, 0.3, 0.1, 0.5, 0.0, 0.2, 0.4, 0.6}},
+  };
+  for (const DropoutCase& d : cases) {
+    const std::string name = case_name(d.c);
+    const auto [x, y] = make_batch(d.c);
+    const auto options = [&] {
+      return PackedMLPOptions(kIn, out_features(d.c.loss))
+          .members(d.c.members)
+          .hidden(d.c.hidden)
+          .depth(d.c.depth)
+          .activation(d.c.activation)
+          .seed(17)
+          .dtype(d.c.dtype)
+          .dropout(d.rate)
+          .member_dropout(d.member_rates);
+    };
+    PackedMLP fused(options()), reference(options());
+    PackedMLP plain = make_model(d.c);
+    ASSERT_TRUE(cpu_fused_step_applies(fused, x, y, d.c.loss)) << name;
+
+    at::manual_seed(123);
+    const at::Tensor losses = cpu_fused_gradients(fused, x, y, d.c.loss);
+    const at::Tensor after_fused = at::rand({4});  // the generator moved on as far as forward moves it
+    at::manual_seed(123);
+    reference.parameters().zero_grad();
+    const at::Tensor expected = packed_loss(d.c.loss, reference.forward(x), y);
+    torch::autograd::backward({expected.sum()});
+    EXPECT_TRUE(packtrain::testing::all_equal(after_fused, at::rand({4}))) << name;
+
+    const double tolerance = d.c.dtype == at::kFloat ? 2e-5 : 1e-11;
+    EXPECT_TRUE(all_close(losses, expected.detach(), tolerance)) << name;
+    for (size_t i = 0; i < fused.parameters().size(); ++i) {
+      EXPECT_TRUE(all_close(fused.parameters()[i].grad(), reference.parameters()[i].grad(), tolerance))
+          << name << " " << fused.parameters().spec(i).name;
+    }
+    cpu_fused_gradients(plain, x, y, d.c.loss);
+    at::Tensor gap = at::zeros({d.c.members}, at::kDouble);  // per member, largest over its parameters
+    for (size_t i = 0; i < fused.parameters().size(); ++i) {
+      const at::Tensor diff = fused.parameters()[i].grad() - plain.parameters()[i].grad();
+      gap = at::maximum(gap, diff.reshape({d.c.members, -1}).abs().amax(1).to(at::kDouble));
+    }
+    for (int64_t k = 0; k < d.c.members; ++k) {
+      const double rate = d.member_rates.empty() ? d.rate : d.member_rates[static_cast<size_t>(k)];
+      if (rate == 0.0) {  // a member at rate 0 trains exactly as without dropout
+        EXPECT_LT(gap[k].item<double>(), tolerance) << name << " member " << k;
+      } else {
+        EXPECT_GT(gap[k].item<double>(), 1e-3) << name << " member " << k << " at rate " << rate;
+      }
+    }
+    // Evaluation mode draws nothing and drops nothing.
+    fused.train(false);
+    at::manual_seed(5);
+    cpu_fused_gradients(fused, x, y, d.c.loss);
+    const at::Tensor after_eval = at::rand({4});
+    at::manual_seed(5);
+    EXPECT_TRUE(packtrain::testing::all_equal(after_eval, at::rand({4}))) << name;
+    EXPECT_TRUE(all_close(fused.parameters().flat_grad(), plain.parameters().flat_grad(), tolerance)) << name;
   }
 }
 
