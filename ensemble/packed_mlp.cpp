@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <optional>
 #include <string>
 
 namespace packtrain::ensemble {
@@ -81,6 +83,9 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
     }
   }
   drops_units_ = options_.has_dropout();
+  if (options_.device().is_cpu()) {
+    dropout_generator_ = at::make_generator<at::CPUGeneratorImpl>(member_seed(options_.seed(), -1));
+  }
   if (!options_.member_dropout().empty() && drops_units_) {
     keep_ = (1 - at::tensor(options_.member_dropout(), at::kDouble))
                 .to(options_.device(), options_.dtype())
@@ -110,10 +115,18 @@ at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
   if (!drops_units_) return {};
   // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]
   // (inverted dropout): one mask draw for the whole pack.
-  if (keep_.defined()) return at::empty_like(h).bernoulli_(keep_).div_(keep_);
+  std::optional<at::Generator> generator;
+  if (dropout_generator_.defined()) generator = dropout_generator_;
+  if (keep_.defined()) return at::empty_like(h).bernoulli_(keep_, generator).div_(keep_);
   // One rate: the draw and scale of at::dropout on CPU (ATen's _dropout).
   const double keep = 1.0 - options_.dropout();
-  return at::empty_like(h).bernoulli_(keep).div_(keep);
+  return at::empty_like(h).bernoulli_(keep, generator).div_(keep);
+}
+
+void PackedMLP::seed_dropout(uint64_t seed) {
+  if (!dropout_generator_.defined()) return;
+  std::lock_guard<std::mutex> lock(dropout_generator_.mutex());
+  dropout_generator_.set_current_seed(seed);
 }
 
 at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {

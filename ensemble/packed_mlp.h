@@ -10,6 +10,7 @@
 #include "packtrain/ensemble/packed_linear.h"
 #include "packtrain/ensemble/packed_parameters.h"
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
 #include <torch/arg.h>
@@ -81,9 +82,16 @@ class PackedMLP {
 
   // The multiplier training applies to a hidden activation h (K, B, H): 0 where a
   // unit is dropped, 1 / keep where it is kept; undefined when no member drops
-  // units. Draws from the default generator exactly as forward does (on CPU), so a
-  // step that draws its masks here, layer by layer, drops the units forward would.
+  // units. Draws exactly as forward does, so a step that draws its masks here,
+  // layer by layer, drops the units forward would.
   at::Tensor dropout_noise(const at::Tensor& h) const;
+
+  // Dropout's masks come from the pack's own generator, seeded from options.seed()
+  // at construction and reseeded here (the trainer does, every epoch, so a resumed
+  // run drops what an uninterrupted one would): a run's masks follow from its seeds,
+  // not from the process. A CUDA pack draws from the device's default generator,
+  // the one graph capture registers; this does nothing there.
+  void seed_dropout(uint64_t seed);
 
   // Re-initializes members in place from `seed` (member i from member_seed(seed, i)),
   // all members, or those where `which` (K, bool) is true. No tensor is reallocated,
@@ -103,6 +111,7 @@ class PackedMLP {
   std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
   at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when a rate is > 0
   bool drops_units_ = false;                 // options_.has_dropout(), decided once
+  at::Generator dropout_generator_;          // CPU packs: dropout's masks (undefined: the default)
   bool training_ = true;
 };
 

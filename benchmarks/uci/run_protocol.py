@@ -22,6 +22,7 @@ Recipes:
            on the validation rows from 1e-4, 1e-3, 1e-2 (15 members in one pack,
            --select best keeps 5).
   select-dropout  as select, crossed with dropout 0 and 0.1 (30 members, 5 kept).
+  dropout  the defaults with dropout 0.1 after each hidden activation.
 
 The published column is the Deep Ensembles column of Table 1 of Lakshminarayanan,
 Pritzel and Blundell, "Simple and Scalable Predictive Uncertainty Estimation using
@@ -74,6 +75,8 @@ def recipe_flags(recipe, dataset):
         return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--select", "best"]
     if recipe == "select-dropout":
         return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0,0.1", "--select", "best"]
+    if recipe == "dropout":
+        return ["--dropout", "0.1"]
     raise ValueError(recipe)
 
 

@@ -153,7 +153,8 @@ TEST(CpuFusedStepScope, StepsAsideForWhatItDoesNotHandle) {
 
 // Dropout: from the same generator state the fused step drops the units autograd's
 // forward drops (one rate, per-member rates, float32 and float64), so it writes the
-// same gradients; and those differ from a step without dropout (the masks act).
+// same gradients; and those differ from a step without dropout (the masks act). The
+// masks come from the pack's own generator: the same seed, the same masks.
 TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
   struct DropoutCase {
     Case c;
@@ -184,14 +185,17 @@ TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
     PackedMLP plain = make_model(d.c);
     ASSERT_TRUE(cpu_fused_step_applies(fused, x, y, d.c.loss)) << name;
 
-    at::manual_seed(123);
+    fused.seed_dropout(123);
+    reference.seed_dropout(123);
+    at::manual_seed(1);  // the process's generator plays no part: moved between the two
     const at::Tensor losses = cpu_fused_gradients(fused, x, y, d.c.loss);
-    const at::Tensor after_fused = at::rand({4});  // the generator moved on as far as forward moves it
-    at::manual_seed(123);
+    at::manual_seed(2);
     reference.parameters().zero_grad();
     const at::Tensor expected = packed_loss(d.c.loss, reference.forward(x), y);
     torch::autograd::backward({expected.sum()});
-    EXPECT_TRUE(packtrain::testing::all_equal(after_fused, at::rand({4}))) << name;
+    // Both generators moved on by the same draws.
+    const at::Tensor probe = at::empty({d.c.members, 3, 5}, x.options());
+    EXPECT_TRUE(packtrain::testing::all_equal(fused.dropout_noise(probe), reference.dropout_noise(probe))) << name;
 
     const double tolerance = d.c.dtype == at::kFloat ? 2e-5 : 1e-11;
     EXPECT_TRUE(all_close(losses, expected.detach(), tolerance)) << name;
@@ -215,11 +219,11 @@ TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
     }
     // Evaluation mode draws nothing and drops nothing.
     fused.train(false);
-    at::manual_seed(5);
+    fused.seed_dropout(5);
     cpu_fused_gradients(fused, x, y, d.c.loss);
-    const at::Tensor after_eval = at::rand({4});
-    at::manual_seed(5);
-    EXPECT_TRUE(packtrain::testing::all_equal(after_eval, at::rand({4}))) << name;
+    const at::Tensor after_eval = fused.dropout_noise(probe);
+    fused.seed_dropout(5);
+    EXPECT_TRUE(packtrain::testing::all_equal(after_eval, fused.dropout_noise(probe))) << name;
     EXPECT_TRUE(all_close(fused.parameters().flat_grad(), plain.parameters().flat_grad(), tolerance)) << name;
   }
 }

@@ -397,9 +397,9 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
     alone.fit(d.x, d.y, d.val_x, d.val_y);
     const double gap =
         (all.member_mean.narrow(0, c.first_member, 2) - alone.predict(d.val_x).member_mean).abs().max().item<double>();
-    // Rate 0 is the same arithmetic up to float32 rounding: a pack with dropout takes
-    // autograd's path, the one without the fused CPU step (measured gap ~1e-6 after
-    // 6 epochs); rate 0.3 trains another model (measured gap ~1).
+    // Rate 0 is the same arithmetic: on CPU both packs take the fused step, a kept
+    // unit multiplied by exactly 1 (gap 0 measured); float32 rounding allowed for
+    // other devices. Rate 0.3 trains another model (measured gap ~1).
     if (c.dropout == 0.0) {
       EXPECT_LT(gap, 1e-4) << "dropout 0";
     } else {
@@ -411,6 +411,44 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
   // One rate is no sweep axis: the model's own dropout, no per-member rates.
   EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2, 3e-3}, {1e-4}, 2, {0.1}}).member_dropout().empty());
   EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.1}}), std::invalid_argument);
+}
+
+// Dropout's masks follow from the run's seed, not from the process: two runs with
+// one seed train the same weights bit for bit, another seed other weights; a run
+// resumed from a checkpoint between epochs drops what the uninterrupted run drops.
+// (CPU: a CUDA pack draws from the device's default generator.)
+TEST(EnsembleTrainerDropout, MasksFollowFromTheSeed) {
+  const Data d = make_data(160, 40);
+  const EnsembleTrainerOptions base =
+      small_options(c10::Device(c10::kCPU)).members(3).epochs(4).dropout(0.2).patience(0);
+  const auto train = [&](const EnsembleTrainerOptions& o) {
+    EnsembleTrainer t(o);
+    at::manual_seed(static_cast<uint64_t>(std::rand()));  // the process's generator plays no part
+    t.fit(d.x, d.y, d.val_x, d.val_y);
+    return t.model().parameters().flat().clone();
+  };
+  const at::Tensor a = train(base), b = train(base), other = train(EnsembleTrainerOptions(base).seed(base.seed() + 1));
+  EXPECT_TRUE(packtrain::testing::all_equal(a, b));
+  EXPECT_FALSE(at::allclose(a, other));
+  // Per-member rates (a sweep) likewise.
+  const EnsembleTrainerOptions sweep = sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.4}});
+  EXPECT_TRUE(packtrain::testing::all_equal(train(sweep), train(sweep)));
+
+  const fs::path path = temp_file("dropout-resume.ckpt");
+  {
+    EnsembleTrainer first(base);
+    first.prepare(d.x, d.y, d.val_x, d.val_y);
+    first.train([](const EpochReport& r) { return r.epoch < 2; });
+    first.save(path, "{}");
+  }
+  const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
+  EnsembleTrainer resumed(EnsembleTrainer::checkpoint_options(*checkpoint).log(&ignore_log));
+  resumed.prepare(d.x, d.y, d.val_x, d.val_y);
+  resumed.restore(*checkpoint);
+  at::manual_seed(99);
+  EXPECT_TRUE(resumed.train());
+  EXPECT_TRUE(packtrain::testing::all_equal(resumed.model().parameters().flat(), a));
+  fs::remove(path);
 }
 
 TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherAtItsBestEpoch) {
