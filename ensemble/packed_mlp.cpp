@@ -5,12 +5,14 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/DistributionsHelper.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <mutex>
-#include <optional>
 #include <string>
 
 namespace packtrain::ensemble {
@@ -83,8 +85,13 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
     }
   }
   drops_units_ = options_.has_dropout();
-  if (options_.device().is_cpu()) {
-    dropout_generator_ = at::make_generator<at::CPUGeneratorImpl>(member_seed(options_.seed(), -1));
+  if (options_.device().is_cpu() && drops_units_) {
+    for (int64_t k = 0; k < options_.members(); ++k) {
+      dropout_generators_.push_back(at::make_generator<at::CPUGeneratorImpl>());
+      keep_rates_.push_back(1.0 - (options_.member_dropout().empty() ? options_.dropout()
+                                                                      : options_.member_dropout()[k]));
+    }
+    seed_dropout(member_seed(options_.seed(), -1));
   }
   if (!options_.member_dropout().empty() && drops_units_) {
     keep_ = (1 - at::tensor(options_.member_dropout(), at::kDouble))
@@ -111,22 +118,70 @@ at::Tensor PackedMLP::forward(const at::Tensor& x) const {
   return linears_.back().forward(h);  // (K, B, O)
 }
 
+namespace {
+
+// Member k's mask for one layer: `rows` rows of `width` units drawn in order from its
+// generator, rows [offset, offset + out_rows) kept: 1 / keep where a unit stays, 0
+// where it drops (inverted dropout).
+template <typename T>
+void draw_member_mask(at::CPUGeneratorImpl* generator, double keep, int64_t rows, int64_t offset, int64_t out_rows,
+                      int64_t width, T* out) {
+  const T scale = T(1) / static_cast<T>(keep);
+  at::bernoulli_distribution<double> kept(keep);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool mine = r >= offset && r < offset + out_rows;
+    T* row = out + (r - offset) * width;
+    for (int64_t j = 0; j < width; ++j) {
+      const bool stays = kept(generator) != 0;
+      if (mine) row[j] = stays ? scale : T(0);
+    }
+  }
+}
+
+}  // namespace
+
 at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
   if (!drops_units_) return {};
-  // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]
-  // (inverted dropout): one mask draw for the whole pack.
-  std::optional<at::Generator> generator;
-  if (dropout_generator_.defined()) generator = dropout_generator_;
-  if (keep_.defined()) return at::empty_like(h).bernoulli_(keep_, generator).div_(keep_);
-  // One rate: the draw and scale of at::dropout on CPU (ATen's _dropout).
-  const double keep = 1.0 - options_.dropout();
-  return at::empty_like(h).bernoulli_(keep, generator).div_(keep);
+  if (h.is_cuda()) {
+    // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]:
+    // one draw from the device's default generator for the whole pack.
+    if (keep_.defined()) return at::empty_like(h).bernoulli_(keep_).div_(keep_);
+    const double keep = 1.0 - options_.dropout();
+    return at::empty_like(h).bernoulli_(keep).div_(keep);
+  }
+  TORCH_CHECK(h.dim() == 3 && h.size(0) == members(), "dropout_noise: expected (K, B, H) activations, got ",
+              h.sizes());
+  const int64_t B = h.size(1), H = h.size(2);
+  const int64_t rows = dropout_rows_ > 0 ? dropout_rows_ : B;
+  const int64_t offset = dropout_rows_ > 0 ? dropout_row_offset_ : 0;
+  TORCH_CHECK(offset + B <= rows, "dropout_noise: rows ", offset, "..", offset + B, " outside a batch of ", rows);
+  at::Tensor noise = at::empty({members(), B, H}, h.options().requires_grad(false));
+  // Members in parallel: each draws from its own generator only, so the masks do
+  // not depend on the threads.
+  at::parallel_for(0, members(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      auto* generator = at::check_generator<at::CPUGeneratorImpl>(dropout_generators_[k]);
+      std::lock_guard<std::mutex> lock(generator->mutex_);
+      AT_DISPATCH_FLOATING_TYPES(noise.scalar_type(), "dropout_noise", [&] {
+        draw_member_mask<scalar_t>(generator, keep_rates_[k], rows, offset, B, H,
+                                   noise.data_ptr<scalar_t>() + k * B * H);
+      });
+    }
+  });
+  return noise;
 }
 
 void PackedMLP::seed_dropout(uint64_t seed) {
-  if (!dropout_generator_.defined()) return;
-  std::lock_guard<std::mutex> lock(dropout_generator_.mutex());
-  dropout_generator_.set_current_seed(seed);
+  for (size_t k = 0; k < dropout_generators_.size(); ++k) {
+    std::lock_guard<std::mutex> lock(dropout_generators_[k].mutex());
+    dropout_generators_[k].set_current_seed(member_seed(seed, options_.first_member() + static_cast<int64_t>(k)));
+  }
+}
+
+void PackedMLP::dropout_rows(int64_t offset, int64_t rows) {
+  TORCH_CHECK(offset >= 0 && rows >= 0, "dropout_rows: offset ", offset, " and rows ", rows, " must be >= 0");
+  dropout_row_offset_ = offset;
+  dropout_rows_ = rows;
 }
 
 at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {

@@ -86,12 +86,19 @@ class PackedMLP {
   // layer by layer, drops the units forward would.
   at::Tensor dropout_noise(const at::Tensor& h) const;
 
-  // Dropout's masks come from the pack's own generator, seeded from options.seed()
-  // at construction and reseeded here (the trainer does, every epoch, so a resumed
-  // run drops what an uninterrupted one would): a run's masks follow from its seeds,
-  // not from the process. A CUDA pack draws from the device's default generator,
-  // the one graph capture registers; this does nothing there.
+  // On CPU, dropout's masks come from one generator per member, seeded from the
+  // seed given here and the member's index in the whole ensemble (first_member +
+  // k), each drawing its member's rows in order: what member m drops does not
+  // depend on which pack it trains in (a sweep's configuration, a member-parallel
+  // shard) nor on the process. Seeded from options.seed() at construction; the
+  // trainer reseeds every epoch, so a resumed run drops what an uninterrupted one
+  // would. A CUDA pack draws from the device's default generator, the one graph
+  // capture registers; this does nothing there.
   void seed_dropout(uint64_t seed);
+  // Data parallel: this rank's batch is rows [offset, offset + B) of a global batch
+  // of `rows`; each member draws masks for all of them and keeps its rows', so the
+  // ranks together drop what one process would (CPU).
+  void dropout_rows(int64_t offset, int64_t rows);
 
   // Re-initializes members in place from `seed` (member i from member_seed(seed, i)),
   // all members, or those where `which` (K, bool) is true. No tensor is reallocated,
@@ -111,7 +118,9 @@ class PackedMLP {
   std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
   at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when a rate is > 0
   bool drops_units_ = false;                 // options_.has_dropout(), decided once
-  at::Generator dropout_generator_;          // CPU packs: dropout's masks (undefined: the default)
+  std::vector<at::Generator> dropout_generators_;  // CPU packs with dropout: member k's masks
+  std::vector<double> keep_rates_;                 // member k keeps a unit with probability keep_rates_[k]
+  int64_t dropout_row_offset_ = 0, dropout_rows_ = 0;  // data parallel (0 rows: the batch is all of them)
   bool training_ = true;
 };
 

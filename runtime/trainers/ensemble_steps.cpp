@@ -31,6 +31,10 @@ EnsembleSteps::EnsembleSteps(ensemble::PackedMLP& model, ensemble::PackedOptimiz
               "EnsembleSteps: the optimizer does not hold this model's parameters");
   TORCH_CHECK(batcher_.data().size() == 2, "EnsembleSteps: expected data {x, y}, got ", batcher_.data().size(),
               " tensors");
+  if (options_.shard_count() > 1) {  // dropout: this rank's rows of the global batch (train_steps)
+    const int64_t rows = options_.batch_size() / options_.shard_count();
+    model.dropout_rows(options_.shard_index() * rows, options_.batch_size());
+  }
   const c10::Device device = batcher_.device();
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
   loss_sum_ = at::zeros({model.members()}, f64);

@@ -315,10 +315,9 @@ EpochReport EnsembleTrainer::run_epoch() {
   report.steps = steps_->steps_per_epoch();
   step_offset_ = steps_taken_ - steps_->steps_taken();  // steps of earlier sessions (resume)
   const bool data_parallel = group_ != nullptr && group_->world_size() > 1;
-  // Dropout's masks from (seed, data-parallel rank, epoch): a resumed run drops what an
-  // uninterrupted one would, and each rank draws its own for its rows.
-  const int64_t rank = group_ != nullptr ? group_->rank() : 0;
-  model_->seed_dropout(ensemble::member_seed(ensemble::member_seed(options_.seed(), -2 - rank), epoch_));
+  // Dropout's masks from (seed, epoch): a resumed run drops what an uninterrupted one
+  // would (data-parallel ranks draw the same per-member streams and keep their rows).
+  model_->seed_dropout(ensemble::member_seed(ensemble::member_seed(options_.seed(), -2), epoch_));
   if (data_parallel && check_every_steps_ > 0) {
     // The epoch in pieces that end where a checksum comparison is due.
     steps_->start_epoch();

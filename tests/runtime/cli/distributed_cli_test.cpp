@@ -46,7 +46,10 @@ TEST_F(Cli, LaunchStartsRanksThatJoinOneGroupAndForwardsTheirOutput) {
 }
 
 TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
-  const std::string args = "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet";
+  // With dropout: each rank draws every member's masks for the global batch and keeps
+  // its rows', so the ranks together drop what one process drops.
+  const std::string args =
+      "train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet";
   const nlohmann::json single = run_json(args);
   // (Checksums compared every 4 steps too: the epoch runs in pieces, the same steps.)
   const Result launched = launch(2, args + " --rank-check-every 4");
@@ -161,7 +164,9 @@ TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
 }
 
 TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
-  const std::string args = "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet";
+  // With dropout: member m's masks come from its own generator, whichever rank holds it.
+  const std::string args =
+      "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet";
   const nlohmann::json single = run_json(args);
   const Result launched = launch(2, args + " --member-parallel --checkpoint " + path("mp.ckpt"));
   ASSERT_EQ(launched.status, 0) << launched.out;
@@ -201,7 +206,7 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const nlohmann::json resharded = rank0_json(three.out);
   ASSERT_TRUE(resharded.is_object()) << three.out;
   const nlohmann::json longer = run_json(
-      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet");
+      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet");
   EXPECT_EQ(resharded["epochs_run"], 13);
   for (size_t k = 0; k < 5; ++k) {
     EXPECT_DOUBLE_EQ(resharded["members"][k]["rmse"].get<double>(), longer["members"][k]["rmse"].get<double>())
