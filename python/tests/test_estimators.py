@@ -220,6 +220,20 @@ def test_reinitialize_then_train_again_repeats_the_run():
     assert not np.array_equal(model.predict(x), first)
 
 
+def test_dropout_is_the_clis_and_follows_the_seed(tmp_path):
+    """Dropout's masks follow from the seed, not the process: fit(dropout=0.1) gives the
+    model `packtrain train --dropout 0.1` gives, prediction for prediction."""
+    x, y, train, test = concrete()
+    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--patience", 0, "--dropout", 0.1,
+            "--checkpoint", tmp_path / "cli.pt", "-q")
+    from_cli = packtrain.load(tmp_path / "cli.pt")
+    torch.manual_seed(12345)  # the process's generator plays no part
+    model = packtrain.EnsembleRegressor(dropout=0.1, **SMALL).fit(x[train], y[train])
+    assert np.array_equal(model.predict(x[test]), from_cli.predict(x[test]))
+    plain = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
+    assert not np.allclose(plain.predict(x[test]), model.predict(x[test]))
+
+
 def test_patience_needs_validation():
     x, y = blobs(100)
     with pytest.raises(ValueError, match="validation"):
