@@ -162,7 +162,7 @@ at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
     for (int64_t k = begin; k < end; ++k) {
       auto* generator = at::check_generator<at::CPUGeneratorImpl>(dropout_generators_[k]);
       std::lock_guard<std::mutex> lock(generator->mutex_);
-      AT_DISPATCH_FLOATING_TYPES(noise.scalar_type(), "dropout_noise", [&] {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, noise.scalar_type(), "dropout_noise", [&] {
         draw_member_mask<scalar_t>(generator, keep_rates_[k], rows, offset, B, H,
                                    noise.data_ptr<scalar_t>() + k * B * H);
       });

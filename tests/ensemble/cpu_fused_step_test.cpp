@@ -228,6 +228,19 @@ TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
   }
 }
 
+// Half-precision CPU packs take autograd's path; their forward draws masks too.
+TEST(CpuFusedStepDropout, HalfPrecisionPacksDropUnitsToo) {
+  for (const c10::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    PackedMLP half(PackedMLPOptions(kIn, 3).members(2).hidden(64).dropout(0.5).dtype(dtype));
+    const at::Tensor noise = half.dropout_noise(at::empty({2, 8, 64}, at::TensorOptions().dtype(dtype)));
+    const double dropped = noise.eq(0).to(at::kFloat).mean().item<double>();
+    EXPECT_GT(dropped, 0.3) << dtype;
+    EXPECT_LT(dropped, 0.7) << dtype;
+    EXPECT_EQ(noise.max().item<double>(), 2.0) << dtype;  // kept units scaled by 1 / 0.5
+    EXPECT_TRUE(half.forward(at::randn({4, kIn}).to(dtype)).isfinite().all().item<bool>()) << dtype;
+  }
+}
+
 TEST(CpuFusedStepScope, RejectsOutOfRangeClasses) {
   const Case c{Activation::kReLU, LossKind::kCrossEntropy, 1, false, at::kFloat};
   auto [x, y] = make_batch(c);
