@@ -330,8 +330,11 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y,
   std::vector<at::Tensor> noise;
   if (model.is_training() && model.options().has_dropout()) {
     for (size_t l = 0; l + 1 < s.layers.size(); ++l) {
-      noise.push_back(model.dropout_noise(
-          at::empty({model.members(), s.B, s.layers[l].d_out}, model.parameters().flat().options())));
+      // dropout_noise reads only the activation's shape and options: a broadcast view
+      // of one element carries them without allocating a (K, B, H) buffer per step.
+      const at::Tensor shape = at::empty({1, 1, 1}, model.parameters().flat().options())
+                                   .expand({model.members(), s.B, s.layers[l].d_out});
+      noise.push_back(model.dropout_noise(shape));
       s.noise.push_back(noise.back().data_ptr<T>());
     }
   }
