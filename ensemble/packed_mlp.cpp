@@ -1,18 +1,22 @@
 #include "packtrain/ensemble/packed_mlp.h"
 
+#include "packtrain/ensemble/dropout_mask.h"
 #include "packtrain/ensemble/member_seed.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/DistributionsHelper.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+#include "packtrain/ensemble/dropout_mask_cuda.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <string>
 
 namespace packtrain::ensemble {
@@ -85,18 +89,14 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
     }
   }
   drops_units_ = options_.has_dropout();
-  if (options_.device().is_cpu() && drops_units_) {
+  if (drops_units_) {
     for (int64_t k = 0; k < options_.members(); ++k) {
-      dropout_generators_.push_back(at::make_generator<at::CPUGeneratorImpl>());
       keep_rates_.push_back(1.0 - (options_.member_dropout().empty() ? options_.dropout()
                                                                       : options_.member_dropout()[k]));
     }
+    keep_ = at::tensor(keep_rates_, at::kDouble).to(options_.device());
+    dropout_state_ = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(options_.device()));
     seed_dropout(member_seed(options_.seed(), -1));
-  }
-  if (!options_.member_dropout().empty() && drops_units_) {
-    keep_ = (1 - at::tensor(options_.member_dropout(), at::kDouble))
-                .to(options_.device(), options_.dtype())
-                .reshape({options_.members(), 1, 1});
   }
   reinitialize(options_.seed());
 }
@@ -111,71 +111,49 @@ at::Tensor PackedMLP::forward(const at::Tensor& x) const {
       h = at::addcmul(norm_biases_[l], h, norm_weights_[l]);
     }
     h = activate(h, options_.activation());
-    if (!training_ || !drops_units_) continue;
-    // at::dropout's fused kernel on a GPU; elsewhere the multiply at::dropout does on CPU.
-    h = keep_.defined() || !h.is_cuda() ? h * dropout_noise(h) : at::dropout(h, options_.dropout(), true);
+    if (training_ && drops_units_) h = h * dropout_noise(h);
   }
   return linears_.back().forward(h);  // (K, B, O)
 }
 
-namespace {
-
-// Member k's mask for one layer: `rows` rows of `width` units drawn in order from its
-// generator, rows [offset, offset + out_rows) kept: 1 / keep where a unit stays, 0
-// where it drops (inverted dropout).
-template <typename T>
-void draw_member_mask(at::CPUGeneratorImpl* generator, double keep, int64_t rows, int64_t offset, int64_t out_rows,
-                      int64_t width, T* out) {
-  const T scale = T(1) / static_cast<T>(keep);
-  at::bernoulli_distribution<double> kept(keep);
-  for (int64_t r = 0; r < rows; ++r) {
-    const bool mine = r >= offset && r < offset + out_rows;
-    T* row = out + (r - offset) * width;
-    for (int64_t j = 0; j < width; ++j) {
-      const bool stays = kept(generator) != 0;
-      if (mine) row[j] = stays ? scale : T(0);
-    }
-  }
-}
-
-}  // namespace
-
 at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
   if (!drops_units_) return {};
-  if (h.is_cuda()) {
-    // Member k keeps a unit with probability keep_[k] and scales it by 1 / keep_[k]:
-    // one draw from the device's default generator for the whole pack.
-    if (keep_.defined()) return at::empty_like(h).bernoulli_(keep_).div_(keep_);
-    const double keep = 1.0 - options_.dropout();
-    return at::empty_like(h).bernoulli_(keep).div_(keep);
-  }
   TORCH_CHECK(h.dim() == 3 && h.size(0) == members(), "dropout_noise: expected (K, B, H) activations, got ",
               h.sizes());
-  const int64_t B = h.size(1), H = h.size(2);
-  const int64_t rows = dropout_rows_ > 0 ? dropout_rows_ : B;
+  const int64_t K = members(), B = h.size(1), H = h.size(2);
   const int64_t offset = dropout_rows_ > 0 ? dropout_row_offset_ : 0;
-  TORCH_CHECK(offset + B <= rows, "dropout_noise: rows ", offset, "..", offset + B, " outside a batch of ", rows);
-  at::Tensor noise = at::empty({members(), B, H}, h.options().requires_grad(false));
-  // Members in parallel: each draws from its own generator only, so the masks do
-  // not depend on the threads.
-  at::parallel_for(0, members(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      auto* generator = at::check_generator<at::CPUGeneratorImpl>(dropout_generators_[k]);
-      std::lock_guard<std::mutex> lock(generator->mutex_);
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, noise.scalar_type(), "dropout_noise", [&] {
-        draw_member_mask<scalar_t>(generator, keep_rates_[k], rows, offset, B, H,
-                                   noise.data_ptr<scalar_t>() + k * B * H);
-      });
-    }
-  });
+  TORCH_CHECK(dropout_rows_ == 0 || offset + B <= dropout_rows_, "dropout_noise: rows ", offset, "..", offset + B,
+              " outside a batch of ", dropout_rows_);
+  if (h.is_cuda()) {
+#if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
+    // The kernel writes float32 or float64; half-precision packs take float32's masks.
+    const bool native = h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble;
+    at::Tensor noise = at::empty({K, B, H}, h.options().dtype(native ? h.scalar_type() : at::kFloat)
+                                                .requires_grad(false));
+    C10_CUDA_CHECK(static_cast<cudaError_t>(detail::launch_dropout_mask(
+        noise.scalar_type() == at::kDouble, noise.data_ptr(), K, B, H, keep_.data_ptr<double>(),
+        options_.first_member(), offset, dropout_state_.data_ptr<int64_t>(),
+        c10::cuda::getCurrentCUDAStream(h.device().index()).stream())));
+    return native ? noise : noise.to(h.scalar_type());
+#else
+    // A build without packtrain's CUDA kernels: the device's default generator
+    // (the masks then do not follow from the seed).
+    const at::Tensor keep = keep_.to(h.scalar_type()).view({K, 1, 1});
+    return at::empty({K, B, H}, h.options().requires_grad(false)).bernoulli_(keep).div_(keep);
+#endif
+  }
+  at::Tensor noise = at::empty({K, B, H}, h.options().requires_grad(false));
+  int64_t* state = dropout_state_.data_ptr<int64_t>();
+  const int64_t draw = state[1]++;
+  detail::fill_dropout_mask_cpu(noise, keep_rates_, static_cast<uint64_t>(state[0]), draw, options_.first_member(),
+                                offset);
   return noise;
 }
 
 void PackedMLP::seed_dropout(uint64_t seed) {
-  for (size_t k = 0; k < dropout_generators_.size(); ++k) {
-    std::lock_guard<std::mutex> lock(dropout_generators_[k].mutex());
-    dropout_generators_[k].set_current_seed(member_seed(seed, options_.first_member() + static_cast<int64_t>(k)));
-  }
+  if (!dropout_state_.defined()) return;
+  // In place: a captured step keeps reading this tensor.
+  dropout_state_.copy_(at::tensor({static_cast<int64_t>(seed), int64_t{0}}, at::kLong));
 }
 
 void PackedMLP::dropout_rows(int64_t offset, int64_t rows) {

@@ -10,7 +10,6 @@
 #include "packtrain/ensemble/packed_linear.h"
 #include "packtrain/ensemble/packed_parameters.h"
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
 #include <torch/arg.h>
@@ -82,22 +81,26 @@ class PackedMLP {
 
   // The multiplier training applies to a hidden activation h (K, B, H): 0 where a
   // unit is dropped, 1 / keep where it is kept; undefined when no member drops
-  // units. Draws exactly as forward does, so a step that draws its masks here,
-  // layer by layer, drops the units forward would.
+  // units. Each call is one draw: the draw count advances, so a step that draws its
+  // masks here, layer by layer, drops the units forward would.
+  //
+  // Counter-based (dropout_mask_math.h): whether member m keeps unit j of row r is a
+  // function of the seed, the draw count, m's index in the whole ensemble
+  // (first_member + k) and r's index in the whole batch (see dropout_rows) — so what
+  // member m drops does not depend on which pack it trains in (a sweep's
+  // configuration, a member-parallel shard), on the process, the threads or the
+  // device: a CUDA pack draws the CPU's masks bit for bit, and the draw count lives
+  // in a device tensor that a captured step's replays advance.
   at::Tensor dropout_noise(const at::Tensor& h) const;
 
-  // On CPU, dropout's masks come from one generator per member, seeded from the
-  // seed given here and the member's index in the whole ensemble (first_member +
-  // k), each drawing its member's rows in order: what member m drops does not
-  // depend on which pack it trains in (a sweep's configuration, a member-parallel
-  // shard) nor on the process. Seeded from options.seed() at construction; the
-  // trainer reseeds every epoch, so a resumed run drops what an uninterrupted one
-  // would. A CUDA pack draws from the device's default generator, the one graph
-  // capture registers; this does nothing there.
+  // Sets the masks' seed and restarts the draw count. Seeded from options.seed() at
+  // construction; the trainer reseeds every epoch, so a resumed run drops what an
+  // uninterrupted one would. Safe between replays of a captured step (it writes the
+  // state tensor in place).
   void seed_dropout(uint64_t seed);
   // Data parallel: this rank's batch is rows [offset, offset + B) of a global batch
-  // of `rows`; each member draws masks for all of them and keeps its rows', so the
-  // ranks together drop what one process would (CPU).
+  // of `rows`; its masks are those rows' masks, so the ranks together drop what one
+  // process would.
   void dropout_rows(int64_t offset, int64_t rows);
 
   // Re-initializes members in place from `seed` (member i from member_seed(seed, i)),
@@ -116,10 +119,10 @@ class PackedMLP {
   std::vector<PackedLinear> linears_;        // depth + 1 layers
   std::vector<at::Tensor> norm_weights_;     // (K, 1, H) each, when layer_norm
   std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
-  at::Tensor keep_;                          // (K, 1, 1) 1 - member_dropout, when a rate is > 0
   bool drops_units_ = false;                 // options_.has_dropout(), decided once
-  std::vector<at::Generator> dropout_generators_;  // CPU packs with dropout: member k's masks
-  std::vector<double> keep_rates_;                 // member k keeps a unit with probability keep_rates_[k]
+  std::vector<double> keep_rates_;           // member k keeps a unit with probability keep_rates_[k]
+  at::Tensor keep_;                          // (K) float64 keep_rates_ on the pack's device, with dropout
+  at::Tensor dropout_state_;                 // (2) int64 {seed, draw count} on the pack's device, with dropout
   int64_t dropout_row_offset_ = 0, dropout_rows_ = 0;  // data parallel (0 rows: the batch is all of them)
   bool training_ = true;
 };

@@ -98,6 +98,73 @@ TEST_P(PackedModel, MemberDropoutDropsEachMemberAtItsOwnRate) {
   EXPECT_FALSE(PackedMLPOptions(3, 1).members(2).member_dropout({0.0, 0.0}).has_dropout());
 }
 
+// Pearson correlation of two 0/1 masks of the same shape.
+double mask_correlation(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.ne(0).to(at::kDouble).flatten(), y = b.ne(0).to(at::kDouble).flatten();
+  const at::Tensor dx = x - x.mean(), dy = y - y.mean();
+  return ((dx * dy).sum() / (dx.square().sum() * dy.square().sum()).sqrt()).item<double>();
+}
+
+// Dropout's masks are a function of (seed, draw, member, row, unit) alone: on any
+// device they equal a CPU pack's draws bit for bit; a member-parallel shard
+// (first_member) draws the whole pack's members, a data-parallel rank (dropout_rows)
+// the whole batch's rows; reseeding repeats the draws. And they look random: each
+// member drops at its rate, and neighbouring units, rows, members (at one rate) and
+// successive draws are uncorrelated.
+TEST_P(PackedModel, DropoutMasksFollowFromSeedDrawMemberAndRowAlone) {
+  const std::vector<double> rates{0.1, 0.5, 0.3, 0.5};
+  const int64_t K = 4, B = 256, H = 64;
+  const auto options = [&](c10::Device d) {
+    return PackedMLPOptions(3, 2).members(K).hidden(H).member_dropout(rates).seed(9).dtype(at::kDouble).device(d);
+  };
+  const auto probe = [&](c10::Device d, int64_t members, int64_t rows) {
+    return at::empty({members, rows, H}, at::TensorOptions().dtype(at::kDouble).device(d));
+  };
+  const c10::Device cpu(c10::kCPU);
+  PackedMLP pack(options(device())), reference(options(cpu));
+  pack.seed_dropout(77);
+  reference.seed_dropout(77);
+  std::vector<at::Tensor> draws;
+  for (int d = 0; d < 3; ++d) {
+    draws.push_back(pack.dropout_noise(probe(device(), K, B)).cpu());
+    EXPECT_TRUE(all_equal(draws.back(), reference.dropout_noise(probe(cpu, K, B)))) << "draw " << d;
+  }
+  pack.seed_dropout(77);
+  EXPECT_TRUE(all_equal(pack.dropout_noise(probe(device(), K, B)).cpu(), draws[0])) << "reseeding repeats";
+  pack.seed_dropout(78);
+  EXPECT_FALSE(at::equal(pack.dropout_noise(probe(device(), K, B)).cpu(), draws[0])) << "another seed, other masks";
+
+  // Members 1 and 2 of the pack, alone (a member-parallel shard), in their second draw.
+  PackedMLP shard(options(device()).members(2).first_member(1).member_dropout({rates[1], rates[2]}));
+  shard.seed_dropout(77);
+  shard.dropout_noise(probe(device(), 2, B));
+  EXPECT_TRUE(all_equal(shard.dropout_noise(probe(device(), 2, B)).cpu(), draws[1].slice(0, 1, 3)));
+  // Rows 100 .. 163 of the batch (a data-parallel rank), in the third draw.
+  PackedMLP rank(options(device()));
+  rank.seed_dropout(77);
+  rank.dropout_rows(100, B);
+  for (int d = 0; d < 3; ++d) {
+    const at::Tensor mine = rank.dropout_noise(probe(device(), K, 64)).cpu();
+    if (d == 2) EXPECT_TRUE(all_equal(mine, draws[2].slice(1, 100, 164)));
+  }
+
+  const at::Tensor all = at::stack(draws, 1);  // (K, 3 draws, B, H)
+  for (int64_t k = 0; k < K; ++k) {
+    const double p = rates[static_cast<size_t>(k)], n = 3.0 * B * H;
+    const at::Tensor m = all[k];
+    EXPECT_NEAR(m.eq(0).to(at::kDouble).mean().item<double>(), p, 5 * std::sqrt(p * (1 - p) / n)) << "member " << k;
+    EXPECT_TRUE(all_close(m.masked_select(m.ne(0)), at::full({1}, 1.0 / (1.0 - p), at::kDouble).expand(
+                                                        {m.ne(0).sum().item<int64_t>()}), 0.0));
+  }
+  // |r| of independent masks is ~N(0, 1/n): 5 / sqrt(n) is a 5-sigma bound.
+  const at::Tensor m = all[1];  // rate 0.5: (3, B, H)
+  const double bound = 5.0 / std::sqrt(static_cast<double>(m.numel()) / 2);
+  EXPECT_LT(std::abs(mask_correlation(m.slice(2, 0, H - 1), m.slice(2, 1, H))), bound) << "neighbouring units";
+  EXPECT_LT(std::abs(mask_correlation(m.slice(1, 0, B - 1), m.slice(1, 1, B))), bound) << "neighbouring rows";
+  EXPECT_LT(std::abs(mask_correlation(m.slice(0, 0, 2), m.slice(0, 1, 3))), bound) << "successive draws";
+  EXPECT_LT(std::abs(mask_correlation(all[1], all[3])), bound) << "members 1 and 3, both at rate 0.5";
+}
+
 TEST_P(PackedModel, PackUnpackRoundTrip) {
   const auto options = small(device()).layer_norm(true);
   std::vector<torch::nn::Sequential> models;

@@ -36,8 +36,8 @@ std::vector<at::Tensor> make_data(int64_t rows) {
   return {x, x.sum(1, true).tanh() + 0.05 * at::randn({rows, 1}, gen)};
 }
 
-ensemble::PackedMLPOptions model_options(uint64_t seed, c10::Device d) {
-  return ensemble::PackedMLPOptions(5, 2).members(kMembers).hidden(16).depth(2).seed(seed).device(d);
+ensemble::PackedMLPOptions model_options(uint64_t seed, c10::Device d, double dropout) {
+  return ensemble::PackedMLPOptions(5, 2).members(kMembers).hidden(16).depth(2).seed(seed).dropout(dropout).device(d);
 }
 
 const ensemble::LrSchedule kCosine =
@@ -46,8 +46,8 @@ const ensemble::LrSchedule kCosine =
 // The system under test: model, optimizer and EnsembleSteps.
 struct TrainingRun {
   TrainingRun(uint64_t model_seed, uint64_t order_seed, c10::Device d, graphs::BatchOrder order, int64_t unroll,
-      int64_t readback_steps = 0)
-      : model(model_options(model_seed, d)), optimizer(model.parameters(), ensemble::adamw_options().lr(1e-2)) {
+      int64_t readback_steps = 0, double dropout = 0.0)
+      : model(model_options(model_seed, d, dropout)), optimizer(model.parameters(), ensemble::adamw_options().lr(1e-2)) {
     optimizer.set_schedule(kCosine);
     steps = std::make_unique<EnsembleSteps>(model, optimizer, make_data(kRows),
                                             EnsembleStepsOptions()
@@ -66,8 +66,8 @@ struct TrainingRun {
 
 // The reference: the same model, optimizer and batcher stepped by hand, eagerly.
 struct Reference {
-  Reference(uint64_t model_seed, uint64_t order_seed, c10::Device d, graphs::BatchOrder order)
-      : model(model_options(model_seed, d)),
+  Reference(uint64_t model_seed, uint64_t order_seed, c10::Device d, graphs::BatchOrder order, double dropout = 0.0)
+      : model(model_options(model_seed, d, dropout)),
         optimizer(model.parameters(), ensemble::adamw_options().lr(1e-2)),
         batcher(make_data(kRows), d, kMembers, kBatch, order, order_seed) {
     optimizer.set_schedule(kCosine);
@@ -89,9 +89,9 @@ struct Reference {
 
 class EnsembleStepsTest : public DeviceTest {};
 
-void expect_matches_reference(const c10::Device& device, graphs::BatchOrder order) {
-  TrainingRun run(3, 4, device, order, /*unroll=*/4);
-  Reference ref(3, 4, device, order);
+void expect_matches_reference(const c10::Device& device, graphs::BatchOrder order, double dropout = 0.0) {
+  TrainingRun run(3, 4, device, order, /*unroll=*/4, /*readback_steps=*/0, dropout);
+  Reference ref(3, 4, device, order, dropout);
   ASSERT_EQ(run.steps->steps_per_epoch(), 10);
   std::vector<at::Tensor> ref_losses;
   for (int epoch = 0; epoch < 6; ++epoch) {
@@ -139,6 +139,19 @@ TEST_P(EnsembleStepsTest, MatchesTheEagerLoopSharedOrder) { expect_matches_refer
 
 TEST_P(EnsembleStepsTest, MatchesTheEagerLoopBootstrapOrder) {
   expect_matches_reference(device(), graphs::BatchOrder::kBootstrap);
+}
+
+// Dropout's masks are drawn inside the step from a draw count on the device: the
+// graph's replays (4 steps each, then single steps) must drop what the eager loop
+// drops step by step — a count frozen at capture would repeat one mask and part.
+// Dropout must act at all: the run differs from one without it.
+TEST_P(EnsembleStepsTest, MatchesTheEagerLoopWithDropout) {
+  expect_matches_reference(device(), graphs::BatchOrder::kShared, /*dropout=*/0.3);
+  TrainingRun with(3, 4, device(), graphs::BatchOrder::kShared, 4, 0, 0.3);
+  TrainingRun without(3, 4, device(), graphs::BatchOrder::kShared, 4);
+  with.steps->run_epoch();
+  without.steps->run_epoch();
+  EXPECT_FALSE(all_close(with.model.parameters().flat(), without.model.parameters().flat(), 1e-4));
 }
 
 TEST_P(EnsembleStepsTest, ReinitializingInPlaceReplaysTheSameGraphsAndEqualsAFreshRun) {
