@@ -14,15 +14,18 @@ Recipes:
            (100 for protein), 40 epochs, batch 100, Adam, no bagging (shared order);
            the learning rate chosen per split on the validation rows from 1e-3, 3e-3,
            1e-2 (a sweep in one pack, --select best).
-  default  packtrain train's defaults (16 members, 2 x 64, AdamW 3e-3, weight decay
-           1e-4, batch 64, up to 200 epochs): the stopping epoch chosen on the
-           validation rows (the ensemble's validation NLL, patience 50, the best
+  default  packtrain train's defaults (16 members, 2 x 64, no dropout, AdamW 3e-3,
+           weight decay 1e-4, batch 64, up to 200 epochs): the stopping epoch chosen on
+           the validation rows (the ensemble's validation NLL, patience 50, the best
            epoch's weights kept).
-  select   the defaults with 5 members per configuration and the weight decay chosen
-           on the validation rows from 1e-4, 1e-3, 1e-2 (15 members in one pack,
-           --select best keeps 5).
+  dropout  the defaults with --dropout 0.1 after each hidden activation.
+  default-dropout-select  the defaults with the dropout rate chosen per split on the
+           validation rows from 0 and 0.1 (32 members in one pack, --select best keeps
+           16).
+  select   the defaults without dropout, 5 members per configuration and the weight
+           decay chosen on the validation rows from 1e-4, 1e-3, 1e-2 (15 members in
+           one pack, --select best keeps 5).
   select-dropout  as select, crossed with dropout 0 and 0.1 (30 members, 5 kept).
-  dropout  the defaults with dropout 0.1 after each hidden activation.
 
 The published column is the Deep Ensembles column of Table 1 of Lakshminarayanan,
 Pritzel and Blundell, "Simple and Scalable Predictive Uncertainty Estimation using
@@ -30,9 +33,10 @@ Deep Ensembles", NeurIPS 2017 (pp. 6402-6413), copied from the paper's text; the
 recipe also used adversarial training (epsilon 0.01 x each input's range).
 
 Usage: run_protocol.py [--build-dir build] [--recipes paper,default] [--datasets a,b]
-                       [--splits N] [--out benchmarks/uci/results] [--markdown-only]
+                       [--splits N] [--out benchmarks/uci/results] [--markdown-only] [--append]
 Writes results.json and results.md into --out (--markdown-only: results.md again from
-the results.json there).
+the results.json there; --append: keeps the rows already there for other data sets or
+recipes, and names the earlier runs' commands).
 """
 import argparse
 import datetime
@@ -67,16 +71,18 @@ def recipe_flags(recipe, dataset):
     if recipe == "paper":
         hidden = 100 if dataset.startswith("protein") else 50
         return ["--members", "5", "--depth", "1", "--hidden", str(hidden), "--epochs", "40", "--batch", "100",
-                "--optimizer", "adam", "--weight-decay", "0", "--order", "shared", "--lr", "1e-3,3e-3,1e-2",
-                "--select", "best"]
+                "--optimizer", "adam", "--weight-decay", "0", "--dropout", "0", "--order", "shared",
+                "--lr", "1e-3,3e-3,1e-2", "--select", "best"]
     if recipe == "default":
         return []
     if recipe == "select":
-        return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--select", "best"]
+        return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0", "--select", "best"]
     if recipe == "select-dropout":
         return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0,0.1", "--select", "best"]
     if recipe == "dropout":
         return ["--dropout", "0.1"]
+    if recipe == "default-dropout-select":
+        return ["--dropout", "0,0.1", "--select", "best"]
     raise ValueError(recipe)
 
 
@@ -132,6 +138,10 @@ def write_markdown(results, path):
              "Published: Lakshminarayanan et al. (2017), Table 1, Deep Ensembles (5 networks, 1 x 50, 40 epochs, "
              "adversarial training), as printed. vs published: at or below its mean at its two decimals, within one "
              "published sd above it, or above.", "",
+             *([f"Command: `{results.get('command', '')}` (packtrain {results.get('commit', '?')}); rows of other data "
+                "sets from earlier runs into the same directory: " + "; ".join(
+                    f"`{e.get('command', '')}` ({e.get('date', '')}, packtrain {e.get('commit', '?')})"
+                    for e in results["earlier"]), ""] if results.get("earlier") else []),
              "| data set | splits | recipe | RMSE | NLL | published RMSE | published NLL | vs published (RMSE; NLL) "
              "| NLL of the mixture | 90% coverage | s/split | choices (splits) |",
              "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
@@ -178,6 +188,8 @@ def main():
     ap.add_argument("--splits", type=int, default=None, help="at most this many splits per set (default: all)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--markdown-only", action="store_true", help="rewrite results.md from --out's results.json")
+    ap.add_argument("--append", action="store_true",
+                    help="keep --out's earlier rows of other (data set, recipe) pairs, with their commands")
     args = ap.parse_args()
     if args.markdown_only:
         with open(os.path.join(args.out, "results.json")) as f:
@@ -196,6 +208,15 @@ def main():
                "recipes": {r: " ".join(recipe_flags(r, "concrete")) or "packtrain train's defaults"
                            for r in args.recipes.split(",")},
                "rows": []}
+    earlier = os.path.join(args.out, "results.json")
+    if args.append and os.path.exists(earlier):
+        with open(earlier) as f:
+            before = json.load(f)
+        ran = {(d, r) for d in args.datasets.split(",") for r in args.recipes.split(",")}
+        results["rows"] = [row for row in before["rows"] if (row["dataset"], row["recipe"]) not in ran]
+        results["earlier"] = [{k: before[k] for k in ("date", "command", "commit") if k in before}] + \
+            before.get("earlier", [])
+        results["recipes"] = {**before.get("recipes", {}), **results["recipes"]}
     for dataset in args.datasets.split(","):
         n = splits_of(dataset) if args.splits is None else min(args.splits, splits_of(dataset))
         for recipe in args.recipes.split(","):

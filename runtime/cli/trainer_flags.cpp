@@ -17,7 +17,7 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
   app->add_option("--depth", o.depth(), "Number of hidden layers")->capture_default_str()->check(non_negative())->group("Model");
   add_enum_option(app, "--activation", o.activation(), ensemble::kActivationNames, "Hidden activation")->group("Model");
   app->add_flag("--layer-norm", o.layer_norm(), "LayerNorm after each hidden layer")->group("Model");
-  app->add_option("--dropout", f.dropout, "Dropout after each hidden activation; several sweep them as --lr")
+  app->add_option("--dropout", f.dropout, "Dropout after each hidden activation, in training; several sweep them as --lr")
       ->delimiter(',')->capture_default_str()->group("Model");
   add_enum_option(app, "--head", o.head(), runtime::kHeadNames,
                   "gaussian: mean and variance (deep ensembles); mean: MSE; classification: labels in the target column")

@@ -151,10 +151,10 @@ TEST(CpuFusedStepScope, StepsAsideForWhatItDoesNotHandle) {
   }
 }
 
-// Dropout: from the same generator state the fused step drops the units autograd's
-// forward drops (one rate, per-member rates, float32 and float64), so it writes the
-// same gradients; and those differ from a step without dropout (the masks act). The
-// masks come from the pack's own generator: the same seed, the same masks.
+// Dropout: from the same seed and draw count the fused step drops the units
+// autograd's forward drops (one rate, per-member rates, float32 and float64), so it
+// writes the same gradients; and those differ from a step without dropout (the masks
+// act). The masks follow from the pack's seed: the same seed, the same masks.
 TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
   struct DropoutCase {
     Case c;
@@ -193,7 +193,7 @@ TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
     reference.parameters().zero_grad();
     const at::Tensor expected = packed_loss(d.c.loss, reference.forward(x), y);
     torch::autograd::backward({expected.sum()});
-    // Both generators moved on by the same draws.
+    // Both draw counts moved on by the same draws.
     const at::Tensor probe = at::empty({d.c.members, 3, 5}, x.options());
     EXPECT_TRUE(packtrain::testing::all_equal(fused.dropout_noise(probe), reference.dropout_noise(probe))) << name;
 

@@ -164,7 +164,7 @@ TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
 }
 
 TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
-  // With dropout: member m's masks come from its own generator, whichever rank holds it.
+  // With dropout: member m's masks follow from its index in the ensemble, whichever rank holds it.
   const std::string args =
       "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet";
   const nlohmann::json single = run_json(args);
