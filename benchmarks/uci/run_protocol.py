@@ -17,7 +17,12 @@ Recipes:
   default  packtrain train's defaults (16 members, 2 x 64, no dropout, AdamW 3e-3,
            weight decay 1e-4, batch 64, up to 200 epochs): the stopping epoch chosen on
            the validation rows (the ensemble's validation NLL, patience 50, the best
-           epoch's weights kept).
+           epoch's weights kept), then the predictive variance recalibrated on the
+           same validation rows (--recalibrate variance: one scale, the moment-matched
+           Gaussian NLL's minimum there).
+  default-uncalibrated  the defaults with --recalibrate none (the default recipe
+           before recalibration existed).
+  The recipes below, measured before recalibration existed, keep --recalibrate none.
   dropout  the defaults with --dropout 0.1 after each hidden activation.
   default-dropout-select  the defaults with the dropout rate chosen per split on the
            validation rows from 0 and 0.1 (32 members in one pack, --select best keeps
@@ -72,17 +77,20 @@ def recipe_flags(recipe, dataset):
         hidden = 100 if dataset.startswith("protein") else 50
         return ["--members", "5", "--depth", "1", "--hidden", str(hidden), "--epochs", "40", "--batch", "100",
                 "--optimizer", "adam", "--weight-decay", "0", "--dropout", "0", "--order", "shared",
-                "--lr", "1e-3,3e-3,1e-2", "--select", "best"]
+                "--lr", "1e-3,3e-3,1e-2", "--select", "best", "--recalibrate", "none"]
     if recipe == "default":
         return []
+    none = ["--recalibrate", "none"]
+    if recipe == "default-uncalibrated":
+        return none
     if recipe == "select":
-        return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0", "--select", "best"]
+        return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0", "--select", "best", *none]
     if recipe == "select-dropout":
-        return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0,0.1", "--select", "best"]
+        return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0,0.1", "--select", "best", *none]
     if recipe == "dropout":
-        return ["--dropout", "0.1"]
+        return ["--dropout", "0.1", *none]
     if recipe == "default-dropout-select":
-        return ["--dropout", "0,0.1", "--select", "best"]
+        return ["--dropout", "0,0.1", "--select", "best", *none]
     raise ValueError(recipe)
 
 
@@ -114,6 +122,7 @@ def run_split(binary, dataset, split, recipe):
     return {"split": split, "rmse": out["ensemble"]["rmse"], "nll": out["ensemble"]["nll"],
             "epochs": max(best) if best else None,
             "mixture_nll": out["calibration"]["mixture_nll"], "seconds": seconds, "chosen_lr": chosen,
+            "variance_scale": out.get("variance_scale", 1.0),
             "coverage_90": next(i["coverage"] for i in out["calibration"]["intervals"] if i["level"] == 0.9)}
 
 
@@ -143,8 +152,8 @@ def write_markdown(results, path):
                     f"`{e.get('command', '')}` ({e.get('date', '')}, packtrain {e.get('commit', '?')})"
                     for e in results["earlier"]), ""] if results.get("earlier") else []),
              "| data set | splits | recipe | RMSE | NLL | published RMSE | published NLL | vs published (RMSE; NLL) "
-             "| NLL of the mixture | 90% coverage | s/split | choices (splits) |",
-             "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "| NLL of the mixture | 90% coverage | variance scale (median) | s/split | choices (splits) |",
+             "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     tally = {}
     for row in results["rows"]:
         rm, rs = summary([s["rmse"] for s in row["splits"]])
@@ -152,6 +161,7 @@ def write_markdown(results, path):
         mm, ms = summary([s["mixture_nll"] for s in row["splits"]])
         cov = statistics.mean(s["coverage_90"] for s in row["splits"])
         secs = statistics.mean(s["seconds"] for s in row["splits"])
+        scale = statistics.median(s.get("variance_scale", 1.0) for s in row["splits"])  # 1: not recalibrated
         chosen = {}
         for s in row["splits"]:
             if s["chosen_lr"] is not None:
@@ -169,7 +179,7 @@ def write_markdown(results, path):
         tally[row["recipe"]][2] += 1
         lines.append(f"| {row['dataset']} | {len(row['splits'])} | {row['recipe']} | {rm:.3f} ± {rs:.3f} | "
                      f"{nm:.2f} ± {ns:.2f} | {pr:.2f} ± {prs:.2f} | {pn:.2f} ± {pns:.2f} | "
-                     f"{verdict[0]}; {verdict[1]} | {mm:.2f} ± {ms:.2f} | {cov:.1%} | {secs:.1f} | "
+                     f"{verdict[0]}; {verdict[1]} | {mm:.2f} ± {ms:.2f} | {cov:.1%} | {scale:.3g} | {secs:.1f} | "
                      f"{chosen_text or 'fixed'} |")
     lines.append("")
     for recipe, (both, within, sets) in tally.items():

@@ -10,6 +10,7 @@
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
 #include "packtrain/runtime/trainers/predictive_distribution.h"
+#include "packtrain/runtime/trainers/variance_calibration.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 
@@ -308,6 +309,20 @@ PYBIND11_MODULE(_core, m) {
         return d;
       },
       py::arg("prediction"));
+  // Recalibration (runtime/trainers/variance_calibration.h) of a regression prediction dict.
+  const auto combined = [](const py::dict& p) {
+    rt::EnsemblePrediction e = prediction_from(p);
+    const rt::Head head = e.member_variance.defined() ? rt::Head::kGaussian : rt::Head::kMean;
+    return rt::combine_members(std::move(e), head);
+  };
+  m.def("fit_variance_scale", [combined](const py::dict& p, const at::Tensor& y) {
+        return rt::fit_variance_scale(combined(p), y);
+      },
+      py::arg("prediction"), py::arg("y"));
+  m.def("scale_variance", [combined](const py::dict& p, double scale) {
+        return prediction_dict(rt::scale_variance(combined(p), scale));
+      },
+      py::arg("prediction"), py::arg("scale"));
   m.def("mixture_cdf", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_cdf(prediction_from(p), y); },
         py::arg("prediction"), py::arg("y"));
   m.def(
@@ -506,6 +521,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("steps_id", [](EnsembleTrainer& t) {
         return t.prepared() ? reinterpret_cast<uintptr_t>(&t.steps()) : uintptr_t{0};
       })
+      .def_property_readonly("variance_scale", &EnsembleTrainer::variance_scale)
       .def_property_readonly("epoch", &EnsembleTrainer::epoch)
       .def_property_readonly("steps_taken", &EnsembleTrainer::steps_taken)
       .def_property_readonly("in_features", &EnsembleTrainer::in_features)

@@ -302,6 +302,14 @@ class _PackedEnsemble(_Base):
         self._check_fitted()
         return self._trainer.epoch
 
+    @property
+    def variance_scale_(self):
+        """The factor by which recalibration (recalibration="variance", the default,
+        with validation rows) multiplied the predictive variance: fitted on the
+        validation rows once training finished; 1.0 when none was fitted."""
+        self._check_fitted()
+        return float(getattr(self._trainer, "variance_scale", 1.0))
+
 
 def _signature(cls, extra):
     """cls.__init__ with one keyword argument per option, the CLI's defaults."""
@@ -360,7 +368,10 @@ class EnsembleRegressor(_RegressorMixin, _PackedEnsemble):
 
     def predict_members(self, X):
         """Each member's predicted means (K, N) and, with the Gaussian head,
-        variances (K, N); (means, None) with the mean head."""
+        variances (K, N); (means, None) with the mean head. After recalibration
+        (variance_scale_ != 1) the members are the recalibrated ones: means
+        stretched about the ensemble mean by sqrt(variance_scale_), variances
+        times it — their mixture is what predict() describes."""
         p = self._predict(X)
         variance = p.get("member_variance")
         return _like(p["member_mean"], X), None if variance is None else _like(variance, X)
@@ -451,7 +462,7 @@ class EnsembleClassifier(_ClassifierMixin, _PackedEnsemble):
         return float(np.mean(predicted == target))
 
 
-_signature(EnsembleClassifier, {"omit": ("head", "min_variance")})
+_signature(EnsembleClassifier, {"omit": ("head", "min_variance", "recalibration")})
 
 
 def load(path, device="cpu"):
@@ -471,6 +482,7 @@ def load(path, device="cpu"):
     if options["head"] == "classification":
         options.pop("head")
         options.pop("min_variance")
+        options.pop("recalibration", None)
         model = EnsembleClassifier(**options)
         model.classes_ = np.asarray(loaded.classes)
     else:

@@ -60,6 +60,28 @@ def test_decomposition_density_and_cdf_match_torch_distributions():
     np.testing.assert_allclose(_core.mixture_cdf(prediction, yt).numpy(), mix.cdf(yt).numpy(), atol=1e-12)
 
 
+def test_variance_scale_minimizes_uncertainty_toolbox_gaussian_nll():
+    """The recalibration scale (runtime/trainers/variance_calibration) is the factor on
+    the moment-matched variance that minimizes the Gaussian NLL — here uncertainty-
+    toolbox's nll_gaussian minimized by scipy over the std's factor — and applying it
+    stretches the mixture about its mean (torch.distributions' CDF moves with it)."""
+    prediction, mean, var, y = regression_case()
+    m, v = mean.mean(0), var.mean(0) + mean.var(0)
+    ref = scipy_optimize.minimize_scalar(
+        lambda r: uct.metrics_scoring_rule.nll_gaussian(m, r * np.sqrt(v), y), bounds=(1e-2, 1e2), method="bounded",
+        options={"xatol": 1e-10})
+    s = _core.fit_variance_scale(prediction, torch.from_numpy(y))
+    assert s == pytest.approx(ref.x ** 2, rel=1e-6)
+    scaled = _core.scale_variance(prediction, s)
+    np.testing.assert_allclose(scaled["mean"].numpy(), m, rtol=1e-12)
+    np.testing.assert_allclose(scaled["variance"].numpy(), s * v, rtol=1e-10)
+    moved = m + np.sqrt(s) * (y - m)
+    np.testing.assert_allclose(_core.mixture_cdf(scaled, torch.from_numpy(moved)).numpy(),
+                               torch_mixture(mean, var).cdf(torch.from_numpy(y)).numpy(), atol=1e-12)
+    assert uct.metrics_scoring_rule.nll_gaussian(m, np.sqrt(s * v), y) < uct.metrics_scoring_rule.nll_gaussian(
+        m, np.sqrt(v), y)
+
+
 def test_quantiles_and_intervals_match_scipy_root_finding():
     prediction, mean, var, _ = regression_case(K=4, N=40, seed=1)
     probabilities = [0.025, 0.25, 0.5, 0.9, 0.975]

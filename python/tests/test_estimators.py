@@ -66,6 +66,35 @@ def test_fit_is_the_cli_run(tmp_path):
     assert model.score(x[test], y[test]) > 0.5
 
 
+def test_recalibration_is_fitted_on_the_validation_rows_and_is_the_clis(tmp_path):
+    """recalibration="variance" (the default): the predictive variance of a fit with
+    validation rows is the unrecalibrated fit's times variance_scale_, the scale that
+    minimizes uncertainty-toolbox's Gaussian NLL of the validation rows (scipy); the
+    CLI's run of the same options reports the same scale."""
+    uct = pytest.importorskip("uncertainty_toolbox")
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    x, y, train, test = concrete()
+    rows = train[: int(0.9 * len(train))]
+    val = train[len(rows):]
+    model = packtrain.EnsembleRegressor(**SMALL).fit(x[rows], y[rows], x[val], y[val])
+    plain = packtrain.EnsembleRegressor(**SMALL, recalibration="none").fit(x[rows], y[rows], x[val], y[val])
+    assert plain.variance_scale_ == 1.0
+    s = model.variance_scale_
+    m, sd = plain.predict(x[val], return_std=True)
+    ref = scipy_optimize.minimize_scalar(lambda r: uct.metrics_scoring_rule.nll_gaussian(m, r * sd, y[val]),
+                                         bounds=(1e-2, 1e2), method="bounded", options={"xatol": 1e-10})
+    assert s == pytest.approx(ref.x ** 2, rel=1e-5)
+    mine, theirs = model.predict(x[test], return_std=True), plain.predict(x[test], return_std=True)
+    np.testing.assert_allclose(mine[0], theirs[0], rtol=1e-12)
+    np.testing.assert_allclose(mine[1], np.sqrt(s) * theirs[1], rtol=1e-9)
+    # The CLI, holding out its own validation rows, reports its scale and saves it.
+    out = json.loads(run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--patience", 0, "--json",
+                             "--quiet", "--checkpoint", tmp_path / "cli.pt").stdout)
+    cli_model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
+    assert out["variance_scale"] == pytest.approx(cli_model.variance_scale_, rel=1e-12)
+    assert packtrain.load(tmp_path / "cli.pt").variance_scale_ == pytest.approx(out["variance_scale"], rel=1e-12)
+
+
 def test_save_is_read_by_the_cli(tmp_path):
     x, y, train, test = concrete()
     model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])

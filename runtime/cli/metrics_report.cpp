@@ -78,6 +78,11 @@ void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::Ensem
   fmt::print("  {:>8}  {:>10}  {:>10}   <- the ensemble (uniform mixture){}\n", "ensemble",
              cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll),
              cls ? "" : "; NLL: its moment-matched Gaussian's");
+  if (trainer.variance_scale() != 1) {
+    fmt::print("  Recalibrated on the validation rows: predictive variance x {:.4g} (std x {:.4g}), the mixture "
+               "stretched about its mean; members shown as recalibrated (--recalibrate none: as trained)\n",
+               trainer.variance_scale(), std::sqrt(trainer.variance_scale()));
+  }
   print_calibration(m, trainer.options().head());
 }
 
@@ -118,6 +123,7 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
     out["members"][k]["status"] = std::string(runtime::to_string(s.status));
     out["members"][k]["best_epoch"] = s.best_epoch;
   }
+  if (!classification(trainer)) out["variance_scale"] = trainer.variance_scale();  // 1: as trained
   return out;
 }
 

@@ -363,7 +363,7 @@ struct TrainCommand {
   TrainerFlags trainer;
   SessionArgs session;
   bool member_parallel = false;
-  bool patience_given = false, early_stopping_given = false;
+  bool patience_given = false, early_stopping_given = false, recalibrate_given = false;
 };
 
 // train's defaults that depend on the run: no early stopping without validation
@@ -379,6 +379,13 @@ runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
                        "with --member-parallel");
     }
     o.early_stopping(runtime::EarlyStopping::kMember);
+  }
+  if (c.member_parallel && o.recalibration() != runtime::Recalibration::kNone) {
+    if (c.recalibrate_given) {
+      throw UsageError("--recalibrate variance fits one scale to the whole ensemble, which needs every member in one "
+                       "process: use --recalibrate none with --member-parallel");
+    }
+    o.recalibration(runtime::Recalibration::kNone);
   }
   return o;
 }
@@ -565,6 +572,7 @@ void add_train_commands(CLI::App& app, int& status) {
   t->callback([train, t, &status] {
     train->patience_given = t->count("--patience") > 0;
     train->early_stopping_given = t->count("--early-stopping") > 0;
+    train->recalibrate_given = t->count("--recalibrate") > 0;
     status = run_train(*train);
   });
 

@@ -48,6 +48,12 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
       ->group("Training");
   app->add_flag_callback("--no-restore-best", [&o] { o.restore_best(false); },
                          "With --patience: keep each member's last weights instead of its best validation epoch's")->group("Training");
+  add_enum_option(app, "--recalibrate", o.recalibration(), runtime::kRecalibrationNames,
+                  "Regression with validation rows: once trained, stretch the ensemble's predictive distribution about "
+                  "its mean by the one factor that fits the validation rows (its variance times s, s minimizing the "
+                  "moment-matched Gaussian NLL there; printed, saved in the checkpoint, used by predict, evaluate and "
+                  "acquire); none: predict as trained")
+      ->group("Training");
   app->add_option("--seed", o.seed(), "Seed: member i is initialized from (seed, i); batch orders too")->capture_default_str()->check(non_negative())->group("Training");
   app->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
   app->add_flag_callback("--eager", [&o] { o.capture(false); }, "Run every step eagerly (no CUDA graph capture)")->group("Training");

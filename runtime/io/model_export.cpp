@@ -11,6 +11,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,8 @@ void validate_regression(const ensemble::PackedMLPOptions& o, const ExportExtras
   TORCH_CHECK(o.out_features() == outputs, "export: a '", e.head, "' head over ", targets, " targets needs ", outputs,
               " outputs, the pack has ", o.out_features());
   TORCH_CHECK(e.min_variance >= 0, "export: min_variance must be >= 0, got ", e.min_variance);
+  TORCH_CHECK(e.variance_scale > 0 && std::isfinite(e.variance_scale), "export: variance_scale must be positive and "
+              "finite, got ", e.variance_scale);
 }
 
 void validate(const ensemble::PackedMLPOptions& o, const ExportExtras& e) {
@@ -131,6 +134,7 @@ Dict export_dict(const ensemble::PackedMLP& pack, const std::vector<int64_t>& id
   d.insert("min_variance", e.min_variance);
   d.insert("feature_names", names);
   d.insert("classes", classes);
+  d.insert("variance_scale", e.variance_scale);
   return d;
 }
 

@@ -23,6 +23,9 @@ struct ExportExtras {
   double min_variance = 1e-6;  // gaussian head: variance = softplus(raw) + min_variance (standardized units)
   std::vector<std::string> feature_names;  // (I) or empty
   std::vector<double> classes;  // classification: the original label value of each class index (O)
+  // Regression: the ensemble's recalibration (runtime/trainers/variance_calibration.h),
+  // fitted to the members it predicts with; 1: none.
+  double variance_scale = 1.0;
 };
 
 // Writes, atomically (write_file_atomically), a dict torch.load reads with
@@ -34,7 +37,7 @@ struct ExportExtras {
 //   "architecture": {"in_features", "out_features", "hidden", "depth",
 //                    "activation" ("relu"/"gelu"/"silu"/"tanh"), "layer_norm": bool, "dropout": float}
 //   "x_mean", "x_std", "y_mean", "y_std": float64 tensors ("y_*" omitted when undefined)
-//   "head", "min_variance", "feature_names", "classes"
+//   "head", "min_variance", "feature_names", "classes", "variance_scale"
 // `members` empty exports all. Throws naming the offending value for an unknown
 // head, a member out of range, or extras whose sizes do not match the pack.
 void export_for_pytorch(const std::filesystem::path& path, const ensemble::PackedMLP& pack,

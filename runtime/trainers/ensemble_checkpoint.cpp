@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -73,6 +74,7 @@ void EnsembleTrainer::save(const fs::path& path, const std::string& extra, int64
   d.insert("steps_taken", steps_taken_);
   d.insert("train_history", doubles(train_history_));
   d.insert("val_history", doubles(val_history_));
+  d.insert("variance_scale", variance_scale_);
   d.insert("data_fingerprint", static_cast<int64_t>(data_fingerprint_));
   d.insert("prepared", prepared());
   if (prepared()) {
@@ -291,6 +293,9 @@ void EnsembleTrainer::restore(const Checkpoint& checkpoint) {
     steps_taken_ = d.at("steps_taken").toInt();
     train_history_ = to_vector(d.at("train_history").toTensor());
     val_history_ = to_vector(d.at("val_history").toTensor());
+    variance_scale_ = d.contains("variance_scale") ? d.at("variance_scale").toDouble() : 1.0;  // absent before it
+    TORCH_CHECK(std::isfinite(variance_scale_) && variance_scale_ > 0, "variance scale ", variance_scale_,
+                " is not positive and finite");
     if (!prepared()) return;
     TORCH_CHECK(d.at("prepared").toBool(), "the checkpoint holds a model only (no training state to resume)");
     const auto opt = d.at("optimizer").toGenericDict();

@@ -19,6 +19,7 @@ void export_members(const std::string& path, const EnsembleTrainer& trainer,
   extras.min_variance = trainer.options().min_variance();
   extras.feature_names = feature_names;
   extras.classes = trainer.classes();
+  extras.variance_scale = trainer.variance_scale();
   for (int64_t k : members) {
     if (k < 0 || k >= trainer.options().members()) {
       throw DataError(fmt::format("member {} does not exist (the pack has members 0..{})", k,

@@ -6,6 +6,7 @@
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/variance_calibration.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -46,20 +47,30 @@ at::Tensor class_indices(const at::Tensor& y, const std::vector<double>& classes
 }
 
 EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
+  EnsemblePrediction p = predict_uncalibrated(x);
+  if (variance_scale_ != 1 && options_.head() != Head::kClassification) p = scale_variance(std::move(p), variance_scale_);
+  return p;
+}
+
+EnsemblePrediction EnsembleTrainer::predict_uncalibrated(const at::Tensor& x) const {
   TORCH_CHECK(model_, "predict: the ensemble has not been trained or loaded");
   if (x.dim() != 2 || x.size(1) != in_features_) {
     throw DataError("the model expects " + std::to_string(in_features_) + " features per row, got data shaped " +
                     c10::str(x.sizes()));
   }
+  // Differentiable in x when x requires grad (Bayesian optimization's acquisition
+  // gradients, through the Python package); otherwise no autograd graph at all.
+  const at::AutoGradMode grad_mode(x.requires_grad());
+  return predict_standardized(
+      x_scale_.transform(x).to(at::TensorOptions().dtype(at::kFloat).device(options_.device())));
+}
+
+EnsemblePrediction EnsembleTrainer::predict_standardized(const at::Tensor& xs) const {
   EnsemblePrediction out;
   for (int64_t k = 0; k < options_.members(); ++k) {
     if (members_[k].usable) out.included.push_back(k);
   }
   if (out.included.empty()) throw std::runtime_error("every member diverged: no usable member to predict with");
-  // Differentiable in x when x requires grad (Bayesian optimization's acquisition
-  // gradients, through the Python package); otherwise no autograd graph at all.
-  const at::AutoGradMode grad_mode(x.requires_grad());
-  const at::Tensor xs = x_scale_.transform(x).to(at::TensorOptions().dtype(at::kFloat).device(options_.device()));
   const at::Tensor raw = model_->forward(xs).to(at::kDouble).cpu();  // (K, N, O)
   const at::Tensor inc = at::tensor(out.included, at::kLong);
   if (options_.head() == Head::kClassification) {

@@ -11,6 +11,7 @@
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 #include "packtrain/runtime/trainers/ensemble_validation.h"
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/variance_calibration.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -181,6 +182,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   const at::Tensor ys = encode_targets(y, "training");
   val_x_ = val_x.defined() ? x_scale_.transform(val_x).to(f32) : at::Tensor();
   val_y_ = val_x.defined() ? encode_targets(val_y, "validation") : at::Tensor();
+  val_targets_ = val_x.defined() ? val_y.reshape({-1}).to(at::kDouble).cpu().clone() : at::Tensor();
 
   ensemble::PackedParameters& params = model_->parameters();
   switch (options_.optimizer()) {
@@ -236,6 +238,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   }
   best_params_ = val_x_.defined() ? model_->parameters().flat().detach().clone() : at::Tensor();
   resume_params_ = at::Tensor();
+  variance_scale_ = 1.0;
   epoch_ = 0;
   steps_taken_ = 0;
   train_history_.clear();
@@ -252,6 +255,7 @@ bool EnsembleTrainer::reuse_steps(const at::Tensor& x, const at::Tensor& y, cons
   steps_->batcher().replace_data({x_scale_.transform(x).to(f32), encode_targets(y, "training")});
   val_x_ = val_x.defined() ? x_scale_.transform(val_x).to(f32) : at::Tensor();
   val_y_ = val_x.defined() ? encode_targets(val_y, "validation") : at::Tensor();
+  val_targets_ = val_x.defined() ? val_y.reshape({-1}).to(at::kDouble).cpu().clone() : at::Tensor();
   data_fingerprint_ = tensor_fingerprint({x.to(at::kDouble), y.to(at::kDouble)});
   reinitialize(options_.seed());
   return true;
@@ -284,6 +288,7 @@ void EnsembleTrainer::reinitialize(uint64_t seed) {
   members_.assign(options_.members(), MemberState{});
   if (best_params_.defined()) best_params_.copy_(model_->parameters().flat().detach());
   resume_params_ = at::Tensor();
+  variance_scale_ = 1.0;
   epoch_ = 0;
   steps_taken_ = 0;
   train_history_.clear();
@@ -298,6 +303,7 @@ bool EnsembleTrainer::train(const EpochCallback& on_epoch, bool stop_when_idle) 
     model_->parameters().flat().detach().copy_(resume_params_);
     resume_params_ = at::Tensor();
   }
+  variance_scale_ = 1.0;  // fitted again to the weights this run ends with
   model_->train(true);
   while (go_on && epoch_ < options_.epochs()) {
     const EpochReport report = run_epoch();
@@ -307,7 +313,23 @@ bool EnsembleTrainer::train(const EpochCallback& on_epoch, bool stop_when_idle) 
   model_->train(false);
   const bool finished = go_on;
   if (finished && options_.restore_best() && options_.patience() > 0) restore_best_weights();
+  if (finished) recalibrate();
   return finished;
+}
+
+void EnsembleTrainer::recalibrate() {
+  variance_scale_ = 1.0;
+  if (options_.recalibration() != Recalibration::kVariance || options_.head() == Head::kClassification ||
+      !val_x_.defined() || val_x_.size(0) == 0) {
+    return;
+  }
+  const double s = fit_variance_scale(predict_standardized(val_x_.to(options_.device())), val_targets_);
+  if (std::isfinite(s)) {
+    variance_scale_ = s;
+  } else if (options_.log()) {
+    options_.log()("recalibration: no variance scale could be fitted on the validation rows (a row of zero predicted "
+                   "variance, or non-finite predictions): predicting as trained");
+  }
 }
 
 EpochReport EnsembleTrainer::run_epoch() {
@@ -481,6 +503,7 @@ void EnsembleTrainer::keep_members(int64_t first, int64_t count) {
     training[static_cast<size_t>(k)] = m.status == MemberStatus::kTraining;
   }
   optimizer_->set_mask(host_tensor(training, model_->parameters().flat().device()));
+  if (epoch_ > 0) recalibrate();  // the scale belongs to the members kept
 }
 
 void EnsembleTrainer::restore_best_weights() {

@@ -123,10 +123,18 @@ class EnsembleTrainer {
   }
   int64_t per_rank_batch() const;
 
-  // Every member's predictions and their mixture for x (N, I), original units.
-  // Differentiable with respect to x when x requires grad.
+  // Every member's predictions and their mixture for x (N, I), original units,
+  // recalibrated by variance_scale(). Differentiable with respect to x when x
+  // requires grad.
   EnsemblePrediction predict(const at::Tensor& x) const;
+  // The same as trained, before recalibration: what a sweep's configurations are
+  // scored and chosen on (the scale is fitted to the ensemble the run keeps).
+  EnsemblePrediction predict_uncalibrated(const at::Tensor& x) const;
   EnsembleMetrics evaluate(const at::Tensor& x, const at::Tensor& y) const;
+  // Regression with Recalibration::kVariance and validation rows: the scale fitted
+  // on them when train() finished or keep_members() chose (1: none fitted — the
+  // run was interrupted, has no validation rows, or recalibration is off).
+  double variance_scale() const { return variance_scale_; }
 
   // Atomically writes a checkpoint: options, standardization, classes, weights,
   // optimizer state, member states, batch-order RNG state, epoch, history, and
@@ -188,6 +196,9 @@ class EnsembleTrainer {
   // kEnsemble: each ensemble's members improve, or stop, together.
   void update_ensembles(const at::Tensor& val_raw, std::vector<int64_t>& improved, EpochReport& report);
   void restore_best_weights();
+  // Fits variance_scale_ on the validation rows, when the options ask for it.
+  void recalibrate();
+  EnsemblePrediction predict_standardized(const at::Tensor& xs) const;  // xs: standardized features
 
   EnsembleTrainerOptions options_;
   int64_t in_features_ = 0;
@@ -200,6 +211,7 @@ class EnsembleTrainer {
   void check_ranks_agree(int64_t step) const;
   int64_t check_every_steps_ = 0;
   at::Tensor val_x_, val_y_;   // standardized, on the device
+  at::Tensor val_targets_;     // the validation targets as given (float64, host): recalibrate()
   at::Tensor best_params_;     // (N) on the device: each member's best weights
   at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them
   std::vector<MemberState> members_;
@@ -207,6 +219,7 @@ class EnsembleTrainer {
   int64_t steps_taken_ = 0;
   int64_t step_offset_ = 0;  // steps_taken_ minus the steps object's count (names steps in errors)
   std::vector<double> train_history_, val_history_;
+  double variance_scale_ = 1.0;  // recalibrate()
   uint64_t data_fingerprint_ = 0;  // of the prepared training data; checked on restore
 };
 

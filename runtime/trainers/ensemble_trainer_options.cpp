@@ -69,6 +69,7 @@ std::string to_json(const EnsembleTrainerOptions& o) {
       {"restore_best", o.restore_best()},
       {"early_stopping", std::string(to_string(o.early_stopping()))},
       {"min_variance", o.min_variance()},
+      {"recalibration", std::string(to_string(o.recalibration()))},
       {"seed", o.seed()},
       {"first_member", o.first_member()},
       {"device", o.device().str()},
@@ -113,6 +114,8 @@ EnsembleTrainerOptions options_from_json(const std::string& text) {
   if (j.contains("member_lr")) o.member_lr(doubles("member_lr"));  // absent before sweeps
   if (j.contains("member_weight_decay")) o.member_weight_decay(doubles("member_weight_decay"));
   if (j.contains("member_dropout")) o.member_dropout(doubles("member_dropout"));  // absent before dropout sweeps
+  // Absent before recalibration: those checkpoints predict as they were trained.
+  o.recalibration(j.contains("recalibration") ? parse_recalibration(str("recalibration")) : Recalibration::kNone);
   o.validate();
   return o;
 }

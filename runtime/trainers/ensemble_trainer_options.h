@@ -50,6 +50,19 @@ inline std::string_view to_string(EarlyStopping kind) { return kEarlyStoppingNam
 // Throws naming the value and the accepted names.
 inline EarlyStopping parse_early_stopping(std::string_view name) { return kEarlyStoppingNames.parse(name); }
 
+// What a regression ensemble does with its validation rows once trained
+// (runtime/trainers/variance_calibration.h).
+enum class Recalibration {
+  kNone,      // predicts as trained
+  kVariance,  // one scale s fitted on the validation rows: the predictive mixture
+              // stretched about its mean by sqrt(s) (its variance times s)
+};
+inline constexpr EnumNames<Recalibration, 2> kRecalibrationNames{
+    "recalibration", {{{Recalibration::kNone, "none"}, {Recalibration::kVariance, "variance"}}}};
+inline std::string_view to_string(Recalibration kind) { return kRecalibrationNames.name(kind); }
+// Throws naming the value and the accepted names.
+inline Recalibration parse_recalibration(std::string_view name) { return kRecalibrationNames.parse(name); }
+
 struct EnsembleTrainerOptions {
   /// Example: EnsembleTrainerOptions().members(16).epochs(200).batch_size(64).patience(20)
   TORCH_ARG(int64_t, members) = 16;
@@ -88,6 +101,9 @@ struct EnsembleTrainerOptions {
   // prediction users get); stopping each on its own loss can stop them too early.
   TORCH_ARG(EarlyStopping, early_stopping) = EarlyStopping::kMember;
   TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
+  // Regression with validation rows: after training (and after keep_members), the
+  // ensemble's spread is fitted to them. Classification ignores it.
+  TORCH_ARG(Recalibration, recalibration) = Recalibration::kVariance;
   TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too
   TORCH_ARG(int64_t, first_member) = 0;    // member parallel: this shard's members start at this global index
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);

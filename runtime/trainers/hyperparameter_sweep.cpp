@@ -72,8 +72,8 @@ std::vector<ConfigurationReport> report_configurations(const EnsembleTrainer& tr
   const Head head = trainer.options().head();
   const bool validated = val_x.defined() && val_x.size(0) > 0;
   const bool tested = test_x.defined() && test_x.size(0) > 0;
-  const EnsemblePrediction val = validated ? trainer.predict(val_x) : EnsemblePrediction{};
-  const EnsemblePrediction test = tested ? trainer.predict(test_x) : EnsemblePrediction{};
+  const EnsemblePrediction val = validated ? trainer.predict_uncalibrated(val_x) : EnsemblePrediction{};
+  const EnsemblePrediction test = tested ? trainer.predict_uncalibrated(test_x) : EnsemblePrediction{};
   std::vector<ConfigurationReport> out;
   for (const SweepConfiguration& c : sweep_configurations(trainer.options())) {
     ConfigurationReport r;

@@ -166,7 +166,8 @@ TEST_F(Cli, AStuckRankEndsTheOthersAfterTheCollectiveTimeout) {
 TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   // With dropout: member m's masks follow from its index in the ensemble, whichever rank holds it.
   const std::string args =
-      "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet";
+      "train --members 5 --epochs 10 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet "
+      "--recalibrate none";  // a member-parallel run cannot fit one scale to all members: compared as trained
   const nlohmann::json single = run_json(args);
   const Result launched = launch(2, args + " --member-parallel --checkpoint " + path("mp.ckpt"));
   ASSERT_EQ(launched.status, 0) << launched.out;
@@ -199,6 +200,9 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu --patience 0");
   EXPECT_EQ(alone.status, 2);
   EXPECT_THAT(alone.out, HasSubstr("multi-process run"));
+  const Result recalibrated = launch(2, "train --members 2 --epochs 1 --member-parallel --device cpu --recalibrate variance");
+  EXPECT_NE(recalibrated.status, 0);
+  EXPECT_THAT(recalibrated.out, HasSubstr("use --recalibrate none with --member-parallel"));
   // The manifest resumes on another number of ranks: 3 ranks re-shard the 5 members
   // (2/2/1) from the 2 shards and continue exactly as one process would have.
   const Result three = launch(3, "resume " + path("mp.ckpt") + " --epochs 13 --device cpu --json --quiet");
@@ -206,7 +210,8 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   const nlohmann::json resharded = rank0_json(three.out);
   ASSERT_TRUE(resharded.is_object()) << three.out;
   const nlohmann::json longer = run_json(
-      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet");
+      "train --members 5 --epochs 13 --hidden 32 --batch 64 --device cpu --patience 0 --dropout 0.2 --json --quiet "
+      "--recalibrate none");
   EXPECT_EQ(resharded["epochs_run"], 13);
   for (size_t k = 0; k < 5; ++k) {
     EXPECT_DOUBLE_EQ(resharded["members"][k]["rmse"].get<double>(), longer["members"][k]["rmse"].get<double>())

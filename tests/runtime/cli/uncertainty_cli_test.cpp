@@ -93,6 +93,32 @@ TEST_F(Cli, EvaluateReportsCalibrationInWordsJsonAndADiagram) {
   EXPECT_THAT(read_file(path("rel.svg")), HasSubstr("central interval level"));
 }
 
+TEST_F(Cli, TrainRecalibratesOnItsValidationRowsAndEvaluateUsesTheScale) {
+  const std::string ckpt = path("run.ckpt");
+  const nlohmann::json trained = run_json(std::string(kRegression) + " --json --quiet --checkpoint " + ckpt);
+  const nlohmann::json plain = run_json(std::string(kRegression) + " --recalibrate none --json --quiet");
+  ASSERT_TRUE(trained["variance_scale"].is_number()) << trained.dump();
+  const double s = trained["variance_scale"].get<double>();
+  EXPECT_GT(s, 0);
+  EXPECT_NE(s, 1.0) << "the default fits a scale on the validation rows";
+  EXPECT_EQ(plain["variance_scale"].get<double>(), 1.0);
+  EXPECT_EQ(trained["options"]["recalibration"], "variance");
+  EXPECT_EQ(plain["options"]["recalibration"], "none");
+  // The same members: the mean is untouched, the spread stretched by sqrt(s).
+  EXPECT_DOUBLE_EQ(trained["ensemble"]["rmse"].get<double>(), plain["ensemble"]["rmse"].get<double>());
+  const auto width = [](const nlohmann::json& j) { return j["calibration"]["intervals"][1]["mean_width"].get<double>(); };
+  EXPECT_NEAR(width(trained), std::sqrt(s) * width(plain), 1e-6 * width(trained)) << "90% intervals";
+  // The checkpoint keeps it: evaluate scores the recalibrated mixture.
+  const nlohmann::json evaluated = run_json("evaluate " + ckpt + " --device cpu --json");
+  EXPECT_DOUBLE_EQ(evaluated["variance_scale"].get<double>(), s);
+  EXPECT_DOUBLE_EQ(evaluated["ensemble"]["nll"].get<double>(), trained["ensemble"]["nll"].get<double>());
+  const Result text = run(std::string(kRegression) + " --quiet");
+  EXPECT_THAT(text.out, HasSubstr("Recalibrated on the validation rows: predictive variance x"));
+  const Result bad = run(std::string(kRegression) + " --recalibrate temperature");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("expected none or variance"));
+}
+
 TEST_F(Cli, AcquireRanksARegressionPool) {
   const std::string ckpt = path("run.ckpt");
   ASSERT_EQ(run(std::string(kRegression) + " --checkpoint " + ckpt).status, 0);

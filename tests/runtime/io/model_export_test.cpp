@@ -238,7 +238,7 @@ TEST_F(ModelExportFile, CppReadBack_HasDocumentedKeys) {
   export_for_pytorch(dir_ / "model.pt", perturbed_pack(c), {2, 0}, extras_for(c));
   const c10::impl::GenericDict d = read_back(dir_ / "model.pt");
   for (const char* key : {"format", "members", "member_ids", "architecture", "x_mean", "x_std", "y_mean", "y_std",
-                          "head", "min_variance", "feature_names", "classes"}) {
+                          "head", "min_variance", "feature_names", "classes", "variance_scale"}) {
     EXPECT_TRUE(d.contains(key)) << "missing key " << key;
   }
   EXPECT_EQ(d.at("format").toStringRef(), "packtrain-export-1");

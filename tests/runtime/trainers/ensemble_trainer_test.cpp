@@ -9,6 +9,7 @@
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble_validation.h"
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "tests/runtime/trainers/trainer_test_data.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -29,40 +30,13 @@ namespace {
 namespace fs = std::filesystem;
 using packtrain::testing::all_close;
 using packtrain::testing::DeviceTest;
+using trainer_testing::Data;
+using trainer_testing::ignore_log;
+using trainer_testing::make_data;
+using trainer_testing::small_options;
 
 // CPU runs the same arithmetic in the same order: resumed == uninterrupted exactly.
 double tolerance(const c10::Device& d) { return d.is_cuda() ? 1e-6 : 0.0; }
-
-struct Data {
-  at::Tensor x, y, val_x, val_y;
-};
-
-// y = sin(x0) + x1^2 + noise, in original units far from standardized (mean 10).
-Data make_data(int64_t rows, int64_t val_rows) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor x = at::randn({rows + val_rows, 3}, gen, f64) * 2 + 1;
-  const at::Tensor y = (x.select(1, 0).sin() + x.select(1, 1).square() * 0.3 + 10 +
-                        0.1 * at::randn({rows + val_rows}, gen, f64))
-                           .unsqueeze(1);
-  return {x.narrow(0, 0, rows), y.narrow(0, 0, rows), x.narrow(0, rows, val_rows), y.narrow(0, rows, val_rows)};
-}
-
-void ignore_log(const std::string&) {}
-
-EnsembleTrainerOptions small_options(c10::Device d) {
-  return EnsembleTrainerOptions()
-      .members(4)
-      .hidden(16)
-      .depth(1)
-      .epochs(12)
-      .batch_size(16)
-      .lr(1e-2)
-      .seed(3)
-      .unroll(3)
-      .device(d)
-      .log(&ignore_log);
-}
 
 fs::path temp_file(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("packtrain_trainer_test_" + std::to_string(getpid()));
@@ -348,12 +322,13 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   sweep.fit(d.x, d.y, d.val_x, d.val_y);
   const std::vector<SweepConfiguration> configurations = sweep_configurations(sweep.options());
   ASSERT_EQ(configurations.size(), 4u);
-  const EnsemblePrediction all = sweep.predict(d.val_x);
+  // As trained (each run's recalibration is fitted to its own members: variance_calibration_test.cpp).
+  const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);
   for (const SweepConfiguration& c : configurations) {
     EXPECT_EQ(c.members, 2);
     EnsembleTrainer alone(EnsembleTrainerOptions(base).lr(c.lr).weight_decay(c.weight_decay).first_member(c.first_member));
     alone.fit(d.x, d.y, d.val_x, d.val_y);
-    EXPECT_TRUE(all_close(all.member_mean.narrow(0, c.first_member, 2), alone.predict(d.val_x).member_mean,
+    EXPECT_TRUE(all_close(all.member_mean.narrow(0, c.first_member, 2), alone.predict_uncalibrated(d.val_x).member_mean,
                           device().is_cuda() ? 1e-5 : 1e-9))
         << "lr " << c.lr << ", weight decay " << c.weight_decay;
   }
@@ -368,7 +343,7 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   }
   const SweepConfiguration& kept = reports[best].configuration;
   sweep.keep_members(kept.first_member, kept.members);
-  const EnsemblePrediction after = sweep.predict(d.val_x);
+  const EnsemblePrediction after = sweep.predict_uncalibrated(d.val_x);
   EXPECT_EQ(after.included, (std::vector<int64_t>{kept.first_member, kept.first_member + 1}));
   EXPECT_TRUE(all_close(after.mean, member_range(all, kept.first_member, 2, Head::kGaussian).mean, 1e-12));
   EXPECT_EQ(sweep.member_states()[(kept.first_member + 2) % 8].status, MemberStatus::kDeselected);
@@ -390,13 +365,13 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
   ASSERT_EQ(configurations.size(), 2u);
   EXPECT_EQ(configurations[1].dropout, 0.3);
   EXPECT_EQ(configurations[1].first_member, 2);
-  const EnsemblePrediction all = sweep.predict(d.val_x);
+  const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);  // as trained
   for (const SweepConfiguration& c : configurations) {
     const EnsembleTrainerOptions own = EnsembleTrainerOptions(base).lr(1e-2).weight_decay(1e-4).first_member(c.first_member);
     const auto gap_to = [&](const EnsembleTrainerOptions& o) {
       EnsembleTrainer alone(o);
       alone.fit(d.x, d.y, d.val_x, d.val_y);
-      return (all.member_mean.narrow(0, c.first_member, 2) - alone.predict(d.val_x).member_mean)
+      return (all.member_mean.narrow(0, c.first_member, 2) - alone.predict_uncalibrated(d.val_x).member_mean)
           .abs().max().item<double>();
     };
     const double gap = gap_to(EnsembleTrainerOptions(own).dropout(c.dropout));
@@ -490,7 +465,7 @@ TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherA
   // Restored: each ensemble's validation loss (the mixture's NLL, standardized
   // units) is its best, and equals the calibration's mixture NLL of the same
   // members, which is in original units (a density scaled by 1/std of y).
-  const EnsemblePrediction p = trainer.predict(d.val_x);
+  const EnsemblePrediction p = trainer.predict_uncalibrated(d.val_x);  // the members as trained
   const double log_std = std::log(trainer.y_scale().std.item<double>());
   const at::Tensor raw = trainer.model().forward(trainer.x_scale().transform(d.val_x).to(at::kFloat).to(device()));
   const at::Tensor val_y = trainer.y_scale().transform(d.val_y).to(at::kFloat);
@@ -503,7 +478,7 @@ TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherA
   // The first ensemble's weights are those of a run that trained it to its best epoch.
   EnsembleTrainer to_best(EnsembleTrainerOptions(options).epochs(m[0].best_epoch).patience(0));
   to_best.fit(d.x, d.y, d.val_x, d.val_y);
-  EXPECT_TRUE(all_close(p.member_mean.narrow(0, 0, 3), to_best.predict(d.val_x).member_mean.narrow(0, 0, 3),
+  EXPECT_TRUE(all_close(p.member_mean.narrow(0, 0, 3), to_best.predict_uncalibrated(d.val_x).member_mean.narrow(0, 0, 3),
                         device().is_cuda() ? 1e-5 : 1e-9));
 }
 

@@ -1,0 +1,45 @@
+// What the EnsembleTrainer tests share: small regression data in original units
+// far from standardized, and a small, fast trainer configuration.
+#pragma once
+
+#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <string>
+
+namespace packtrain::runtime::trainer_testing {
+
+struct Data {
+  at::Tensor x, y, val_x, val_y;
+};
+
+// y = sin(x0) + x1^2 + noise, in original units far from standardized (mean 10).
+inline Data make_data(int64_t rows, int64_t val_rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor x = at::randn({rows + val_rows, 3}, gen, f64) * 2 + 1;
+  const at::Tensor y = (x.select(1, 0).sin() + x.select(1, 1).square() * 0.3 + 10 +
+                        0.1 * at::randn({rows + val_rows}, gen, f64))
+                           .unsqueeze(1);
+  return {x.narrow(0, 0, rows), y.narrow(0, 0, rows), x.narrow(0, rows, val_rows), y.narrow(0, rows, val_rows)};
+}
+
+inline void ignore_log(const std::string&) {}
+
+inline EnsembleTrainerOptions small_options(c10::Device d) {
+  return EnsembleTrainerOptions()
+      .members(4)
+      .hidden(16)
+      .depth(1)
+      .epochs(12)
+      .batch_size(16)
+      .lr(1e-2)
+      .seed(3)
+      .unroll(3)
+      .device(d)
+      .log(&ignore_log);
+}
+
+}  // namespace packtrain::runtime::trainer_testing
