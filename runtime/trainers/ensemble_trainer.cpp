@@ -323,6 +323,7 @@ void EnsembleTrainer::recalibrate() {
       !val_x_.defined() || val_x_.size(0) == 0) {
     return;
   }
+  const at::NoGradGuard no_grad;  // a prediction, not a step: no autograd graph
   const double s = fit_variance_scale(predict_standardized(val_x_.to(options_.device())), val_targets_);
   if (std::isfinite(s)) {
     variance_scale_ = s;
