@@ -104,17 +104,18 @@ def apply_head(raw, meta):
     # The ensemble's recalibration (absent in earlier exports: 1): the mixture
     # stretched about its mean by sqrt(s), as packtrain predicts.
     stretch = float(meta.get("variance_scale", 1.0)) ** 0.5
+
+    def stretched(means):
+        return means.mean(0) + stretch * (means - means.mean(0))
+
     if head == "mean":
-        means = raw * y_std + y_mean
-        means = means.mean(0) + stretch * (means - means.mean(0))
+        means = stretched(raw * y_std + y_mean)
         return {"member_means": means.numpy(), "mean": means.mean(0).numpy(),
                 "std": means.std(0, unbiased=False).numpy()}
     if head == "gaussian":
         t = y_mean.numel()  # outputs: T means, then T raw variances
-        means = raw[..., :t] * y_std + y_mean
-        variances = (torch.nn.functional.softplus(raw[..., t:]) + meta["min_variance"]) * y_std**2
-        means = means.mean(0) + stretch * (means - means.mean(0))
-        variances = stretch**2 * variances
+        means = stretched(raw[..., :t] * y_std + y_mean)
+        variances = (torch.nn.functional.softplus(raw[..., t:]) + meta["min_variance"]) * y_std**2 * stretch**2
         mean = means.mean(0)
         # The equally weighted mixture of the members' Gaussians.
         variance = ((variances + means**2).mean(0) - mean**2).clamp_min(0)

@@ -72,7 +72,6 @@ EnsemblePrediction EnsembleTrainer::predict_standardized(const at::Tensor& xs) c
   }
   if (out.included.empty()) throw std::runtime_error("every member diverged: no usable member to predict with");
   const at::Tensor raw = model_->forward(xs).to(at::kDouble).cpu();  // (K, N, O)
-  const at::Tensor inc = at::tensor(out.included, at::kLong);
   if (options_.head() == Head::kClassification) {
     out.member_probabilities = raw.softmax(-1);
     return combine_members(std::move(out), options_.head(), classes_);
