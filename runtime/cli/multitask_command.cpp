@@ -132,11 +132,17 @@ void describe(const Session& s, RunDriver& driver) {
                             s.truncated, options.buckets().back()));
   }
   if (s.trainer.pipelined()) {
-    const int64_t S = options.pipeline_stages(), M = options.micro_batches();
+    const int64_t S = options.pipeline_stages(), M = options.micro_batches(), R = s.trainer.pipeline_replicas();
     driver.note(fmt::format("multitask: pipeline of {} stages over {} ranks ({}), {} micro-batches of {} sentences "
                             "per step, {} schedule; modelled idle (bubble) fraction (S-1)/(M+S-1) = {:.2f}",
-                            S, s.group->world_size(), s.group->info().source, M, options.batch_size() / M,
+                            S, s.group->world_size(), s.group->info().source, M, options.batch_size() / (R * M),
                             m.device().is_cuda() ? "GPipe" : "1F1B", runtime::distributed::bubble_fraction(S, M)));
+    if (R > 1) {
+      driver.note(fmt::format("multitask: {} replicas of the pipeline (ranks = {} stages x {} replicas; rank r: stage "
+                              "r % {} of replica r / {}), each on {} of the batch's {} sentences; each stage's "
+                              "gradients summed over its {} replicas every step",
+                              R, S, R, S, S, options.batch_size() / R, options.batch_size(), R));
+    }
     for (const std::string& line : runtime::distributed::describe_placement(s.trainer.placement())) {
       driver.note("multitask: " + line);
     }
@@ -290,11 +296,16 @@ int run_train(const MultiTaskTrainArgs& a) {
   const auto group = join_if_launched(options.model().device());
   RunDriver driver(a.output, a.checkpoint, group.get());  // outlives the trainer's log
   options.log(driver.graph_log());
-  if (options.pipeline_stages() > 1 && (group == nullptr || group->world_size() != options.pipeline_stages())) {
-    throw UsageError(fmt::format("--pipeline-stages {} needs {} processes, one per stage: packtrain launch --nproc {} "
-                                 "-- multitask train --pipeline-stages {} ... (this run has {})",
-                                 options.pipeline_stages(), options.pipeline_stages(), options.pipeline_stages(),
-                                 options.pipeline_stages(), group == nullptr ? 1 : group->world_size()));
+  const int64_t S = options.pipeline_stages();
+  if (S > 1 && (group == nullptr || group->world_size() % S != 0)) {
+    throw UsageError(fmt::format("--pipeline-stages {} needs {} processes, one per stage (or a multiple: stages x "
+                                 "replicas): packtrain launch --nproc {} -- multitask train --pipeline-stages {} ... "
+                                 "(this run has {})",
+                                 S, S, S, S, group == nullptr ? 1 : group->world_size()));
+  }
+  if (S > 1 && options.batch_size() % (group->world_size() / S * options.micro_batches()) != 0) {
+    throw UsageError(fmt::format("--batch {} does not split into {} replica(s) x {} micro-batches of equal size",
+                                 options.batch_size(), group->world_size() / S, options.micro_batches()));
   }
   runtime::MultiTaskTrainer trainer(options, options.pipeline_stages() > 1 ? group.get() : nullptr);
   if (!trainer.pipelined()) trainer.set_process_group(group.get());
@@ -493,7 +504,8 @@ void add_multitask_train(CLI::App* mt, int& status) {
                            "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
   train->add_option("--pipeline-stages", o.pipeline_stages(),
                     "Split the model's blocks over this many processes (run under launch/torchrun/srun with as many "
-                    "ranks; embeddings with the first, heads with the last; the placement is printed)")
+                    "ranks, or R times as many for R data-parallel replicas of the pipeline; embeddings with the "
+                    "first stage, heads with the last; the placement is printed)")
       ->check(positive())
       ->capture_default_str();
   train->add_option("--micro-batches", o.micro_batches(),

@@ -11,7 +11,9 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(PACKTRAIN_HAVE_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -47,6 +49,9 @@ std::string first_line(const std::exception& e) {
 
 struct ProcessGroup::Impl {
   RankInfo info;
+  // A subgroup's name and this rank in the whole run ("stage 0's replicas (rank 2 of
+  // 4)"), said after "rank 1 of 2" in its errors; empty for the run's own group.
+  std::string scope;
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -84,9 +89,9 @@ struct ProcessGroup::Impl {
     } catch (const CollectiveError&) {
       throw;
     } catch (const std::exception& e) {
-      throw CollectiveError(fmt::format("{}{} failed on rank {} of {} (timeout {} ms): {}", what,
-                                        step >= 0 ? fmt::format(" at step {}", step) : "", info.rank,
-                                        info.world_size, timeout.count(), first_line(e)));
+      throw CollectiveError(fmt::format("{}{} failed on {} (timeout {} ms): {}", what,
+                                        step >= 0 ? fmt::format(" at step {}", step) : "", who(), timeout.count(),
+                                        first_line(e)));
     }
   }
   void check_cpu(const at::Tensor& t, const char* what) const {
@@ -102,7 +107,9 @@ struct ProcessGroup::Impl {
     watchdog->check();  // a missed deadline ends the run here, before another NCCL call
     return *nccl;
   }
-  std::string who() const { return fmt::format("rank {} of {}", info.rank, info.world_size); }
+  std::string who() const {
+    return fmt::format("rank {} of {}{}", info.rank, info.world_size, scope.empty() ? "" : " of " + scope);
+  }
   void join_nccl(c10::Device device);
 };
 
@@ -377,6 +384,37 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
     }
     impl->join_nccl(device);
   }
+  return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int64_t>& ranks, const std::string& name) const {
+  const auto mine = std::find(ranks.begin(), ranks.end(), rank());
+  if (ranks.empty() || mine == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+      ranks.back() >= world_size()) {
+    throw std::invalid_argument(fmt::format("subgroup '{}': ranks [{}] must be ascending ranks of this group of {} "
+                                            "with this rank ({}) among them",
+                                            name, fmt::join(ranks, ", "), world_size(), rank()));
+  }
+  PACKTRAIN_NVTX_RANGE("subgroup rendezvous");
+  auto impl = std::make_unique<Impl>();
+  impl->info = impl_->info;
+  impl->info.rank = mine - ranks.begin();
+  impl->info.world_size = static_cast<int64_t>(ranks.size());
+  impl->scope = fmt::format("{} ({})", name, impl_->who());
+  impl->timeout = impl_->timeout;
+  impl->store = c10::make_intrusive<c10d::PrefixStore>("packtrain/group/" + name, impl_->store);
+#if defined(PACKTRAIN_HAVE_GLOO)
+  // Gloo's setup connects every pair of the group's ranks through the store.
+  impl->backend = impl->guarded(
+      [&] {
+        return c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, static_cast<int>(impl->info.rank),
+                                                           static_cast<int>(impl->info.world_size),
+                                                           gloo_options(impl_->info, impl_->timeout));
+      },
+      "subgroup setup");
+#endif
+  if (impl_->nccl != nullptr) impl->join_nccl(impl_->nccl->device());
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace packtrain::runtime::distributed {
 
@@ -36,6 +37,17 @@ class ProcessGroup {
                                             std::chrono::milliseconds timeout = std::chrono::seconds(60),
                                             c10::Device device = c10::Device(c10::kCPU));
   ~ProcessGroup();
+
+  // A group of some of this group's ranks (`ranks`: this group's rank numbers,
+  // ascending, this rank among them; rank i of the new group is ranks[i]) over the
+  // same store, with Gloo connections of its own and, when this group reduces CUDA
+  // tensors, an NCCL communicator of its own. `name` keeps groups apart in the store
+  // and names the group in its errors ("stage 0's replicas": "... failed on rank 1
+  // of 2 of stage 0's replicas (rank 2 of 4)"). Every rank in `ranks` calls it with
+  // the same arguments, and each rank creates its groups in the same order as the
+  // others (setting one up waits, at most the timeout, for all its ranks). The new
+  // group must not outlive this one.
+  std::unique_ptr<ProcessGroup> subgroup(const std::vector<int64_t>& ranks, const std::string& name) const;
 
   const RankInfo& info() const;
   int64_t rank() const { return info().rank; }

@@ -32,9 +32,10 @@ at::Tensor tied_gradient(ensemble::PackedParameters& parameters) {
 
 MultiTaskPipeline::MultiTaskPipeline(ensemble::PackedTransformer& model, ensemble::PackedOptimizer& optimizer,
                                      distributed::ProcessGroup& group, int64_t micro_batches,
-                                     ensemble::TaskWeights weights)
-    : model_(&model), optimizer_(&optimizer), group_(&group), stages_(group.world_size()), stage_(group.rank()),
-      micro_batches_(micro_batches), weights_(weights) {
+                                     ensemble::TaskWeights weights, distributed::ProcessGroup* replicas)
+    : model_(&model), optimizer_(&optimizer), group_(&group), replicas_(replicas), stages_(group.world_size()),
+      stage_(group.rank()), replica_count_(replicas != nullptr ? replicas->world_size() : 1),
+      replica_(replicas != nullptr ? replicas->rank() : 0), micro_batches_(micro_batches), weights_(weights) {
   if (micro_batches < 1) throw std::invalid_argument(fmt::format("pipeline: micro-batches must be >= 1, got {}", micro_batches));
   if (&optimizer.parameters() != &model.parameters()) {
     throw std::invalid_argument("pipeline: the optimizer does not hold this stage's parameters");
@@ -81,15 +82,17 @@ at::Tensor MultiTaskPipeline::forward(const at::Tensor& tokens, int64_t step) {
 ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatch& batch, const at::Tensor& labels,
                                                         int64_t step) {
   PACKTRAIN_NVTX_RANGE("pipeline step");
-  const int64_t B = batch.tokens.size(0), T = batch.tokens.size(1), M = micro_batches_;
-  TORCH_CHECK(B % M == 0, "pipeline: a batch of ", B, " rows does not split into ", M, " equal micro-batches");
-  const int64_t rows = B / M;
+  const int64_t B = batch.tokens.size(0), T = batch.tokens.size(1), M = micro_batches_, R = replica_count_;
+  TORCH_CHECK(B % (R * M) == 0, "pipeline: a batch of ", B, " rows does not split into ", R, " replica(s) x ", M,
+              " equal micro-batches");
+  // This replica's micro-batch i: rows first + i * rows.
+  const int64_t rows = B / (R * M), first = replica_ * (B / R);
   ensemble::PackedParameters& parameters = model_->parameters();
   const std::vector<at::Tensor>& params = parameters.tensors();
   parameters.zero_grad();
   at::Tensor flat_grad = parameters.flat_grad();
-  // The whole batch's LM target tokens: each micro-batch's LM sum is divided by it
-  // (kept on the device: no host synchronization inside the step).
+  // The whole batch's LM target tokens (all replicas'): each micro-batch's LM sum is
+  // divided by it (kept on the device: no host synchronization inside the step).
   const at::Tensor lm_targets = ensemble::lm_target_count(batch).to(parameters.flat().scalar_type());
   ensemble::MultiTaskLosses losses;
   if (model_->last_stage()) {
@@ -105,7 +108,8 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
   int64_t peak = 0;
   const auto run_forward = [&](int64_t i) {
     PACKTRAIN_NVTX_RANGE("forward");
-    const ensemble::TextBatch micro{batch.tokens.narrow(0, i * rows, rows), batch.lengths.narrow(0, i * rows, rows)};
+    const int64_t row = first + i * rows;
+    const ensemble::TextBatch micro{batch.tokens.narrow(0, row, rows), batch.lengths.narrow(0, row, rows)};
     InFlight f;
     at::Tensor x;
     if (model_->first_stage()) {
@@ -122,7 +126,7 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
       const at::Tensor hidden = model_->final_norm(y);
       const double share = static_cast<double>(rows) / static_cast<double>(B);
       const at::Tensor classification =
-          ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, i * rows, rows),
+          ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, row, rows),
                                              weights_.class_weights) *
           share;
       const at::Tensor lm = ensemble::packed_lm_loss(model_->lm_logits(hidden), micro) *
@@ -168,8 +172,21 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
   group_->wait_sends();
   peak_in_flight_ = peak;
 
+  if (replicas_ != nullptr) {
+    PACKTRAIN_NVTX_RANGE("replica gradient all-reduce");
+    replicas_->all_reduce_sum_(flat_grad, "gradient all-reduce", step);
+    replicas_->watch_device("gradient all-reduce", step, step);  // CUDA: under the group's deadline
+    if (model_->last_stage()) {  // each replica's losses are its rows' shares: summed, the batch's
+      at::Tensor both = at::stack({losses.classification, losses.language_model});
+      replicas_->all_reduce_sum_(both, "training-loss all-reduce", step);
+      losses.classification = both[0];
+      losses.language_model = both[1];
+    }
+  }
   // The tied embedding: its two copies' gradients summed on both ranks (the lower
-  // rank sends first, so NCCL's in-stream pair meets too).
+  // rank sends first, so NCCL's in-stream pair meets too). After the replicas' sum:
+  // that sum's order depends on where the block sits in each stage's flat gradients,
+  // and only a + b == b + a keeps the two copies bitwise equal.
   if (model_->options().tie_lm_head() && stages_ > 1 && (model_->first_stage() || model_->last_stage())) {
     PACKTRAIN_NVTX_RANGE("tied embedding exchange");
     at::Tensor mine = tied_gradient(parameters);

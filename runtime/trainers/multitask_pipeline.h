@@ -18,6 +18,12 @@
 // Tied weights: with a tied LM head the first stage's token embedding and the last
 // stage's copy get their gradients summed (one exchange between those two ranks)
 // before the update, and the same Adam update keeps them identical.
+//
+// Pipeline x data parallel (runtime/distributed/pipeline_groups.h): with R replicas
+// of the pipeline, replica r runs rows [r B / R, (r + 1) B / R) of every batch as
+// its M micro-batches, each micro-batch's loss still its share of the whole batch's,
+// and each stage's gradients are summed over its R replicas before the update: the
+// step is the one-process step on the whole batch.
 #pragma once
 
 #include "packtrain/ensemble/multitask_step.h"
@@ -40,20 +46,25 @@ enum class PipelineSchedule { k1F1B, kGPipe };
 class MultiTaskPipeline {
  public:
   // `model` is this rank's stage (rank s of the group holds stage s; the group has
-  // one rank per stage); model, optimizer and group must outlive the pipeline.
-  // Throws std::invalid_argument when the stage does not match the rank.
+  // one rank per stage); `replicas`, when given, is this stage's group across the
+  // pipeline's replicas (rank i in replica i). Model, optimizer and groups must
+  // outlive the pipeline. Throws std::invalid_argument when the stage does not match
+  // the rank.
   MultiTaskPipeline(ensemble::PackedTransformer& model, ensemble::PackedOptimizer& optimizer,
-                    distributed::ProcessGroup& group, int64_t micro_batches, ensemble::TaskWeights weights);
+                    distributed::ProcessGroup& group, int64_t micro_batches, ensemble::TaskWeights weights,
+                    distributed::ProcessGroup* replicas = nullptr);
 
   int64_t stages() const { return stages_; }
   int64_t stage() const { return stage_; }
+  int64_t replicas() const { return replica_count_; }
   int64_t micro_batches() const { return micro_batches_; }
   PipelineSchedule schedule() const { return schedule_; }
 
   // One training step on the batch (every rank passes the same one; B divisible by
-  // M): gradients of this stage, the tied embedding's summed, one optimizer update.
-  // `step` names the step in errors. Returns the per-member losses (K) on the last
-  // stage (classification mean, LM mean per target token); undefined tensors on the
+  // R x M): gradients of this stage, the tied embedding's summed, with replicas
+  // summed over them, one optimizer update. `step` names the step in errors.
+  // Returns the whole batch's per-member losses (K) on the last stage
+  // (classification mean, LM mean per target token); undefined tensors on the
   // others.
   ensemble::MultiTaskLosses train_step(const ensemble::TextBatch& batch, const at::Tensor& labels, int64_t step);
 
@@ -71,7 +82,8 @@ class MultiTaskPipeline {
   ensemble::PackedTransformer* model_;
   ensemble::PackedOptimizer* optimizer_;
   distributed::ProcessGroup* group_;
-  int64_t stages_ = 1, stage_ = 0, micro_batches_ = 1;
+  distributed::ProcessGroup* replicas_;
+  int64_t stages_ = 1, stage_ = 0, replica_count_ = 1, replica_ = 0, micro_batches_ = 1;
   ensemble::TaskWeights weights_;
   PipelineSchedule schedule_ = PipelineSchedule::k1F1B;
   int64_t peak_in_flight_ = 0;

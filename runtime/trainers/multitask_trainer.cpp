@@ -4,6 +4,7 @@
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
@@ -191,17 +192,24 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
   ensemble::TransformerStage stage;
   if (options_.pipeline_stages() > 1) {
     const int64_t S = options_.pipeline_stages();
-    if (pipeline == nullptr || pipeline->world_size() != S) {
+    if (pipeline == nullptr) {
       throw DataError(fmt::format("{} pipeline stages need a group of {} ranks (one per stage: packtrain launch "
-                                  "--nproc {} -- multitask train --pipeline-stages {}); {}",
-                                  S, S, S, S,
-                                  pipeline == nullptr ? "this process is not in one"
-                                                      : fmt::format("this one has {}", pipeline->world_size())));
+                                  "--nproc {} -- multitask train --pipeline-stages {}); this process is not in one",
+                                  S, S, S, S));
     }
-    placement_ = distributed::place_pipeline(model_options, S, options_.batch_size() / options_.micro_batches(),
+    // Checked before the subgroups are set up: every rank fails alike, none waits.
+    const int64_t R = pipeline->world_size() / std::max<int64_t>(S, 1), B = options_.batch_size();
+    if (pipeline->world_size() % S == 0 && B % (R * options_.micro_batches()) != 0) {
+      throw DataError(fmt::format("the batch of {} sentences does not split into {} replica(s) x {} micro-batches of "
+                                  "equal size (give --batch a multiple of {})",
+                                  B, R, options_.micro_batches(), R * options_.micro_batches()));
+    }
+    pipeline_groups_ = std::make_unique<distributed::PipelineGroups>(distributed::split_pipeline_groups(*pipeline, S));
+    placement_ = distributed::place_pipeline(model_options, S, B / (R * options_.micro_batches()),
                                              options_.buckets().back());
-    stage = placement_[static_cast<size_t>(pipeline->rank())].blocks;
-    pipeline_group_ = pipeline;
+    stage = placement_[static_cast<size_t>(pipeline_groups_->stage)].blocks;
+    pipeline_group_ = pipeline_groups_->pipeline;
+    replicas_group_ = pipeline_groups_->stage_replicas;
   }
   model_ = std::make_unique<ensemble::PackedTransformer>(model_options, stage);
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
@@ -224,9 +232,17 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
           .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
           .capacity(8));
   if (pipeline_group_ != nullptr) {
-    pipeline_ = std::make_unique<MultiTaskPipeline>(
-        *model_, *optimizer_, *pipeline_group_, options_.micro_batches(), weights);
+    pipeline_ = std::make_unique<MultiTaskPipeline>(*model_, *optimizer_, *pipeline_group_,
+                                                    options_.micro_batches(), weights, replicas_group_);
   }
+  if (replicas_group_ != nullptr) {  // every replica of a stage starts from replica 0's weights
+    at::Tensor flat = model_->parameters().flat();
+    replicas_group_->broadcast_(flat, 0, "initial-weights broadcast");
+  }
+}
+
+int64_t MultiTaskTrainer::pipeline_replicas() const {
+  return pipeline_groups_ != nullptr ? pipeline_groups_->replicas : 1;
 }
 
 MultiTaskTrainer::~MultiTaskTrainer() = default;
@@ -301,8 +317,8 @@ void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
     return;
   }
   if (pipeline_) {
-    throw DataError("a pipeline run cannot also be data parallel yet (ranks = stages x replicas is not built): run "
-                    "as many ranks as stages");
+    throw DataError("a pipeline run is data parallel through its own group (ranks = stages x replicas, given to the "
+                    "trainer): it takes no other");
   }
   if (device_.is_cuda() && group->device() != device_) {
     throw DataError(fmt::format("data-parallel training on {} needs the process group joined on that device (its "
@@ -437,6 +453,11 @@ MultiTaskEpochReport MultiTaskTrainer::train_pipelined(const std::vector<std::pa
     ++steps_done_;
   }
   pipeline_group_->broadcast_(sums, pipeline_group_->world_size() - 1, "training-loss broadcast");
+  if (replicas_group_ != nullptr) {
+    replicas_group_->wait_device("gradient all-reduce");
+    replicas_group_->check_same(model_->parameters().flat(), "parameters of a stage's replicas",
+                                fmt::format("after step {} (epoch {})", steps_done_, epochs_done_ + 1));
+  }
   ++epochs_done_;
   MultiTaskEpochReport report;
   report.epoch = epochs_done_;
@@ -454,8 +475,12 @@ TaskMetrics MultiTaskTrainer::evaluate_pipelined(const std::vector<Bucket>& buck
   // LM NLL sums (K), target tokens (1).
   at::Tensor counts = at::zeros({C * C + K + 1}, reals);
   at::NoGradGuard no_grad;
+  // With replicas, replica r evaluates every R-th batch from the r-th.
+  const int64_t R = pipeline_replicas(), replica = pipeline_groups_->replica;
+  int64_t batch_number = 0;
   for (const Bucket& b : buckets) {
     for (int64_t first = 0; first < b.size(); first += E) {
+      if (batch_number++ % R != replica) continue;
       const int64_t n = std::min(E, b.size() - first);
       const ensemble::TextBatch batch{b.tokens.narrow(0, first, n), b.lengths.narrow(0, first, n)};
       const at::Tensor hidden = pipeline_->forward(batch.tokens);
@@ -468,6 +493,10 @@ TaskMetrics MultiTaskTrainer::evaluate_pipelined(const std::vector<Bucket>& buck
                                       targets.to(at::kDouble));
       counts.narrow(0, C * C + K, 1).add_(targets.to(at::kDouble));
     }
+  }
+  if (replicas_group_ != nullptr) {
+    replicas_group_->all_reduce_sum_(counts, "evaluation all-reduce");
+    replicas_group_->wait_device("evaluation all-reduce");
   }
   pipeline_group_->broadcast_(counts, pipeline_group_->world_size() - 1, "evaluation broadcast");
   return task_metrics(counts.narrow(0, 0, C * C).view({C, C}), counts.narrow(0, C * C, K),
@@ -684,6 +713,8 @@ void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string
 }
 
 void MultiTaskTrainer::save_stage(const std::filesystem::path& path, const std::string& extra) const {
+  // A stage's replicas hold the same weights (checked every epoch): replica 0's stages save them.
+  if (pipeline_groups_->replica != 0) return;
   const int64_t s = pipeline_group_->rank(), S = pipeline_group_->world_size();
   const auto name = [&](int64_t stage) {
     return fmt::format("{}.stage{}-of-{}.step{}", path.filename().string(), stage, S, steps_done_);
@@ -771,12 +802,12 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::
     return std::make_pair(file, d);
   };
   if (pipeline != nullptr) {
-    if (pipeline->world_size() != S) {
-      throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks, not {} (or in one process, "
-                                  "which assembles the stages)",
+    if (pipeline->world_size() % S != 0) {
+      throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks (or a multiple: stages x "
+                                  "replicas), not {} (or in one process, which assembles the stages)",
                                   path.string(), S, S, pipeline->world_size()));
     }
-    const auto [file, d] = stage_dict(pipeline->rank());
+    const auto [file, d] = stage_dict(pipeline->rank() % S);
     auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(d, file)), pipeline);
     restore(*trainer, d, file);
     trainer->committed_stage_file_ = file;

@@ -39,6 +39,7 @@ class MultiTaskSteps;
 class MultiTaskPipeline;
 namespace distributed {
 class ProcessGroup;
+struct PipelineGroups;
 }
 
 struct MultiTaskTrainerOptions {
@@ -106,14 +107,17 @@ struct GenerateOptions {
 
 class MultiTaskTrainer {
  public:
-  // With options.pipeline_stages() = S > 1, `pipeline` is the group of the S ranks
-  // (rank s holds stage s of distributed::place_pipeline's placement); DataError when
-  // it is missing or of another size.
+  // With options.pipeline_stages() = S > 1, `pipeline` is the run's group of S x R
+  // ranks: R replicas of an S-stage pipeline (distributed::split_pipeline_groups:
+  // rank r holds stage r % S of distributed::place_pipeline's placement, in replica
+  // r / S; R = 1 is a plain pipeline). DataError when it is missing, its size is no
+  // multiple of S or the batch does not split into R x micro_batches equal parts.
   explicit MultiTaskTrainer(MultiTaskTrainerOptions options, distributed::ProcessGroup* pipeline = nullptr);
   ~MultiTaskTrainer();
 
   // Pipeline runs: this rank's stage of the model, and every stage's placement.
   bool pipelined() const { return pipeline_ != nullptr; }
+  int64_t pipeline_replicas() const;  // R (1 without a pipeline)
   const std::vector<distributed::StagePlacement>& placement() const { return placement_; }
 
   const MultiTaskTrainerOptions& options() const { return options_; }
@@ -197,9 +201,12 @@ class MultiTaskTrainer {
   // (sampled, top_k, capture) -> the decode step and its buffers, kept across calls.
   std::map<std::tuple<bool, int64_t, bool>, std::unique_ptr<DecodeSession>> decode_sessions_;
   distributed::ProcessGroup* group_ = nullptr;
-  // Pipeline runs: the stages' group, the step, the placement, and the stage file
-  // of the last committed save (deleted once the next one is committed).
+  // Pipeline runs: the stages' group (this replica's) and this stage's replicas
+  // group (R > 1), the step, the placement, and the stage file of the last committed
+  // save (deleted once the next one is committed).
+  std::unique_ptr<distributed::PipelineGroups> pipeline_groups_;
   distributed::ProcessGroup* pipeline_group_ = nullptr;
+  distributed::ProcessGroup* replicas_group_ = nullptr;
   std::unique_ptr<MultiTaskPipeline> pipeline_;
   // (C) the classification loss's class weights on the device with balance_classes
   // (undefined without: unweighted), read in place by the steps, captured or not.

@@ -2,6 +2,7 @@
 // under `packtrain launch`: the same model as one process (S = 2 and 4), the
 // placement printed, checkpoints per stage with a manifest that resumes on the
 // same S (and assembles in one process for score and resume), another S refused,
+// S x R ranks (R replicas of the pipeline) the same model as one process too,
 // a killed stage ends the other with an error naming the stages and the step.
 // (The library-level float64 equivalence: tests/runtime/distributed/pipeline_test.cpp.)
 #include <gmock/gmock.h>
@@ -119,7 +120,44 @@ TEST_F(Cli, PipelineResumesOnTheSameStagesAndRefusesAnother) {
   // Three ranks for a two-stage checkpoint: refused, naming both.
   const Result wrong = launch(3, "multitask resume " + path("a.ckpt") + " --epochs 3 --device cpu -q");
   EXPECT_NE(wrong.status, 0);
-  EXPECT_THAT(wrong.out, HasSubstr("a pipeline run of 2 stages resumes on 2 ranks, not 3"));
+  EXPECT_THAT(wrong.out, HasSubstr("a pipeline run of 2 stages resumes on 2 ranks (or a multiple: stages x "
+                                   "replicas), not 3"));
+}
+
+// Pipeline x data parallel: 2 stages x 2 replicas on 4 ranks train the one-process
+// model, say how the ranks split, save one set of stage files, and resume the
+// 2-stage checkpoint on 2 ranks as it left off.
+TEST_F(Cli, PipelineTimesDataParallelTrainsTheSameModelAsOneProcess) {
+  write_file(path("train.tsv"), yes_no_tsv(16));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const std::string args = "multitask train " + pipeline_shape(2, false) + " --epochs 2 --train " +
+                           path("train.tsv") + " --dev " + path("dev.tsv");
+  const nlohmann::json single = run_json(args + " --json -o " + path("one.ckpt"));
+  const Result launched = launch(4, args + " --pipeline-stages 2 --micro-batches 2 -o " + path("four.ckpt"));
+  ASSERT_EQ(launched.status, 0) << launched.out;
+  EXPECT_THAT(launched.out, HasSubstr("pipeline of 2 stages over 4 ranks"));
+  EXPECT_THAT(launched.out, HasSubstr("2 replicas of the pipeline (ranks = 2 stages x 2 replicas; rank r: stage r % 2 "
+                                      "of replica r / 2), each on 2 of the batch's 4 sentences"));
+  const Result json = launch(4, args + " --json -q --pipeline-stages 2 --micro-batches 2 -o " + path("four.ckpt"));
+  ASSERT_EQ(json.status, 0) << json.out;
+  const nlohmann::json pipelined = rank0_json(json.out);
+  ASSERT_TRUE(pipelined.is_object()) << json.out;
+  expect_same_metrics(pipelined, single);
+  int stage_files = 0;
+  for (const auto& entry : fs::directory_iterator(dir())) {
+    if (entry.path().filename().string().rfind("four.ckpt.stage", 0) == 0) ++stage_files;
+  }
+  EXPECT_EQ(stage_files, 2) << "one file per stage: a stage's replicas hold the same weights";
+
+  // A batch that does not split into replicas x micro-batches: refused before training.
+  const Result odd = launch(4, args + " -q --pipeline-stages 2 --micro-batches 4 -o " + path("x.ckpt"));
+  EXPECT_NE(odd.status, 0);
+  EXPECT_THAT(odd.out, HasSubstr("--batch 4 does not split into 2 replica(s) x 4 micro-batches of equal size"));
+
+  // The 4-rank run's checkpoint resumes on 2 ranks (1 replica): the global batch is the same.
+  const Result resumed = launch(2, "multitask resume " + path("four.ckpt") + " --epochs 3 --device cpu -q --json");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_EQ(rank0_json(resumed.out)["epochs"].size(), 1u);
 }
 
 TEST_F(Cli, PipelineNeedsOneRankPerStage) {

@@ -1,8 +1,10 @@
 // Pipeline model parallelism on the CPU: placement balances the stages' parameters
 // and the bytes each rank holds fall as ~1/S; a stage starts where the whole model
 // does; S = 2 and S = 4 ranks train the same parameters as one process, the tied
-// token embedding identical on the first and last stage after every step; a stage
-// that stops ends its neighbour with an error naming both stages and the step.
+// token embedding identical on the first and last stage after every step, and so
+// do S x R ranks (R data-parallel replicas of the pipeline, each stage's replicas
+// identical); a stage that stops ends its neighbour with an error naming both
+// stages and the step.
 //
 // Each rank runs in its own thread with its own ProcessGroup: a TCP store and Gloo
 // over loopback, exactly as separate processes use them (the multi-process runs
@@ -10,12 +12,15 @@
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <exception>
@@ -115,71 +120,84 @@ std::vector<std::string> run_ranks(int64_t world, const std::function<void(int64
   return errors;
 }
 
-// S ranks, M micro-batches: each rank's parameters and (last stage) losses after each step.
+// S stages x R replicas (S x R ranks, split as a pipeline run splits them), M
+// micro-batches: each rank's parameters and (last stages) losses after each step.
 struct PipelineTrace {
-  std::vector<std::vector<Snapshot>> parameters;  // [rank][step]
-  std::vector<ensemble::MultiTaskLosses> losses;  // last stage, per step
-  std::vector<int64_t> peak_in_flight;            // per rank
+  std::vector<std::vector<Snapshot>> parameters;               // [rank][step]
+  std::vector<std::vector<ensemble::MultiTaskLosses>> losses;  // [replica][step], its last stage's
+  std::vector<int64_t> peak_in_flight;                         // per rank
 };
 PipelineTrace pipelined(const PackedTransformerOptions& options, int64_t stages, int64_t micro_batches,
-                        const std::vector<Batch>& batches) {
+                        const std::vector<Batch>& batches, int64_t replicas = 1) {
+  const int64_t world = stages * replicas;
   PipelineTrace trace;
-  trace.parameters.resize(static_cast<size_t>(stages));
-  trace.peak_in_flight.resize(static_cast<size_t>(stages));
+  trace.parameters.resize(static_cast<size_t>(world));
+  trace.losses.resize(static_cast<size_t>(replicas));
+  trace.peak_in_flight.resize(static_cast<size_t>(world));
   const int64_t B = batches.front().text.tokens.size(0), T = batches.front().text.tokens.size(1);
-  const auto placement = distributed::place_pipeline(options, stages, B / micro_batches, T);
-  const std::vector<std::string> errors = run_ranks(stages, [&](int64_t rank, ProcessGroup& group) {
-    PackedTransformer model(options, placement[static_cast<size_t>(rank)].blocks);
+  const auto placement = distributed::place_pipeline(options, stages, B / (replicas * micro_batches), T);
+  const std::vector<std::string> errors = run_ranks(world, [&](int64_t rank, ProcessGroup& group) {
+    const distributed::PipelineGroups groups = distributed::split_pipeline_groups(group, stages);
+    EXPECT_EQ(groups.stage, rank % stages);
+    EXPECT_EQ(groups.replica, rank / stages);
+    PackedTransformer model(options, placement[static_cast<size_t>(groups.stage)].blocks);
     ensemble::PackedAdam optimizer(model.parameters(), adam());
-    MultiTaskPipeline pipeline(model, optimizer, group, micro_batches, kWeights);
+    MultiTaskPipeline pipeline(model, optimizer, *groups.pipeline, micro_batches, kWeights, groups.stage_replicas);
     for (size_t step = 0; step < batches.size(); ++step) {
       const ensemble::MultiTaskLosses losses =
           pipeline.train_step(batches[step].text, batches[step].labels, static_cast<int64_t>(step));
       trace.parameters[static_cast<size_t>(rank)].push_back(snapshot(model.parameters()));
-      if (rank == stages - 1) trace.losses.push_back(losses);
+      if (groups.stage == stages - 1) trace.losses[static_cast<size_t>(groups.replica)].push_back(losses);
     }
     trace.peak_in_flight[static_cast<size_t>(rank)] = pipeline.peak_micro_batches_in_flight();
   });
-  for (int64_t r = 0; r < stages; ++r) {
+  for (int64_t r = 0; r < world; ++r) {
     EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
   }
   return trace;
 }
 
-// Every stage's parameters equal the one-process model's (by name) after every
-// step, to `tolerance`; the tied embedding's two copies are bitwise equal.
+// Every rank's parameters equal the one-process model's (by name) after every
+// step, to `tolerance`; the tied embedding's two copies are bitwise equal, and so
+// are a stage's R replicas; every replica reports the whole batch's losses.
 void expect_same_training(const PackedTransformerOptions& options, int64_t stages, int64_t micro_batches,
-                          double tolerance) {
+                          double tolerance, int64_t replicas = 1) {
   std::vector<Batch> batches;
   for (uint64_t s = 0; s < 3; ++s) batches.push_back(random_batch(8, 12, 100 + s));
   const Trace reference = one_process(options, batches);
-  const PipelineTrace trace = pipelined(options, stages, micro_batches, batches);
+  const PipelineTrace trace = pipelined(options, stages, micro_batches, batches, replicas);
   if (::testing::Test::HasFailure()) return;
-  ASSERT_EQ(trace.losses.size(), batches.size());
   for (size_t step = 0; step < batches.size(); ++step) {
     SCOPED_TRACE("after step " + std::to_string(step));
     size_t names = 0;
-    for (int64_t r = 0; r < stages; ++r) {
+    for (int64_t r = 0; r < stages * replicas; ++r) {
       for (const auto& [name, value] : trace.parameters[static_cast<size_t>(r)][step]) {
-        EXPECT_TRUE(all_close(value, reference.parameters[step].at(name), tolerance)) << name << " on stage " << r;
-        ++names;
+        EXPECT_TRUE(all_close(value, reference.parameters[step].at(name), tolerance)) << name << " on rank " << r;
+        // Replicas of a stage: the same sum of gradients, the same update, bitwise.
+        EXPECT_TRUE(all_equal(value, trace.parameters[static_cast<size_t>(r % stages)][step].at(name)))
+            << name << " on rank " << r;
+        names += r < stages ? 1 : 0;
       }
     }
     // Every parameter of the model is on some stage (a tied LM head's copy once more).
     const bool copy = options.tie_lm_head() && stages > 1;
     EXPECT_EQ(names, reference.parameters[step].size() + (copy ? 1 : 0));
+    const Snapshot& last = trace.parameters[static_cast<size_t>(stages - 1)][step];
     if (copy) {
-      EXPECT_TRUE(all_equal(trace.parameters.front()[step].at("tok_emb.weight"),
-                            trace.parameters.back()[step].at("tok_emb.weight")));
+      EXPECT_TRUE(all_equal(trace.parameters.front()[step].at("tok_emb.weight"), last.at("tok_emb.weight")));
     } else {
-      EXPECT_FALSE(trace.parameters.back()[step].contains("tok_emb.weight"));
+      EXPECT_FALSE(last.contains("tok_emb.weight"));
     }
-    EXPECT_TRUE(all_close(trace.losses[step].classification, reference.losses[step].classification, tolerance));
-    EXPECT_TRUE(all_close(trace.losses[step].language_model, reference.losses[step].language_model, tolerance));
+    for (const auto& losses : trace.losses) {
+      ASSERT_EQ(losses.size(), batches.size());
+      EXPECT_TRUE(all_close(losses[step].classification, reference.losses[step].classification, tolerance));
+      EXPECT_TRUE(all_close(losses[step].language_model, reference.losses[step].language_model, tolerance));
+    }
   }
   // 1F1B: stage s keeps at most min(M, S - s) micro-batches' activations.
-  for (int64_t s = 0; s < stages; ++s) {
-    EXPECT_EQ(trace.peak_in_flight[static_cast<size_t>(s)], std::min(micro_batches, stages - s)) << "stage " << s;
+  for (int64_t r = 0; r < stages * replicas; ++r) {
+    const int64_t s = r % stages;
+    EXPECT_EQ(trace.peak_in_flight[static_cast<size_t>(r)], std::min(micro_batches, stages - s)) << "rank " << r;
   }
 }
 
@@ -200,6 +218,18 @@ TEST(PipelineTest, FourStagesTrainTheSameModelAsOneProcessFloat64) {
 TEST(PipelineTest, FewerMicroBatchesThanStagesFloat64) {
   skip_without_gloo();
   expect_same_training(model_options(at::kDouble), 4, 2, 1e-9);
+}
+
+// Pipeline x data parallel: 2 stages x 2 replicas (4 ranks), and 2 x 4 with one
+// micro-batch each: the one-process step on the whole batch.
+TEST(PipelineTest, TwoStagesTimesTwoReplicasTrainTheSameModelAsOneProcessFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble), 2, 2, 1e-9, /*replicas=*/2);
+}
+
+TEST(PipelineTest, TwoStagesTimesFourReplicasFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble), 2, 1, 1e-9, /*replicas=*/4);
 }
 
 TEST(PipelineTest, UntiedHeadFloat64) {
@@ -337,6 +367,43 @@ TEST(PipelinePlacementTest, BytesPerRankFallAsOneOverS) {
       largest = std::max(largest, bytes);
     }
     EXPECT_LE(static_cast<double>(largest), 1.3 * static_cast<double>(one) / static_cast<double>(S)) << "S = " << S;
+  }
+}
+
+// S x R ranks split into each replica's pipeline and each stage's replicas: a
+// reduction over either group sums just its ranks; a group's errors name it and the
+// rank in the whole run; a run whose size is no multiple of S is refused on every rank.
+TEST(PipelineGroupsTest, SubgroupsReduceOverTheirRanksAndNameThemselvesInErrors) {
+  skip_without_gloo();
+  const std::vector<std::string> errors = run_ranks(
+      6,
+      [&](int64_t rank, ProcessGroup& group) {
+        const distributed::PipelineGroups g = distributed::split_pipeline_groups(group, 3);
+        EXPECT_EQ(g.stages, 3);
+        EXPECT_EQ(g.replicas, 2);
+        at::Tensor along = at::full({2}, static_cast<double>(rank), at::kDouble), across = along.clone();
+        g.pipeline->all_reduce_sum_(along, "pipeline sum");
+        g.stage_replicas->all_reduce_sum_(across, "replica sum");
+        const int64_t s = rank % 3, r = rank / 3;
+        EXPECT_EQ(along[0].item<double>(), static_cast<double>(3 * r * 3 + 0 + 1 + 2)) << "rank " << rank;
+        EXPECT_EQ(across[1].item<double>(), static_cast<double>(s + (s + 3))) << "rank " << rank;
+        EXPECT_EQ(g.pipeline->rank(), s);
+        EXPECT_EQ(g.stage_replicas->rank(), r);
+        if (rank == 1) {  // stage 1's replica 1 (rank 4) never answers
+          at::Tensor t = at::zeros({1}, at::kDouble);
+          g.stage_replicas->recv_(t, 1, 7, "a message from replica 1", 3);
+        }
+      },
+      std::chrono::seconds(2));
+  EXPECT_THAT(errors[1], ::testing::HasSubstr("a message from replica 1 at step 3 failed on rank 0 of 2 of stage 1's "
+                                              "replicas (rank 1 of 6)"));
+  for (size_t r : {0, 2, 3, 4, 5}) EXPECT_EQ(errors[r], "") << "rank " << r;
+
+  const std::vector<std::string> refused =
+      run_ranks(3, [&](int64_t, ProcessGroup& group) { distributed::split_pipeline_groups(group, 2); });
+  for (const std::string& e : refused) {
+    EXPECT_THAT(e, ::testing::HasSubstr("2 pipeline stages need a multiple of 2 ranks")) << e;
+    EXPECT_THAT(e, ::testing::HasSubstr("this run has 3")) << e;
   }
 }
 
