@@ -11,6 +11,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
@@ -508,6 +509,9 @@ void add_multitask_train(CLI::App* mt, int& status) {
                     "first stage, heads with the last; the placement is printed)")
       ->check(positive())
       ->capture_default_str();
+  add_enum_option(train, "--pipeline-balance", o.pipeline_balance(), runtime::distributed::kPlacementBalanceNames,
+                  "Pipeline: place blocks so the stages hold equal parameters (memory), or take equal measured "
+                  "forward + backward time (rank 0 times an embedding, a block and the heads first)");
   train->add_option("--micro-batches", o.micro_batches(),
                     "Pipeline: run each batch as this many equal micro-batches (1F1B on CPU, GPipe on a GPU); more "
                     "shrink the idle fraction (S-1)/(M+S-1)")

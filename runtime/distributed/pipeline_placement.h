@@ -1,17 +1,26 @@
 // Pipeline placement: which contiguous blocks of a PackedTransformer each of S
-// pipeline stages holds (stage s on rank s), balanced by parameter count — the
-// first stage also holds the embeddings, the last the final norm, the heads and,
-// with a tied LM head, a copy of the token embedding — and what each rank holds in
-// bytes, for the placement table a pipeline run prints.
+// pipeline stages holds (stage s on rank s), balanced by parameter count or by
+// measured time (runtime/profile/layer_timing.h) — the first stage also holds the
+// embeddings, the last the final norm, the heads and, with a tied LM head, a copy
+// of the token embedding — and what each rank holds in bytes, for the placement
+// table a pipeline run prints.
 #pragma once
 
+#include "packtrain/base/enum_names.h"
 #include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/runtime/profile/layer_timing.h"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace packtrain::runtime::distributed {
+
+// What a placement balances: the stages' parameters (memory), or their measured
+// forward + backward time (the slowest stage sets a pipeline's pace).
+enum class PlacementBalance { kParameters, kTime };
+inline constexpr EnumNames<PlacementBalance, 2> kPlacementBalanceNames{
+    "pipeline balance", {{{PlacementBalance::kParameters, "parameters"}, {PlacementBalance::kTime, "time"}}}};
 
 struct StagePlacement {
   ensemble::TransformerStage blocks;  // [first_layer, end_layer)
@@ -22,6 +31,9 @@ struct StagePlacement {
   // Bytes of one micro-batch's activation this stage sends forward (K x rows x
   // tokens x width; the last stage sends none), at `rows` and `tokens` given.
   int64_t activation_bytes = 0;
+  // Placed by time: this stage's measured seconds per micro-batch (forward +
+  // backward of its pieces); 0 otherwise.
+  double seconds = 0;
 };
 
 // The blocks of each of `stages` stages minimizing the largest stage's parameter
@@ -29,8 +41,20 @@ struct StagePlacement {
 // is < 1 or exceeds the model's blocks. rows x tokens: one micro-batch's shape.
 std::vector<StagePlacement> place_pipeline(const ensemble::PackedTransformerOptions& model, int64_t stages,
                                            int64_t rows, int64_t tokens);
+// The same, minimizing the slowest stage's time: `times`' embedding on the first
+// stage, a block's time per block, the heads' on the last.
+std::vector<StagePlacement> place_pipeline_by_time(const ensemble::PackedTransformerOptions& model, int64_t stages,
+                                                   int64_t rows, int64_t tokens, const LayerTimes& times);
+// A placement given by its stages' first blocks after stage 0 (S - 1 of them,
+// strictly ascending in [1, layers)): what a checkpoint records, so a resumed run
+// holds the blocks its files hold. Throws std::invalid_argument otherwise.
+std::vector<StagePlacement> place_pipeline_at(const ensemble::PackedTransformerOptions& model,
+                                              const std::vector<int64_t>& boundaries, int64_t rows, int64_t tokens);
+// Stages 1..S-1's first blocks: the inverse of place_pipeline_at.
+std::vector<int64_t> stage_boundaries(const std::vector<StagePlacement>& placement);
 
-// One line per stage: "stage 1: blocks 2-3, 1.21 M parameters, state 19.4 MB, sends 0.5 MB per micro-batch".
+// One line per stage: "stage 1 (rank 1): blocks 2-3, 1.210 M parameters, 19.36 MB of parameters, gradients and
+// Adam state, sends 0.52 MB of activations per micro-batch" (and, placed by time, its measured milliseconds).
 std::vector<std::string> describe_placement(const std::vector<StagePlacement>& placement);
 
 // The modelled idle fraction of a pipeline step (the "bubble") with S stages and M

@@ -114,6 +114,16 @@ void MultiTaskTrainerOptions::validate() const {
               " exceeds the model's blocks (model.layers=", model().layers(), "): each stage holds at least one");
   TORCH_CHECK(micro_batches() >= 1 && batch_size() % micro_batches() == 0, "micro_batches must divide batch_size=",
               batch_size(), ", got micro_batches=", micro_batches());
+  TORCH_CHECK(pipeline_boundaries().empty() ||
+                  static_cast<int64_t>(pipeline_boundaries().size()) == pipeline_stages() - 1,
+              "pipeline_boundaries holds stages 1..S-1's first blocks: ", pipeline_stages() - 1, " of them for ",
+              pipeline_stages(), " stages, got ", pipeline_boundaries().size());
+  for (size_t i = 0; i < pipeline_boundaries().size(); ++i) {
+    const int64_t b = pipeline_boundaries()[i];
+    TORCH_CHECK(b >= 1 && b < model().layers() && (i == 0 || b > pipeline_boundaries()[i - 1]),
+                "pipeline_boundaries must be strictly ascending blocks in [1, model.layers=", model().layers(),
+                "), got pipeline_boundaries[", i, "]=", b);
+  }
   TORCH_CHECK(pipeline_stages() == 1 || shared_inputs(),
               "a pipeline run reads the same sentences for both tasks (shared_inputs=true)");
   TORCH_CHECK(classification_weight() >= 0 && lm_weight() >= 0 && classification_weight() + lm_weight() > 0,
@@ -132,7 +142,9 @@ std::string to_json(const MultiTaskTrainerOptions& o) {
       {"lm_weight", o.lm_weight()}, {"balance_classes", o.balance_classes()}, {"shared_inputs", o.shared_inputs()},
       {"eval_batch_size", o.eval_batch_size()},
       {"seed", o.seed()}, {"capture", o.capture()}, {"pipeline_stages", o.pipeline_stages()},
-      {"micro_batches", o.micro_batches()}};
+      {"micro_batches", o.micro_batches()},
+      {"pipeline_balance", distributed::kPlacementBalanceNames.name(o.pipeline_balance())},
+      {"pipeline_boundaries", o.pipeline_boundaries()}};
   return j.dump();
 }
 
@@ -174,6 +186,8 @@ MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
   o.shared_inputs(flag("shared_inputs")).eval_batch_size(i64("eval_batch_size"));
   o.seed(merged.at("seed").get<uint64_t>()).capture(flag("capture"));
   o.pipeline_stages(i64("pipeline_stages")).micro_batches(i64("micro_batches"));
+  o.pipeline_balance(distributed::kPlacementBalanceNames.parse(merged.at("pipeline_balance").get<std::string>()));
+  o.pipeline_boundaries(merged.at("pipeline_boundaries").get<std::vector<int64_t>>());
   o.validate();
   return o;
 }
@@ -205,8 +219,7 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
                                   B, R, options_.micro_batches(), R * options_.micro_batches()));
     }
     pipeline_groups_ = std::make_unique<distributed::PipelineGroups>(distributed::split_pipeline_groups(*pipeline, S));
-    placement_ = distributed::place_pipeline(model_options, S, B / (R * options_.micro_batches()),
-                                             options_.buckets().back());
+    placement_ = place_stages(model_options, *pipeline, B / (R * options_.micro_batches()));
     stage = placement_[static_cast<size_t>(pipeline_groups_->stage)].blocks;
     pipeline_group_ = pipeline_groups_->pipeline;
     replicas_group_ = pipeline_groups_->stage_replicas;
@@ -246,6 +259,29 @@ int64_t MultiTaskTrainer::pipeline_replicas() const {
 }
 
 MultiTaskTrainer::~MultiTaskTrainer() = default;
+
+std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(
+    const ensemble::PackedTransformerOptions& model, distributed::ProcessGroup& run, int64_t rows) {
+  const int64_t S = options_.pipeline_stages(), tokens = options_.buckets().back();
+  std::vector<distributed::StagePlacement> placement;
+  if (!options_.pipeline_boundaries().empty()) {
+    placement = distributed::place_pipeline_at(model, options_.pipeline_boundaries(), rows, tokens);
+  } else if (options_.pipeline_balance() == distributed::PlacementBalance::kTime) {
+    // Measured once, on rank 0: every rank must place the blocks alike.
+    at::Tensor seconds = at::zeros({3}, at::kDouble);
+    if (run.rank() == 0) {
+      const LayerTimes t = measure_layer_times(model, rows, tokens);
+      seconds = at::tensor({t.embedding, t.block, t.heads}, at::kDouble);
+    }
+    run.broadcast_(seconds, 0, "layer-time broadcast");
+    const LayerTimes t{seconds[0].item<double>(), seconds[1].item<double>(), seconds[2].item<double>()};
+    placement = distributed::place_pipeline_by_time(model, S, rows, tokens, t);
+  } else {
+    placement = distributed::place_pipeline(model, S, rows, tokens);
+  }
+  options_.pipeline_boundaries(distributed::stage_boundaries(placement));
+  return placement;
+}
 
 std::vector<MultiTaskTrainer::Bucket> MultiTaskTrainer::tokenize(const LabelledTexts& data,
                                                                   int64_t* truncated) const {
@@ -815,7 +851,8 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::
   }
   // One process: the whole model, each stage's parameters and optimizer state copied in by name.
   const auto [first_file, first] = stage_dict(0);
-  const MultiTaskTrainerOptions options = with_device(options_of(first, first_file)).pipeline_stages(1);
+  const MultiTaskTrainerOptions options =
+      with_device(options_of(first, first_file)).pipeline_stages(1).pipeline_boundaries({});
   auto trainer = std::make_unique<MultiTaskTrainer>(options);
   at::NoGradGuard no_grad;
   ensemble::PackedParameters& whole = trainer->model_->parameters();

@@ -69,6 +69,13 @@ struct MultiTaskTrainerOptions {
   // blocks split over this many ranks, each batch run as micro_batches pieces.
   TORCH_ARG(int64_t, pipeline_stages) = 1;
   TORCH_ARG(int64_t, micro_batches) = 1;
+  // How the blocks are placed on the stages: balancing their parameters, or their
+  // forward + backward time measured on rank 0's device when the run starts.
+  TORCH_ARG(distributed::PlacementBalance, pipeline_balance) = distributed::PlacementBalance::kParameters;
+  // The placement itself, as stages 1..S-1's first blocks (S - 1 of them); empty: by
+  // pipeline_balance. A pipeline trainer records its placement here, so a checkpoint
+  // resumes onto the blocks its stage files hold.
+  TORCH_ARG(std::vector<int64_t>, pipeline_boundaries) = {};
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
 
  public:
@@ -185,6 +192,10 @@ class MultiTaskTrainer {
   struct DecodeSession;
   DecodeSession& decode_session(const GenerateOptions& options);
   std::vector<Bucket> tokenize(const LabelledTexts& data, int64_t* truncated) const;
+  // The pipeline's placement (micro-batches of `rows`): as options record it, else by
+  // their balance (measured on `run`'s rank 0 for time), then recorded in options_.
+  std::vector<distributed::StagePlacement> place_stages(const ensemble::PackedTransformerOptions& model,
+                                                        distributed::ProcessGroup& run, int64_t rows);
   MultiTaskEpochReport train_pipelined(const std::vector<std::pair<size_t, std::vector<int64_t>>>& plan);
   TaskMetrics evaluate_pipelined(const std::vector<Bucket>& buckets);
   void save_stage(const std::filesystem::path& path, const std::string& extra) const;

@@ -160,6 +160,31 @@ TEST_F(Cli, PipelineTimesDataParallelTrainsTheSameModelAsOneProcess) {
   EXPECT_EQ(rank0_json(resumed.out)["epochs"].size(), 1u);
 }
 
+// --pipeline-balance time: rank 0 times the pieces, every stage prints its measured
+// milliseconds, the checkpoint records the blocks, and a resumed run (2 replicas
+// this time) holds the same blocks without measuring again.
+TEST_F(Cli, PipelinePlacedByMeasuredTimeResumesOntoTheSameBlocks) {
+  write_file(path("train.tsv"), yes_no_tsv(16));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const std::string data = " --train " + path("train.tsv") + " --dev " + path("dev.tsv");
+  const Result timed = launch(2, "multitask train " + pipeline_shape(4, false) + " --epochs 1" + data +
+                                     " --pipeline-stages 2 --pipeline-balance time -o " + path("t.ckpt"));
+  ASSERT_EQ(timed.status, 0) << timed.out;
+  EXPECT_THAT(timed.out, ::testing::ContainsRegex("stage 0 \\(rank 0\\): blocks 0-[0-9].* ms per micro-batch \\(measured\\)"));
+  EXPECT_THAT(timed.out, ::testing::ContainsRegex("stage 1 \\(rank 1\\): blocks [1-3]-3.* ms per micro-batch \\(measured\\)"));
+  const Result json = launch(4, "multitask resume " + path("t.ckpt") + " --epochs 2 --device cpu -q --json");
+  ASSERT_EQ(json.status, 0) << json.out;
+  const nlohmann::json resumed = rank0_json(json.out);
+  ASSERT_TRUE(resumed.is_object()) << json.out;
+  EXPECT_EQ(resumed["options"]["pipeline_balance"], "time");
+  ASSERT_EQ(resumed["options"]["pipeline_boundaries"].size(), 1u);
+  const int64_t boundary = resumed["options"]["pipeline_boundaries"][0];
+  EXPECT_THAT(timed.out, HasSubstr("stage 1 (rank 1): blocks " + std::to_string(boundary) + "-3"));
+  const Result bad = run("multitask train " + pipeline_shape(4) + " --epochs 1 --pipeline-balance speed");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.out, HasSubstr("unknown pipeline balance 'speed' (expected parameters or time)"));
+}
+
 TEST_F(Cli, PipelineNeedsOneRankPerStage) {
   const Result r = run("multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 2 -o " + path("x.ckpt"));
   EXPECT_EQ(r.status, 2) << r.out;

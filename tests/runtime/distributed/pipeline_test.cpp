@@ -15,6 +15,7 @@
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/profile/layer_timing.h"
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
 #include "tests/support/test_support.h"
 
@@ -22,7 +23,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <map>
@@ -340,6 +343,56 @@ TEST(PipelinePlacementTest, ContiguousBalancedAndEveryStageHoldsABlock) {
   EXPECT_THROW(distributed::place_pipeline(options, 9, 4, 32), std::invalid_argument);
   EXPECT_DOUBLE_EQ(distributed::bubble_fraction(4, 8), 3.0 / 11.0);
   EXPECT_DOUBLE_EQ(distributed::bubble_fraction(1, 8), 0.0);
+}
+
+// Placed by time, a stage costs its blocks' time plus the embedding's (first stage)
+// and the heads' (last): the slowest stage is as fast as any contiguous split
+// allows, heavy heads push blocks off the last stage (where balancing parameters
+// would not), and a placement's boundaries give it back.
+TEST(PipelinePlacementTest, ByTimeMinimizesTheSlowestStage) {
+  const PackedTransformerOptions options = model_options(at::kFloat, 8);
+  const LayerTimes times{0.5, 1.0, 4.0};
+  const auto cost = [&](int64_t a, int64_t b) {
+    return static_cast<double>(b - a) * times.block + (a == 0 ? times.embedding : 0.0) + (b == 8 ? times.heads : 0.0);
+  };
+  const auto two = distributed::place_pipeline_by_time(options, 2, 4, 12, times);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].blocks.first_layer, 6) << "6.5 s | 6 s is the only split whose slowest stage is below 7 s";
+  EXPECT_DOUBLE_EQ(two[0].seconds, 6.5);
+  EXPECT_DOUBLE_EQ(two[1].seconds, 6.0);
+  EXPECT_LT(distributed::place_pipeline(options, 2, 4, 12)[1].blocks.first_layer, 6);
+  // Three stages: no split of 8 blocks has a faster slowest stage (all 21 tried).
+  const auto three = distributed::place_pipeline_by_time(options, 3, 4, 12, times);
+  double slowest = 0, best = 1e9;
+  for (const auto& p : three) slowest = std::max(slowest, cost(p.blocks.first_layer, p.blocks.end_layer));
+  for (int64_t a = 1; a < 8; ++a) {
+    for (int64_t b = a + 1; b < 8; ++b) best = std::min(best, std::max({cost(0, a), cost(a, b), cost(b, 8)}));
+  }
+  EXPECT_DOUBLE_EQ(slowest, best);
+  // The boundaries round-trip; bad ones are refused.
+  const auto again = distributed::place_pipeline_at(options, distributed::stage_boundaries(three), 4, 12);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(again[s].blocks.first_layer, three[s].blocks.first_layer);
+    EXPECT_EQ(again[s].blocks.end_layer, three[s].blocks.end_layer);
+    EXPECT_EQ(again[s].parameters, three[s].parameters);
+  }
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{0}, {8}, {5, 3}, {4, 4}}) {
+    EXPECT_THROW(distributed::place_pipeline_at(options, bad, 4, 12), std::invalid_argument);
+  }
+}
+
+// Layer timing measures every piece (positive, finite), and a block 16x wider takes
+// clearly longer than a narrow one (~256x the arithmetic; asserted only 3x).
+TEST(LayerTimingTest, MeasuresEachPieceAndAWiderBlockTakesLonger) {
+  const PackedTransformerOptions narrow = model_options(at::kFloat).width(16).heads(2);
+  const PackedTransformerOptions wide = model_options(at::kFloat).width(256).heads(4);
+  const LayerTimes a = measure_layer_times(narrow, 8, 16, 3), b = measure_layer_times(wide, 8, 16, 3);
+  for (const double t : {a.embedding, a.block, a.heads, b.embedding, b.block, b.heads}) {
+    EXPECT_TRUE(std::isfinite(t) && t > 0) << t;
+  }
+  EXPECT_GT(b.block, 3 * a.block) << "wide " << b.block << " s, narrow " << a.block << " s";
+  EXPECT_THROW(measure_layer_times(narrow, 0, 16), std::invalid_argument);
+  EXPECT_THROW(measure_layer_times(narrow, 8, 17), std::invalid_argument);
 }
 
 // The bytes each rank holds — its stage's parameters, gradients and Adam moments,

@@ -1,0 +1,88 @@
+#include "packtrain/runtime/profile/layer_timing.h"
+
+#include "packtrain/ensemble/multitask_step.h"
+#include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/profiling/nvtx.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <stdexcept>
+#include <vector>
+
+namespace packtrain::runtime {
+
+namespace {
+// The median of `repeats` timed runs of `run` (after one untimed), the device's
+// queue drained around each.
+double median_seconds(const c10::Device device, int64_t repeats, const std::function<void()>& run) {
+  const auto drain = [&] {
+    if (device.is_cuda()) c10::cuda::device_synchronize();
+  };
+  run();
+  drain();
+  std::vector<double> seconds;
+  for (int64_t i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    drain();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+  return seconds[static_cast<size_t>(repeats / 2)];
+}
+
+// The gradients of `output` (with `grad_output`, or a scalar loss) with respect to
+// the model's parameters and `input` (when defined): what a stage's backward computes.
+void backward(const ensemble::PackedTransformer& model, const at::Tensor& output, const at::Tensor& grad_output,
+              const at::Tensor& input) {
+  std::vector<at::Tensor> inputs(model.parameters().tensors().begin(), model.parameters().tensors().end());
+  if (input.defined()) inputs.push_back(input);
+  torch::autograd::grad({output}, inputs,
+                        grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{},
+                        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+}
+}  // namespace
+
+LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, int64_t rows, int64_t tokens,
+                               int64_t repeats) {
+  if (rows < 1 || tokens < 1 || repeats < 1 || tokens > model.max_length()) {
+    throw std::invalid_argument(fmt::format("measure_layer_times: rows {}, tokens {} (max_length {}) and repeats {} "
+                                            "must be >= 1, tokens within max_length",
+                                            rows, tokens, model.max_length(), repeats));
+  }
+  PACKTRAIN_NVTX_RANGE("layer timing");
+  const ensemble::PackedTransformer one(ensemble::PackedTransformerOptions(model).layers(1));
+  const c10::Device device = model.device();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  ensemble::TextBatch batch;
+  batch.lengths = at::full({rows}, tokens, at::kLong).to(device);
+  batch.tokens = at::randint(3, model.vocab(), {rows, tokens}, generator, at::kLong).to(device);
+  const at::Tensor labels = at::randint(0, model.classes(), {rows}, generator, at::kLong).to(device);
+  const auto real = at::TensorOptions().dtype(model.dtype()).device(device);
+  const at::Tensor gradient = at::randn({model.members(), rows, tokens, model.width()}, real) * 1e-3;
+  const at::Tensor activation = at::randn({model.members(), rows, tokens, model.width()}, real);
+
+  LayerTimes t;
+  t.embedding = median_seconds(device, repeats, [&] { backward(one, one.embed(batch.tokens), gradient, {}); });
+  t.block = median_seconds(device, repeats, [&] {
+    const at::Tensor x = activation.detach().requires_grad_(true);
+    backward(one, one.run_blocks(x), gradient, x);
+  });
+  t.heads = median_seconds(device, repeats, [&] {
+    const at::Tensor x = activation.detach().requires_grad_(true);
+    const at::Tensor hidden = one.final_norm(x);
+    const at::Tensor loss = ensemble::packed_cross_entropy_loss(one.classify(hidden, batch.lengths), labels) +
+                            ensemble::packed_lm_loss(one.lm_logits(hidden), batch);
+    backward(one, loss.sum(), {}, x);
+  });
+  return t;
+}
+
+}  // namespace packtrain::runtime
