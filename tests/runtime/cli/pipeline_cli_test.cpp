@@ -185,6 +185,31 @@ TEST_F(Cli, PipelinePlacedByMeasuredTimeResumesOntoTheSameBlocks) {
   EXPECT_THAT(bad.out, HasSubstr("unknown pipeline balance 'speed' (expected parameters or time)"));
 }
 
+// A stage killed in the middle of a save — its new stage file written, its old one
+// not yet deleted (two of its files side by side: between its write and the
+// manifest's commit, or just after) — leaves a checkpoint that is whole: the
+// manifest names stage files of one save, all present, and one process assembles
+// and scores it. The kill is timed by watching the files, so it lands in a save
+// whatever the machine's speed.
+TEST_F(Cli, APipelineStageKilledMidSaveLeavesAWholeCheckpoint) {
+  write_file(path("train.tsv"), yes_no_tsv(16));
+  write_file(path("dev.tsv"), yes_no_tsv(8));
+  const std::string ckpt = path("m.ckpt");
+  const std::string train = "multitask train " + pipeline_shape(2) + " --epochs 400 --train " + path("train.tsv") +
+                            " --dev " + path("dev.tsv") + " --pipeline-stages 2 --micro-batches 2 -o " + ckpt;
+  // Shell builtins only (no process per poll): rank 1's stage files, until two coexist.
+  const std::string kill_mid_save = "(while :; do set -- '" + ckpt + "'.stage1-of-2.step*; [ $# -ge 2 ] && [ -e \"$2\" ] "
+                                    "&& break; done; kill -9 $pid; echo killed-mid-save)";
+  const Result r = run_ranks_by_hand({.env = {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "10"}}, .meanwhile = kill_mid_save},
+                                     train);
+  ASSERT_THAT(r.out, HasSubstr("killed-mid-save")) << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("rank0 exit [1-9]")) << "rank 0 outlived its stage 1: " << r.out;
+  ASSERT_TRUE(fs::exists(ckpt)) << r.out;
+  const nlohmann::json scored = run_json("multitask score " + ckpt + " 'yes the cat.' --json --device cpu");
+  ASSERT_TRUE(scored.is_array() && scored.size() == 1) << scored.dump();
+  EXPECT_EQ(scored[0]["probabilities"].size(), 2u);
+}
+
 TEST_F(Cli, PipelineNeedsOneRankPerStage) {
   const Result r = run("multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 2 -o " + path("x.ckpt"));
   EXPECT_EQ(r.status, 2) << r.out;
