@@ -138,6 +138,11 @@ void describe(const Session& s, RunDriver& driver) {
                             "per step, {} schedule; modelled idle (bubble) fraction (S-1)/(M+S-1) = {:.2f}",
                             S, s.group->world_size(), s.group->info().source, M, options.batch_size() / (R * M),
                             m.device().is_cuda() ? "GPipe" : "1F1B", runtime::distributed::bubble_fraction(S, M)));
+    if (m.device().is_cuda()) {
+      driver.note(fmt::format("multitask: each stage's micro-batch steps {} (static buffers; the backward recomputes "
+                              "the stage's forward, the last stage runs forward and backward as one step)",
+                              options.capture() ? "captured as CUDA graphs" : "run eagerly (--no-capture)"));
+    }
     if (R > 1) {
       driver.note(fmt::format("multitask: {} replicas of the pipeline (ranks = {} stages x {} replicas; rank r: stage "
                               "r % {} of replica r / {}), each on {} of the batch's {} sentences; each stage's "

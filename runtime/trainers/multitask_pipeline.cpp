@@ -1,8 +1,8 @@
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
 
-#include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -32,7 +32,8 @@ at::Tensor tied_gradient(ensemble::PackedParameters& parameters) {
 
 MultiTaskPipeline::MultiTaskPipeline(ensemble::PackedTransformer& model, ensemble::PackedOptimizer& optimizer,
                                      distributed::ProcessGroup& group, int64_t micro_batches,
-                                     ensemble::TaskWeights weights, distributed::ProcessGroup* replicas)
+                                     ensemble::TaskWeights weights, distributed::ProcessGroup* replicas,
+                                     StageExecution execution, graphs::CaptureOptions capture)
     : model_(&model), optimizer_(&optimizer), group_(&group), replicas_(replicas), stages_(group.world_size()),
       stage_(group.rank()), replica_count_(replicas != nullptr ? replicas->world_size() : 1),
       replica_(replicas != nullptr ? replicas->rank() : 0), micro_batches_(micro_batches), weights_(weights) {
@@ -56,7 +57,15 @@ MultiTaskPipeline::MultiTaskPipeline(ensemble::PackedTransformer& model, ensembl
   gradient_out_ = fmt::format("activation gradients from stage {} to stage {}", s, s - 1);
   tied_in_ = fmt::format("tied embedding gradient from stage {} to stage {}", tied_peer, s);
   tied_out_ = fmt::format("tied embedding gradient from stage {} to stage {}", s, tied_peer);
+  if (execution == StageExecution::kStatic) {
+    steps_ = std::make_unique<PipelineStageSteps>(model, weights_, std::move(capture));
+  }
 }
+
+MultiTaskPipeline::~MultiTaskPipeline() = default;
+
+int64_t MultiTaskPipeline::static_steps() const { return steps_ != nullptr ? steps_->steps() : 0; }
+int64_t MultiTaskPipeline::captured_steps() const { return steps_ != nullptr ? steps_->captured() : 0; }
 
 at::Tensor MultiTaskPipeline::receive_activation(int64_t rows, int64_t tokens, int64_t step) {
   const int64_t K = model_->members(), d = model_->options().width();
@@ -101,15 +110,53 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
   }
 
   struct InFlight {
-    at::Tensor input;   // received activation (a leaf that requires grad); undefined on stage 0
-    at::Tensor output;  // sent activation, or the micro-batch's loss on the last stage
+    at::Tensor input;       // received activation (autograd: a leaf that requires grad; static steps: the
+                            // micro-batch's tokens on stage 0); undefined on stage 0 otherwise
+    at::Tensor output;      // sent activation, or the micro-batch's loss on the last stage (autograd)
+    at::Tensor input_grad;  // static steps, last stage: the input's gradient, sent at the backward
   };
   std::deque<InFlight> in_flight;
   int64_t peak = 0;
+  // Static steps: a send must not read a step's output buffer after the next step of
+  // its shape rewrote it. NCCL reads it in stream order, before that step; a Gloo send
+  // runs in the background, so it gets a copy.
+  const auto to_send = [&](const at::Tensor& buffer) { return buffer.is_cuda() ? buffer : buffer.clone(); };
+  // Each micro-batch's share of the batch's classification mean (rows / B).
+  const at::Tensor classification_share =
+      at::full({1}, static_cast<double>(rows) / static_cast<double>(B), parameters.flat().options());
+  if (steps_ != nullptr && model_->last_stage()) steps_->zero_losses();
+  const auto run_forward_static = [&](int64_t row, const ensemble::TextBatch& micro) {
+    InFlight f;
+    f.input = model_->first_stage() ? micro.tokens : receive_activation(rows, T, step);
+    if (!model_->last_stage()) {
+      f.output = steps_->forward(f.input);
+      group_->send(to_send(f.output), stage_ + 1, kActivationTag, activation_out_.c_str(), step);
+    } else {
+      const at::Tensor dx = steps_->last(f.input, micro, labels.narrow(0, row, rows), classification_share,
+                                         lm_targets.reshape({1}));
+      if (dx.defined()) f.input_grad = dx.clone();  // its buffer serves the next micro-batch
+    }
+    return f;
+  };
+  const auto run_backward_static = [&](const InFlight& f) {
+    if (model_->last_stage()) {
+      if (f.input_grad.defined()) group_->send(f.input_grad, stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
+      return;
+    }
+    at::Tensor grad_output = at::empty_like(f.output);
+    group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), step);
+    const at::Tensor dx = steps_->backward(f.input, grad_output);
+    if (dx.defined()) group_->send(to_send(dx), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
+  };
   const auto run_forward = [&](int64_t i) {
     PACKTRAIN_NVTX_RANGE("forward");
     const int64_t row = first + i * rows;
     const ensemble::TextBatch micro{batch.tokens.narrow(0, row, rows), batch.lengths.narrow(0, row, rows)};
+    if (steps_ != nullptr) {
+      in_flight.push_back(run_forward_static(row, micro));
+      peak = std::max<int64_t>(peak, static_cast<int64_t>(in_flight.size()));
+      return;
+    }
     InFlight f;
     at::Tensor x;
     if (model_->first_stage()) {
@@ -123,17 +170,11 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
       group_->send(y.detach(), stage_ + 1, kActivationTag, activation_out_.c_str(), step);
       f.output = y;
     } else {
-      const at::Tensor hidden = model_->final_norm(y);
-      const double share = static_cast<double>(rows) / static_cast<double>(B);
-      const at::Tensor classification =
-          ensemble::packed_cross_entropy_loss(model_->classify(hidden, micro.lengths), labels.narrow(0, row, rows),
-                                             weights_.class_weights) *
-          share;
-      const at::Tensor lm = ensemble::packed_lm_loss(model_->lm_logits(hidden), micro) *
-                            (ensemble::lm_target_count(micro).to(lm_targets.scalar_type()) / lm_targets);
-      f.output = (classification * weights_.classification + lm * weights_.language_model).sum();
-      losses.classification.add_(classification.detach());
-      losses.language_model.add_(lm.detach());
+      const MicroBatchLoss loss = micro_batch_loss(*model_, model_->final_norm(y), micro, labels.narrow(0, row, rows),
+                                                   classification_share, lm_targets.reshape({1}), weights_);
+      f.output = loss.total;
+      losses.classification.add_(loss.classification.detach());
+      losses.language_model.add_(loss.language_model.detach());
     }
     in_flight.push_back(std::move(f));
     peak = std::max<int64_t>(peak, static_cast<int64_t>(in_flight.size()));
@@ -142,6 +183,7 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
     PACKTRAIN_NVTX_RANGE("backward");
     InFlight f = std::move(in_flight.front());
     in_flight.pop_front();
+    if (steps_ != nullptr) return run_backward_static(f);
     at::Tensor grad_output;
     if (!model_->last_stage()) {
       grad_output = at::empty_like(f.output);
@@ -171,6 +213,10 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
   while (!in_flight.empty()) run_backward();
   group_->wait_sends();
   peak_in_flight_ = peak;
+  if (steps_ != nullptr && model_->last_stage()) {
+    losses.classification.copy_(steps_->classification_loss());
+    losses.language_model.copy_(steps_->lm_loss());
+  }
 
   if (replicas_ != nullptr) {
     PACKTRAIN_NVTX_RANGE("replica gradient all-reduce");

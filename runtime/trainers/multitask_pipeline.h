@@ -29,10 +29,12 @@
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/optimizers/packed_optimizer.h"
 #include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/graphs/captured_step.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace packtrain::runtime {
@@ -43,6 +45,17 @@ class ProcessGroup;
 
 enum class PipelineSchedule { k1F1B, kGPipe };
 
+class PipelineStageSteps;
+
+// How a stage runs a micro-batch's forward and backward.
+enum class StageExecution {
+  // The forward keeps its autograd graph until the micro-batch's backward (eager).
+  kAutograd,
+  // Static steps (runtime/trainers/pipeline_stage_steps.h): captured as CUDA graphs
+  // on a GPU, eager on the CPU; the backward recomputes the stage's forward.
+  kStatic,
+};
+
 class MultiTaskPipeline {
  public:
   // `model` is this rank's stage (rank s of the group holds stage s; the group has
@@ -50,15 +63,23 @@ class MultiTaskPipeline {
   // pipeline's replicas (rank i in replica i). Model, optimizer and groups must
   // outlive the pipeline. Throws std::invalid_argument when the stage does not match
   // the rank.
+  // `execution`: kStatic captures each stage's micro-batch steps on a GPU (the
+  // trainer's choice there), `capture` says how (and where their log goes).
   MultiTaskPipeline(ensemble::PackedTransformer& model, ensemble::PackedOptimizer& optimizer,
                     distributed::ProcessGroup& group, int64_t micro_batches, ensemble::TaskWeights weights,
-                    distributed::ProcessGroup* replicas = nullptr);
+                    distributed::ProcessGroup* replicas = nullptr, StageExecution execution = StageExecution::kAutograd,
+                    graphs::CaptureOptions capture = {});
+  ~MultiTaskPipeline();
 
   int64_t stages() const { return stages_; }
   int64_t stage() const { return stage_; }
   int64_t replicas() const { return replica_count_; }
   int64_t micro_batches() const { return micro_batches_; }
   PipelineSchedule schedule() const { return schedule_; }
+  StageExecution execution() const { return steps_ != nullptr ? StageExecution::kStatic : StageExecution::kAutograd; }
+  // kStatic: the stage's static steps made so far, and how many replay a CUDA graph.
+  int64_t static_steps() const;
+  int64_t captured_steps() const;
 
   // One training step on the batch (every rank passes the same one; B divisible by
   // R x M): gradients of this stage, the tied embedding's summed, with replicas
@@ -86,6 +107,7 @@ class MultiTaskPipeline {
   int64_t stages_ = 1, stage_ = 0, replica_count_ = 1, replica_ = 0, micro_batches_ = 1;
   ensemble::TaskWeights weights_;
   PipelineSchedule schedule_ = PipelineSchedule::k1F1B;
+  std::unique_ptr<PipelineStageSteps> steps_;  // kStatic only
   int64_t peak_in_flight_ = 0;
   // What each transfer is called in an error ("activations from stage 0 to stage 1
   // at step 12 failed on rank 1 of 2 …"), formatted once.

@@ -245,8 +245,12 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
           .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
           .capacity(8));
   if (pipeline_group_ != nullptr) {
-    pipeline_ = std::make_unique<MultiTaskPipeline>(*model_, *optimizer_, *pipeline_group_,
-                                                    options_.micro_batches(), weights, replicas_group_);
+    // On a GPU each stage's micro-batch steps are captured (static steps; the backward
+    // recomputes the stage's forward); the CPU keeps the forward's autograd graph.
+    pipeline_ = std::make_unique<MultiTaskPipeline>(
+        *model_, *optimizer_, *pipeline_group_, options_.micro_batches(), weights, replicas_group_,
+        device_.is_cuda() ? StageExecution::kStatic : StageExecution::kAutograd,
+        graphs::CaptureOptions().capture(options_.capture()).log(options_.log()));
   }
   if (replicas_group_ != nullptr) {  // every replica of a stage starts from replica 0's weights
     at::Tensor flat = model_->parameters().flat();

@@ -17,6 +17,7 @@
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/profile/layer_timing.h"
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -130,8 +131,11 @@ struct PipelineTrace {
   std::vector<std::vector<ensemble::MultiTaskLosses>> losses;  // [replica][step], its last stage's
   std::vector<int64_t> peak_in_flight;                         // per rank
 };
+void ignore_log(const std::string&) {}
+
 PipelineTrace pipelined(const PackedTransformerOptions& options, int64_t stages, int64_t micro_batches,
-                        const std::vector<Batch>& batches, int64_t replicas = 1) {
+                        const std::vector<Batch>& batches, int64_t replicas = 1,
+                        StageExecution execution = StageExecution::kAutograd) {
   const int64_t world = stages * replicas;
   PipelineTrace trace;
   trace.parameters.resize(static_cast<size_t>(world));
@@ -145,7 +149,9 @@ PipelineTrace pipelined(const PackedTransformerOptions& options, int64_t stages,
     EXPECT_EQ(groups.replica, rank / stages);
     PackedTransformer model(options, placement[static_cast<size_t>(groups.stage)].blocks);
     ensemble::PackedAdam optimizer(model.parameters(), adam());
-    MultiTaskPipeline pipeline(model, optimizer, *groups.pipeline, micro_batches, kWeights, groups.stage_replicas);
+    MultiTaskPipeline pipeline(model, optimizer, *groups.pipeline, micro_batches, kWeights, groups.stage_replicas,
+                               execution, graphs::CaptureOptions().log(ignore_log));
+    EXPECT_EQ(pipeline.execution(), execution);
     for (size_t step = 0; step < batches.size(); ++step) {
       const ensemble::MultiTaskLosses losses =
           pipeline.train_step(batches[step].text, batches[step].labels, static_cast<int64_t>(step));
@@ -164,11 +170,12 @@ PipelineTrace pipelined(const PackedTransformerOptions& options, int64_t stages,
 // step, to `tolerance`; the tied embedding's two copies are bitwise equal, and so
 // are a stage's R replicas; every replica reports the whole batch's losses.
 void expect_same_training(const PackedTransformerOptions& options, int64_t stages, int64_t micro_batches,
-                          double tolerance, int64_t replicas = 1) {
+                          double tolerance, int64_t replicas = 1,
+                          StageExecution execution = StageExecution::kAutograd) {
   std::vector<Batch> batches;
   for (uint64_t s = 0; s < 3; ++s) batches.push_back(random_batch(8, 12, 100 + s));
   const Trace reference = one_process(options, batches);
-  const PipelineTrace trace = pipelined(options, stages, micro_batches, batches, replicas);
+  const PipelineTrace trace = pipelined(options, stages, micro_batches, batches, replicas, execution);
   if (::testing::Test::HasFailure()) return;
   for (size_t step = 0; step < batches.size(); ++step) {
     SCOPED_TRACE("after step " + std::to_string(step));
@@ -233,6 +240,15 @@ TEST(PipelineTest, TwoStagesTimesTwoReplicasTrainTheSameModelAsOneProcessFloat64
 TEST(PipelineTest, TwoStagesTimesFourReplicasFloat64) {
   skip_without_gloo();
   expect_same_training(model_options(at::kDouble), 2, 1, 1e-9, /*replicas=*/4);
+}
+
+// Static steps (what a GPU captures; eager here): the forward without autograd, the
+// backward recomputing it, the last stage's one step — the same training.
+TEST(PipelineTest, StaticStepsTrainTheSameModelAsOneProcessFloat64) {
+  skip_without_gloo();
+  expect_same_training(model_options(at::kDouble), 2, 4, 1e-9, 1, StageExecution::kStatic);
+  expect_same_training(model_options(at::kDouble), 4, 2, 1e-9, 1, StageExecution::kStatic);
+  expect_same_training(model_options(at::kDouble).tie_lm_head(false), 2, 2, 1e-9, 2, StageExecution::kStatic);
 }
 
 TEST(PipelineTest, UntiedHeadFloat64) {
@@ -487,6 +503,69 @@ TEST(PipelineTest, AStageThatStopsEndsItsNeighbourNamingStagesAndStep) {
       << errors[0];
   EXPECT_LT(seconds, 30.0);
 }
+
+// A pipeline's static stage steps on one device, two stages in this process (no
+// transfers: the tensors are handed over directly, the tied embedding's gradients
+// summed by hand): the same parameters as one process after every step. On a GPU
+// the three steps (stage 0's forward and backward, stage 1's last) are captured
+// after their warm-up and replayed — the code a GPU pipeline runs on each rank.
+class PipelineStageStepsTest : public packtrain::testing::DeviceTest {};
+
+TEST_P(PipelineStageStepsTest, TwoStagesInOneProcessTrainTheSameModel) {
+  const PackedTransformerOptions options = model_options(at::kDouble).device(device());
+  const int64_t M = 2, steps = 6;  // 3 warm-up calls, the capture, replays
+  std::vector<Batch> batches;
+  for (uint64_t s = 0; s < steps; ++s) {
+    Batch b = random_batch(8, 12, 200 + s);
+    batches.push_back({{b.text.tokens.to(device()), b.text.lengths.to(device())}, b.labels.to(device())});
+  }
+  const Trace reference = one_process(options, batches);
+  const auto placement = distributed::place_pipeline(options, 2, 8 / M, 12);
+  PackedTransformer first(options, placement[0].blocks), last(options, placement[1].blocks);
+  ensemble::PackedAdam first_adam(first.parameters(), adam()), last_adam(last.parameters(), adam());
+  const graphs::CaptureOptions capture = graphs::CaptureOptions().log(ignore_log);
+  PipelineStageSteps first_steps(first, kWeights, capture), last_steps(last, kWeights, capture);
+  const auto tied = [](PackedTransformer& m) {
+    for (size_t i = 0; i < m.parameters().size(); ++i) {
+      if (m.parameters().spec(i).name == "tok_emb.weight") return m.parameters().blocks(m.parameters().flat_grad())[i];
+    }
+    return at::Tensor();
+  };
+  const auto real = first.parameters().flat().options();
+  for (int64_t step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Batch& b = batches[static_cast<size_t>(step)];
+    first.parameters().zero_grad();
+    last.parameters().zero_grad();
+    last_steps.zero_losses();
+    const at::Tensor lm_total = ensemble::lm_target_count(b.text).to(at::kDouble).reshape({1});
+    const at::Tensor share = at::full({1}, 1.0 / M, real);
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t rows = 8 / M;
+      const ensemble::TextBatch micro{b.text.tokens.narrow(0, i * rows, rows), b.text.lengths.narrow(0, i * rows, rows)};
+      const at::Tensor y = first_steps.forward(micro.tokens).clone();
+      const at::Tensor dx = last_steps.last(y, micro, b.labels.narrow(0, i * rows, rows), share, lm_total).clone();
+      EXPECT_FALSE(first_steps.backward(micro.tokens, dx).defined()) << "stage 0 has no input gradient";
+    }
+    at::Tensor a = tied(first), c = tied(last);
+    const at::Tensor sum = a + c;
+    a.copy_(sum);
+    c.copy_(sum);
+    first_adam.step();
+    last_adam.step();
+    const Snapshot& expected = reference.parameters[static_cast<size_t>(step)];
+    for (const Snapshot& stage : {snapshot(first.parameters()), snapshot(last.parameters())}) {
+      for (const auto& [name, value] : stage) EXPECT_TRUE(all_close(value, expected.at(name), 1e-9)) << name;
+    }
+    EXPECT_TRUE(all_close(last_steps.classification_loss(), reference.losses[static_cast<size_t>(step)].classification,
+                          1e-9));
+    EXPECT_TRUE(all_close(last_steps.lm_loss(), reference.losses[static_cast<size_t>(step)].language_model, 1e-9));
+  }
+  EXPECT_EQ(first_steps.steps() + last_steps.steps(), 3);
+  EXPECT_EQ(first_steps.captured() + last_steps.captured(), device().is_cuda() ? 3 : 0);
+}
+
+PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PipelineStageStepsTest);
 
 }  // namespace
 }  // namespace packtrain::runtime
