@@ -149,7 +149,7 @@ void describe(const Session& s, RunDriver& driver) {
                               "gradients summed over its {} replicas every step",
                               R, S, R, S, S, options.batch_size() / R, options.batch_size(), R));
     }
-    for (const std::string& line : runtime::distributed::describe_placement(s.trainer.placement())) {
+    for (const std::string& line : runtime::distributed::describe_placement(s.trainer.placement(), R)) {
       driver.note("multitask: " + line);
     }
     if (m.tie_lm_head()) {

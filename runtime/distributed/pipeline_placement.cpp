@@ -83,12 +83,14 @@ std::vector<StagePlacement> place_pipeline(const ensemble::PackedTransformerOpti
 }
 
 std::vector<StagePlacement> place_pipeline_by_time(const ensemble::PackedTransformerOptions& model, int64_t stages,
-                                                   int64_t rows, int64_t tokens, const LayerTimes& times) {
+                                                   int64_t rows, int64_t tokens, const LayerTimes& times,
+                                                   bool recompute) {
   check_stages(model, stages);
   const int64_t L = model.layers();
   const auto seconds = [&](int64_t a, int64_t b) {
-    return static_cast<double>(b - a) * times.block + (a == 0 ? times.embedding : 0.0) +
-           (b == L ? times.heads : 0.0);
+    const bool again = recompute && b < L;  // a stage before the last recomputes its forward
+    return static_cast<double>(b - a) * (times.block + (again ? times.block_forward : 0.0)) +
+           (a == 0 ? times.embedding + (again ? times.embedding_forward : 0.0) : 0.0) + (b == L ? times.heads : 0.0);
   };
   std::vector<StagePlacement> out = stages_ending_at(model, balanced_ends(L, stages, seconds), rows, tokens);
   for (StagePlacement& p : out) p.seconds = seconds(p.blocks.first_layer, p.blocks.end_layer);
@@ -116,16 +118,19 @@ std::vector<int64_t> stage_boundaries(const std::vector<StagePlacement>& placeme
   return out;
 }
 
-std::vector<std::string> describe_placement(const std::vector<StagePlacement>& placement) {
+std::vector<std::string> describe_placement(const std::vector<StagePlacement>& placement, int64_t replicas) {
+  const auto S = static_cast<int64_t>(placement.size());
   std::vector<std::string> lines;
   for (size_t s = 0; s < placement.size(); ++s) {
     const StagePlacement& p = placement[s];
     std::string extras;
     if (s == 0) extras += " + embeddings";
     if (s + 1 == placement.size()) extras += " + final norm and heads";
-    lines.push_back(fmt::format("stage {} (rank {}): blocks {}-{}{}, {:.3f} M parameters, {:.2f} MB of parameters, "
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < replicas; ++r) ranks.push_back(r * S + static_cast<int64_t>(s));
+    lines.push_back(fmt::format("stage {} ({} {}): blocks {}-{}{}, {:.3f} M parameters, {:.2f} MB of parameters, "
                                 "gradients and Adam state, {}{}",
-                                s, s, p.blocks.first_layer, p.blocks.end_layer - 1, extras, p.parameters / 1e6,
+                                s, replicas > 1 ? "ranks" : "rank", fmt::join(ranks, ", "), p.blocks.first_layer, p.blocks.end_layer - 1, extras, p.parameters / 1e6,
                                 p.state_bytes / 1e6,
                                 p.activation_bytes > 0
                                     ? fmt::format("sends {:.2f} MB of activations per micro-batch", p.activation_bytes / 1e6)

@@ -42,9 +42,12 @@ struct StagePlacement {
 std::vector<StagePlacement> place_pipeline(const ensemble::PackedTransformerOptions& model, int64_t stages,
                                            int64_t rows, int64_t tokens);
 // The same, minimizing the slowest stage's time: `times`' embedding on the first
-// stage, a block's time per block, the heads' on the last.
+// stage, a block's time per block, the heads' on the last; with `recompute` (static
+// stage steps, as a GPU runs them) the stages before the last also pay their blocks'
+// (and the embeddings') forward once more.
 std::vector<StagePlacement> place_pipeline_by_time(const ensemble::PackedTransformerOptions& model, int64_t stages,
-                                                   int64_t rows, int64_t tokens, const LayerTimes& times);
+                                                   int64_t rows, int64_t tokens, const LayerTimes& times,
+                                                   bool recompute = false);
 // A placement given by its stages' first blocks after stage 0 (S - 1 of them,
 // strictly ascending in [1, layers)): what a checkpoint records, so a resumed run
 // holds the blocks its files hold. Throws std::invalid_argument otherwise.
@@ -55,7 +58,8 @@ std::vector<int64_t> stage_boundaries(const std::vector<StagePlacement>& placeme
 
 // One line per stage: "stage 1 (rank 1): blocks 2-3, 1.210 M parameters, 19.36 MB of parameters, gradients and
 // Adam state, sends 0.52 MB of activations per micro-batch" (and, placed by time, its measured milliseconds).
-std::vector<std::string> describe_placement(const std::vector<StagePlacement>& placement);
+// With R > 1 replicas stage s is on ranks s, s + S, ...: "stage 1 (ranks 1, 3)".
+std::vector<std::string> describe_placement(const std::vector<StagePlacement>& placement, int64_t replicas = 1);
 
 // The modelled idle fraction of a pipeline step (the "bubble") with S stages and M
 // micro-batches under GPipe or 1F1B: (S - 1) / (M + S - 1).

@@ -52,6 +52,7 @@ struct ProcessGroup::Impl {
   // A subgroup's name and this rank in the whole run ("stage 0's replicas (rank 2 of
   // 4)"), said after "rank 1 of 2" in its errors; empty for the run's own group.
   std::string scope;
+  int64_t subgroups = 0;  // made from this group so far: the n-th gets its own store prefix
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -403,7 +404,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int64_t>&
   impl->info.world_size = static_cast<int64_t>(ranks.size());
   impl->scope = fmt::format("{} ({})", name, impl_->who());
   impl->timeout = impl_->timeout;
-  impl->store = c10::make_intrusive<c10d::PrefixStore>("packtrain/group/" + name, impl_->store);
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(
+      fmt::format("packtrain/group/{}/{}", impl_->subgroups++, name), impl_->store);
 #if defined(PACKTRAIN_HAVE_GLOO)
   // Gloo's setup connects every pair of the group's ranks through the store.
   impl->backend = impl->guarded(

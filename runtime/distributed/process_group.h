@@ -45,7 +45,8 @@ class ProcessGroup {
   // and names the group in its errors ("stage 0's replicas": "... failed on rank 1
   // of 2 of stage 0's replicas (rank 2 of 4)"). Every rank in `ranks` calls it with
   // the same arguments, and each rank creates its groups in the same order as the
-  // others (setting one up waits, at most the timeout, for all its ranks). The new
+  // others — the n-th subgroup a rank makes of this group is the n-th of each of its
+  // ranks (setting one up waits, at most the timeout, for all its ranks). The new
   // group must not outlive this one.
   std::unique_ptr<ProcessGroup> subgroup(const std::vector<int64_t>& ranks, const std::string& name) const;
 

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -75,6 +76,11 @@ LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, 
     const at::Tensor x = activation.detach().requires_grad_(true);
     backward(one, one.run_blocks(x), gradient, x);
   });
+  {
+    at::NoGradGuard no_grad;
+    t.embedding_forward = median_seconds(device, repeats, [&] { one.embed(batch.tokens); });
+    t.block_forward = median_seconds(device, repeats, [&] { one.run_blocks(activation); });
+  }
   t.heads = median_seconds(device, repeats, [&] {
     const at::Tensor x = activation.detach().requires_grad_(true);
     const at::Tensor hidden = one.final_norm(x);

@@ -13,9 +13,12 @@
 
 namespace packtrain::runtime {
 
-// Seconds per micro-batch, forward + backward, the median of the repeats.
+// Seconds per micro-batch, the median of the repeats: forward + backward of each
+// piece, and the forward alone of the embeddings and of a block (what a stage whose
+// backward recomputes its forward runs once more: pipeline_stage_steps.h).
 struct LayerTimes {
   double embedding = 0, block = 0, heads = 0;
+  double embedding_forward = 0, block_forward = 0;
 };
 
 // Times the pieces of a one-block model shaped as `model` (its members, width,

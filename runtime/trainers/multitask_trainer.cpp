@@ -215,8 +215,10 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
     const int64_t R = pipeline->world_size() / std::max<int64_t>(S, 1), B = options_.batch_size();
     if (pipeline->world_size() % S == 0 && B % (R * options_.micro_batches()) != 0) {
       throw DataError(fmt::format("the batch of {} sentences does not split into {} replica(s) x {} micro-batches of "
-                                  "equal size (give --batch a multiple of {})",
-                                  B, R, options_.micro_batches(), R * options_.micro_batches()));
+                                  "equal size: run {} x R ranks with R dividing {} (or train with a --batch that is "
+                                  "a multiple of {})",
+                                  B, R, options_.micro_batches(), S, B / options_.micro_batches(),
+                                  R * options_.micro_batches()));
     }
     pipeline_groups_ = std::make_unique<distributed::PipelineGroups>(distributed::split_pipeline_groups(*pipeline, S));
     placement_ = place_stages(model_options, *pipeline, B / (R * options_.micro_batches()));
@@ -271,15 +273,27 @@ std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(
   if (!options_.pipeline_boundaries().empty()) {
     placement = distributed::place_pipeline_at(model, options_.pipeline_boundaries(), rows, tokens);
   } else if (options_.pipeline_balance() == distributed::PlacementBalance::kTime) {
-    // Measured once, on rank 0: every rank must place the blocks alike.
-    at::Tensor seconds = at::zeros({3}, at::kDouble);
+    // Measured once, on rank 0: every rank must place the blocks alike. A failed
+    // measurement is sent as NaN, so every rank stops with its reason, none waits.
+    at::Tensor seconds = at::full({5}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+    std::string failure;
     if (run.rank() == 0) {
-      const LayerTimes t = measure_layer_times(model, rows, tokens);
-      seconds = at::tensor({t.embedding, t.block, t.heads}, at::kDouble);
+      try {
+        const LayerTimes t = measure_layer_times(model, rows, tokens);
+        seconds = at::tensor({t.embedding, t.block, t.heads, t.embedding_forward, t.block_forward}, at::kDouble);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
     }
     run.broadcast_(seconds, 0, "layer-time broadcast");
-    const LayerTimes t{seconds[0].item<double>(), seconds[1].item<double>(), seconds[2].item<double>()};
-    placement = distributed::place_pipeline_by_time(model, S, rows, tokens, t);
+    const auto value = [&](int64_t i) { return seconds[i].item<double>(); };
+    if (std::isnan(value(0))) {
+      throw DataError("--pipeline-balance time: rank 0 could not time the layers" +
+                      (failure.empty() ? std::string(" (see its error)") : ": " + failure));
+    }
+    const LayerTimes t{value(0), value(1), value(2), value(3), value(4)};
+    // A GPU runs static stage steps, whose backward recomputes the forward (as built below).
+    placement = distributed::place_pipeline_by_time(model, S, rows, tokens, t, /*recompute=*/device_.is_cuda());
   } else {
     placement = distributed::place_pipeline(model, S, rows, tokens);
   }
@@ -777,11 +791,14 @@ void MultiTaskTrainer::save_stage(const std::filesystem::path& path, const std::
     save_checkpoint(path, m);
   }
   pipeline_group_->barrier();  // the manifest names the new files: the old ones can go
-  if (!committed_stage_file_.empty() && committed_stage_file_ != file) {
+  // The stage file this run committed last under this manifest (a run resumed into
+  // another file leaves the one it resumed whole).
+  if (!committed_stage_file_.empty() && committed_stage_file_ != file && committed_manifest_ == path) {
     std::error_code ignored;
     std::filesystem::remove(committed_stage_file_, ignored);
   }
   committed_stage_file_ = file;
+  committed_manifest_ = path;
 }
 
 std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::path& path, c10::Device device,
@@ -851,6 +868,7 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::
     auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(d, file)), pipeline);
     restore(*trainer, d, file);
     trainer->committed_stage_file_ = file;
+    trainer->committed_manifest_ = path;
     return trainer;
   }
   // One process: the whole model, each stage's parameters and optimizer state copied in by name.

@@ -223,7 +223,7 @@ class MultiTaskTrainer {
   // (undefined without: unweighted), read in place by the steps, captured or not.
   at::Tensor class_weights_;
   std::vector<distributed::StagePlacement> placement_;
-  mutable std::filesystem::path committed_stage_file_;
+  mutable std::filesystem::path committed_stage_file_, committed_manifest_;
 };
 
 }  // namespace packtrain::runtime

@@ -129,7 +129,7 @@ TEST_F(Cli, PipelineResumesOnTheSameStagesAndRefusesAnother) {
 // 2-stage checkpoint on 2 ranks as it left off.
 TEST_F(Cli, PipelineTimesDataParallelTrainsTheSameModelAsOneProcess) {
   write_file(path("train.tsv"), yes_no_tsv(16));
-  write_file(path("dev.tsv"), yes_no_tsv(8));
+  write_file(path("dev.tsv"), yes_no_tsv(80));  // two evaluation batches of 64: one per replica
   const std::string args = "multitask train " + pipeline_shape(2, false) + " --epochs 2 --train " +
                            path("train.tsv") + " --dev " + path("dev.tsv");
   const nlohmann::json single = run_json(args + " --json -o " + path("one.ckpt"));
@@ -138,11 +138,14 @@ TEST_F(Cli, PipelineTimesDataParallelTrainsTheSameModelAsOneProcess) {
   EXPECT_THAT(launched.out, HasSubstr("pipeline of 2 stages over 4 ranks"));
   EXPECT_THAT(launched.out, HasSubstr("2 replicas of the pipeline (ranks = 2 stages x 2 replicas; rank r: stage r % 2 "
                                       "of replica r / 2), each on 2 of the batch's 4 sentences"));
+  EXPECT_THAT(launched.out, HasSubstr("stage 1 (ranks 1, 3): blocks 1-1"));
   const Result json = launch(4, args + " --json -q --pipeline-stages 2 --micro-batches 2 -o " + path("four.ckpt"));
   ASSERT_EQ(json.status, 0) << json.out;
   const nlohmann::json pipelined = rank0_json(json.out);
   ASSERT_TRUE(pipelined.is_object()) << json.out;
   expect_same_metrics(pipelined, single);
+  EXPECT_EQ(pipelined["dev_metrics"]["examples"], 80) << "each dev sentence counted once over the replicas";
+  EXPECT_EQ(pipelined["dev_metrics"]["tokens"], single["dev_metrics"]["tokens"]);
   int stage_files = 0;
   for (const auto& entry : fs::directory_iterator(dir())) {
     if (entry.path().filename().string().rfind("four.ckpt.stage", 0) == 0) ++stage_files;
@@ -180,6 +183,14 @@ TEST_F(Cli, PipelinePlacedByMeasuredTimeResumesOntoTheSameBlocks) {
   ASSERT_EQ(resumed["options"]["pipeline_boundaries"].size(), 1u);
   const int64_t boundary = resumed["options"]["pipeline_boundaries"][0];
   EXPECT_THAT(timed.out, HasSubstr("stage 1 (rank 1): blocks " + std::to_string(boundary) + "-3"));
+  // Resumed into another file, in words: the recorded blocks, nothing measured, and
+  // the checkpoint it resumed left whole (one process still assembles it).
+  const Result words = launch(2, "multitask resume " + path("t.ckpt") + " --epochs 3 --device cpu -o " + path("u.ckpt"));
+  ASSERT_EQ(words.status, 0) << words.out;
+  EXPECT_THAT(words.out, HasSubstr("stage 1 (rank 1): blocks " + std::to_string(boundary) + "-3"));
+  EXPECT_THAT(words.out, ::testing::Not(HasSubstr("(measured)")));
+  const nlohmann::json scored = run_json("multitask score " + path("t.ckpt") + " 'yes the cat.' --json --device cpu");
+  EXPECT_TRUE(scored.is_array() && scored.size() == 1) << scored.dump();
   const Result bad = run("multitask train " + pipeline_shape(4) + " --epochs 1 --pipeline-balance speed");
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.out, HasSubstr("unknown pipeline balance 'speed' (expected parameters or time)"));
