@@ -146,12 +146,7 @@ void run_pipeline(benchmark::State& state, const ensemble::PackedTransformerOpti
   state.counters["bubble_model"] = runtime::distributed::bubble_fraction(S, M);
   const auto slowest_ms = [&](const std::vector<runtime::distributed::StagePlacement>& stages) {
     double worst = 0;
-    for (const auto& p : stages) {
-      const double t = static_cast<double>(p.blocks.end_layer - p.blocks.first_layer) * times.block +
-                       (p.blocks.first_layer == 0 ? times.embedding : 0.0) +
-                       (p.blocks.end_layer == options.layers() ? times.heads : 0.0);
-      worst = std::max(worst, t);
-    }
+    for (const auto& p : stages) worst = std::max(worst, runtime::distributed::stage_seconds(options, p.blocks, times));
     return worst * 1e3;
   };
   state.counters["slowest_stage_ms_parameters"] = slowest_ms(by_parameters);

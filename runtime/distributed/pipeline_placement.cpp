@@ -87,14 +87,18 @@ std::vector<StagePlacement> place_pipeline_by_time(const ensemble::PackedTransfo
                                                    bool recompute) {
   check_stages(model, stages);
   const int64_t L = model.layers();
-  const auto seconds = [&](int64_t a, int64_t b) {
-    const bool again = recompute && b < L;  // a stage before the last recomputes its forward
-    return static_cast<double>(b - a) * (times.block + (again ? times.block_forward : 0.0)) +
-           (a == 0 ? times.embedding + (again ? times.embedding_forward : 0.0) : 0.0) + (b == L ? times.heads : 0.0);
-  };
+  const auto seconds = [&](int64_t a, int64_t b) { return stage_seconds(model, {a, b}, times, recompute); };
   std::vector<StagePlacement> out = stages_ending_at(model, balanced_ends(L, stages, seconds), rows, tokens);
   for (StagePlacement& p : out) p.seconds = seconds(p.blocks.first_layer, p.blocks.end_layer);
   return out;
+}
+
+double stage_seconds(const ensemble::PackedTransformerOptions& model, ensemble::TransformerStage blocks,
+                     const LayerTimes& times, bool recompute) {
+  const int64_t a = blocks.first_layer, b = blocks.end_layer, L = model.layers();
+  const bool again = recompute && b < L;  // a stage before the last recomputes its forward
+  return static_cast<double>(b - a) * (times.block + (again ? times.block_forward : 0.0)) +
+         (a == 0 ? times.embedding + (again ? times.embedding_forward : 0.0) : 0.0) + (b == L ? times.heads : 0.0);
 }
 
 std::vector<StagePlacement> place_pipeline_at(const ensemble::PackedTransformerOptions& model,

@@ -48,6 +48,10 @@ std::vector<StagePlacement> place_pipeline(const ensemble::PackedTransformerOpti
 std::vector<StagePlacement> place_pipeline_by_time(const ensemble::PackedTransformerOptions& model, int64_t stages,
                                                    int64_t rows, int64_t tokens, const LayerTimes& times,
                                                    bool recompute = false);
+// Seconds per micro-batch of the stage holding `blocks`, from the pieces' `times`:
+// what place_pipeline_by_time balances.
+double stage_seconds(const ensemble::PackedTransformerOptions& model, ensemble::TransformerStage blocks,
+                     const LayerTimes& times, bool recompute = false);
 // A placement given by its stages' first blocks after stage 0 (S - 1 of them,
 // strictly ascending in [1, layers)): what a checkpoint records, so a resumed run
 // holds the blocks its files hold. Throws std::invalid_argument otherwise.

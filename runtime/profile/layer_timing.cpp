@@ -3,13 +3,13 @@
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/profiling/nvtx.h"
+#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,16 +39,6 @@ double median_seconds(const c10::Device device, int64_t repeats, const std::func
   return seconds[static_cast<size_t>(repeats / 2)];
 }
 
-// The gradients of `output` (with `grad_output`, or a scalar loss) with respect to
-// the model's parameters and `input` (when defined): what a stage's backward computes.
-void backward(const ensemble::PackedTransformer& model, const at::Tensor& output, const at::Tensor& grad_output,
-              const at::Tensor& input) {
-  std::vector<at::Tensor> inputs(model.parameters().tensors().begin(), model.parameters().tensors().end());
-  if (input.defined()) inputs.push_back(input);
-  torch::autograd::grad({output}, inputs,
-                        grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{},
-                        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-}
 }  // namespace
 
 LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, int64_t rows, int64_t tokens,
@@ -59,7 +49,7 @@ LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, 
                                             rows, tokens, model.max_length(), repeats));
   }
   PACKTRAIN_NVTX_RANGE("layer timing");
-  const ensemble::PackedTransformer one(ensemble::PackedTransformerOptions(model).layers(1));
+  ensemble::PackedTransformer one(ensemble::PackedTransformerOptions(model).layers(1));
   const c10::Device device = model.device();
   auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
   ensemble::TextBatch batch;
@@ -71,10 +61,10 @@ LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, 
   const at::Tensor activation = at::randn({model.members(), rows, tokens, model.width()}, real);
 
   LayerTimes t;
-  t.embedding = median_seconds(device, repeats, [&] { backward(one, one.embed(batch.tokens), gradient, {}); });
+  t.embedding = median_seconds(device, repeats, [&] { stage_backward(one, one.embed(batch.tokens), gradient, {}); });
   t.block = median_seconds(device, repeats, [&] {
     const at::Tensor x = activation.detach().requires_grad_(true);
-    backward(one, one.run_blocks(x), gradient, x);
+    stage_backward(one, one.run_blocks(x), gradient, x);
   });
   {
     at::NoGradGuard no_grad;
@@ -86,7 +76,7 @@ LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, 
     const at::Tensor hidden = one.final_norm(x);
     const at::Tensor loss = ensemble::packed_cross_entropy_loss(one.classify(hidden, batch.lengths), labels) +
                             ensemble::packed_lm_loss(one.lm_logits(hidden), batch);
-    backward(one, loss.sum(), {}, x);
+    stage_backward(one, loss.sum(), {}, x);
   });
   return t;
 }

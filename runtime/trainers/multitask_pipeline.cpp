@@ -8,7 +8,6 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <deque>
@@ -97,7 +96,6 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
   // This replica's micro-batch i: rows first + i * rows.
   const int64_t rows = B / (R * M), first = replica_ * (B / R);
   ensemble::PackedParameters& parameters = model_->parameters();
-  const std::vector<at::Tensor>& params = parameters.tensors();
   parameters.zero_grad();
   at::Tensor flat_grad = parameters.flat_grad();
   // The whole batch's LM target tokens (all replicas'): each micro-batch's LM sum is
@@ -189,18 +187,9 @@ ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatc
       grad_output = at::empty_like(f.output);
       group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), step);
     }
-    std::vector<at::Tensor> inputs(params.begin(), params.end());
-    if (f.input.defined()) inputs.push_back(f.input);
-    const std::vector<at::Tensor> grads = torch::autograd::grad(
-        {f.output}, inputs, grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{},
-        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-    at::NoGradGuard no_grad;
-    const std::vector<at::Tensor> blocks = parameters.blocks(flat_grad);
-    for (size_t p = 0; p < params.size(); ++p) {
-      if (grads[p].defined()) blocks[p].add_(grads[p].reshape(blocks[p].sizes()));
-    }
-    if (f.input.defined()) {
-      group_->send(grads.back().contiguous(), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
+    const at::Tensor input_grad = stage_backward(*model_, f.output, grad_output, f.input);
+    if (input_grad.defined()) {
+      group_->send(input_grad.contiguous(), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
     }
   };
 

@@ -36,8 +36,7 @@ PipelineStageSteps::PipelineStageSteps(ensemble::PackedTransformer& model, ensem
     : model_(&model),
       weights_(std::move(weights)),
       capture_(std::move(capture)),
-      pool_(std::make_shared<graphs::GraphPool>(model.parameters().flat().device())),
-      grad_blocks_(model.parameters().blocks(model.parameters().flat_grad())) {
+      pool_(std::make_shared<graphs::GraphPool>(model.parameters().flat().device())) {
   classification_ = at::zeros({model.members()}, model.parameters().flat().options());
   lm_ = at::zeros_like(classification_);
 }
@@ -55,20 +54,23 @@ PipelineStageSteps::Shape& PipelineStageSteps::shape(int64_t rows, int64_t token
   return *s;
 }
 
-void PipelineStageSteps::accumulate(const std::vector<at::Tensor>& grads) {
+at::Tensor stage_backward(ensemble::PackedTransformer& model, const at::Tensor& output, const at::Tensor& grad_output,
+                          const at::Tensor& input) {
+  ensemble::PackedParameters& parameters = model.parameters();
+  std::vector<at::Tensor> inputs(parameters.tensors().begin(), parameters.tensors().end());
+  if (input.defined()) inputs.push_back(input);
+  const std::vector<at::Tensor> grads = torch::autograd::grad(
+      {output}, inputs, grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{},
+      /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
   at::NoGradGuard no_grad;
-  for (size_t p = 0; p < grad_blocks_.size(); ++p) {
-    if (grads[p].defined()) grad_blocks_[p].add_(grads[p].reshape(grad_blocks_[p].sizes()));
+  const std::vector<at::Tensor> blocks = parameters.blocks(parameters.flat_grad());
+  for (size_t p = 0; p < blocks.size(); ++p) {
+    if (grads[p].defined()) blocks[p].add_(grads[p].reshape(blocks[p].sizes()));
   }
+  return input.defined() ? grads.back() : at::Tensor();
 }
 
 namespace {
-std::vector<at::Tensor> with_input(const std::vector<at::Tensor>& params, const at::Tensor& input) {
-  std::vector<at::Tensor> out(params.begin(), params.end());
-  if (input.defined()) out.push_back(input);
-  return out;
-}
-
 // The static input a stage reads: tokens on the first stage, else an activation.
 graphs::StaticInput stage_input(const ensemble::PackedTransformer& model, int64_t rows, int64_t tokens) {
   if (model.first_stage()) return {"tokens", {rows, tokens}, at::kLong};
@@ -113,11 +115,8 @@ at::Tensor PipelineStageSteps::backward(const at::Tensor& input, const at::Tenso
         [this, sp](const std::vector<at::Tensor>& in) {
           const at::Tensor leaf = model_->first_stage() ? at::Tensor() : in[0].detach().requires_grad_(true);
           const at::Tensor y = model_->run_blocks(model_->first_stage() ? model_->embed(in[0]) : leaf);
-          const std::vector<at::Tensor> grads =
-              torch::autograd::grad({y}, with_input(model_->parameters().tensors(), leaf), {in[1]},
-                                    /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-          accumulate(grads);
-          if (leaf.defined()) sp->input_grad.copy_(grads.back());
+          const at::Tensor input_grad = stage_backward(*model_, y, in[1], leaf);
+          if (input_grad.defined()) sp->input_grad.copy_(input_grad);
         },
         capture_, pool_);
   }
@@ -150,12 +149,9 @@ at::Tensor PipelineStageSteps::last(const at::Tensor& input, const ensemble::Tex
           const at::Tensor leaf = first ? at::Tensor() : in[0].detach().requires_grad_(true);
           const at::Tensor hidden = model_->final_norm(model_->run_blocks(first ? model_->embed(batch.tokens) : leaf));
           const MicroBatchLoss loss = micro_batch_loss(*model_, hidden, batch, in[o + 2], in[o + 3], in[o + 4], weights_);
-          const std::vector<at::Tensor> grads =
-              torch::autograd::grad({loss.total}, with_input(model_->parameters().tensors(), leaf), {},
-                                    /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-          accumulate(grads);
+          const at::Tensor input_grad = stage_backward(*model_, loss.total, {}, leaf);
           at::NoGradGuard no_grad;
-          if (leaf.defined()) sp->input_grad.copy_(grads.back());
+          if (input_grad.defined()) sp->input_grad.copy_(input_grad);
           classification_.add_(loss.classification.detach());
           lm_.add_(loss.language_model.detach());
         },

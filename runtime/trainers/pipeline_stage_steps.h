@@ -41,6 +41,14 @@ MicroBatchLoss micro_batch_loss(const ensemble::PackedTransformer& model, const 
                                 const at::Tensor& classification_share, const at::Tensor& lm_total,
                                 const ensemble::TaskWeights& weights);
 
+// A stage's backward: the gradients of `output` (for `grad_output`; a scalar loss
+// when that is undefined) with respect to the stage's parameters, added into their
+// flat gradients, and with respect to `input` when it is defined (a leaf that
+// requires grad): returned, else undefined. Every backward of a stage runs here
+// (kept autograd graph, static steps, layer timing).
+at::Tensor stage_backward(ensemble::PackedTransformer& model, const at::Tensor& output, const at::Tensor& grad_output,
+                          const at::Tensor& input);
+
 class PipelineStageSteps {
  public:
   // `model` (this rank's stage) must outlive the steps.
@@ -81,13 +89,11 @@ class PipelineStageSteps {
  private:
   struct Shape;
   Shape& shape(int64_t rows, int64_t tokens);
-  void accumulate(const std::vector<at::Tensor>& grads);
 
   ensemble::PackedTransformer* model_;
   ensemble::TaskWeights weights_;
   graphs::CaptureOptions capture_;
   std::shared_ptr<graphs::GraphPool> pool_;
-  std::vector<at::Tensor> grad_blocks_;  // views of the flat gradients, one per parameter
   at::Tensor classification_, lm_;      // (K) accumulators
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;  // by (rows, tokens)
 };
