@@ -3,16 +3,20 @@
 // multi-task models and data-parallel runs all use it).
 //
 // Life of a CUDA step: the first `warmup_steps` calls run eagerly on a side stream
-// (cuBLAS workspaces, autograd state; host synchronization is refused here already),
-// the next call captures the step into the shared pool and replays it, every later
-// call only replays. A step whose warm-up or capture fails (host synchronization
-// throws CaptureError) runs eagerly from then on, logged. Each call performs exactly one step, so results equal the
-// eager step's call for call. On CPU, or with capture off, every call runs the same
-// function eagerly, and the reason is logged at the first call.
+// (cuBLAS workspaces, autograd state), the next call captures the step into the
+// shared pool and replays it, every later call only replays. A step that
+// synchronizes the host during warm-up, or whose capture fails, runs eagerly from
+// then on, the reason logged once: the warm-up step that synchronized still ran to
+// its end, and the call whose capture failed (capture performs nothing) runs its step
+// eagerly, so each call performs exactly one step and results equal the eager step's
+// call for call. On CPU, or with capture off, every call runs the same function
+// eagerly, and the reason is logged at the first call. The device work goes through
+// a GraphBackend (graph_backend.h): CUDA graphs, or a test's scripted stand-in.
 #pragma once
 
 #include "packtrain/base/enum_names.h"
 
+#include "packtrain/graphs/graph_backend.h"
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/graphs/graph_pool.h"
 
@@ -45,6 +49,9 @@ struct CaptureOptions {
   TORCH_ARG(bool, capture) = true;        // false: always eager (logged once)
   TORCH_ARG(int64_t, warmup_steps) = 3;   // eager calls before capture, at least 1
   TORCH_ARG(GraphLog, log) = log_to_stderr;
+  // Null: CUDA graphs on a CUDA device, eager on the CPU. Set: this backend warms up,
+  // captures and replays on any device (tests drive the life cycle on a CPU).
+  TORCH_ARG(GraphBackendFactory, backend) = nullptr;
 };
 
 enum class StepMode { kEager, kWarmingUp, kGraph };
@@ -88,8 +95,9 @@ class CapturedStep {
  private:
   void run_eager();
   void warm_up();
-  void capture();
+  void capture_and_replay();
   void fall_back(std::string reason);
+  void run_step() { step_(static_inputs_); }
 
   std::string name_;
   c10::Device device_;
@@ -106,8 +114,7 @@ class CapturedStep {
   int64_t graph_nodes_ = 0;
   std::vector<std::pair<std::string, int64_t>> graph_nodes_by_kind_;
   int64_t captures_ = 0;
-  struct Graph;  // side stream and at::cuda::CUDAGraph, kept out of this header
-  std::unique_ptr<Graph> cuda_;
+  std::unique_ptr<GraphBackend> backend_;  // null while eager from the start
 };
 
 // "[64, 8] float32 on cuda:0": how errors name a tensor.

@@ -20,7 +20,7 @@ std::string shape_text(const std::vector<std::vector<int64_t>>& shapes) {
 GraphCache::GraphCache(std::string name, c10::Device device, std::vector<InputKind> inputs, StepFunction step,
                        CaptureOptions options, std::shared_ptr<GraphPool> pool, size_t capacity)
     : name_(std::move(name)),
-      device_(device),
+      device_(indexed_device(device)),
       kinds_(std::move(inputs)),
       step_(std::move(step)),
       options_(std::move(options)),

@@ -1,26 +1,39 @@
-// The memory pool that all graphs of one trainer capture into. Graphs that share it
-// reuse each other's temporaries, which is safe because a trainer's graphs (train,
-// eval, unrolled variants) run one at a time on one stream.
+// The memory pool that all graphs of one trainer capture into, and the one side
+// stream they all warm up and capture on. Graphs that share it reuse each other's
+// temporaries — the caching allocator hands a freed block only to the stream it was
+// allocated on, so one stream is what makes the sharing real — which is safe because
+// a trainer's graphs (train, eval, unrolled variants, decode) run one at a time.
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include <utility>
 
 namespace packtrain::graphs {
 
+// `device` with its index: an unindexed CUDA device is the current one ("cuda" ->
+// "cuda:0"), so pools, steps and caches compare devices exactly. The graph layer
+// indexes every device it is given at its boundary.
+c10::Device indexed_device(c10::Device device);
+
 class GraphPool {
  public:
   // On a CUDA device, a fresh pool id (at::cuda::graph_pool_handle); on CPU, none.
+  // device() is indexed.
   explicit GraphPool(c10::Device device);
 
   c10::Device device() const { return device_; }
   // at::cuda::MempoolId_t, spelled without CUDA headers.
   std::pair<unsigned long long, unsigned long long> id() const { return id_; }
+  // The side stream every graph of the pool warms up and captures on (a CUDA stream
+  // from LibTorch's pool; on CPU the default stream, unused).
+  c10::Stream capture_stream() const { return capture_stream_; }
 
  private:
   c10::Device device_;
   std::pair<unsigned long long, unsigned long long> id_{0, 0};
+  c10::Stream capture_stream_;
 };
 
 }  // namespace packtrain::graphs

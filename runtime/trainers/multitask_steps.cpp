@@ -26,7 +26,7 @@ MultiTaskSteps::MultiTaskSteps(ensemble::PackedTransformer& model, ensemble::Pac
     : model_(&model),
       optimizer_(&optimizer),
       options_((options.validate(), std::move(options))),
-      device_(model.options().device()),
+      device_(graphs::indexed_device(model.options().device())),
       pool_(std::make_shared<graphs::GraphPool>(device_)) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "MultiTaskSteps: the optimizer does not hold this model's parameters");

@@ -1,7 +1,7 @@
 // CapturedStep and GraphCache: the same step function eagerly (CPU, capture off)
-// and captured (CUDA), input validation, the refusal of host synchronization, and
-// the bounded cache of graphs by input shape.
-#include "packtrain/graphs/capture_error.h"
+// and captured (CUDA), input validation, the eager fallback of a step that cannot be
+// captured (on a GPU, and on any machine through a scripted backend), and the
+// bounded cache of graphs by input shape.
 #include "packtrain/graphs/captured_step.h"
 #include "packtrain/graphs/graph_cache.h"
 #include "tests/support/test_support.h"
@@ -9,7 +9,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -112,17 +116,25 @@ TEST_P(CapturedStepTest, StaticInputsAreAllocatedOnTheDeviceAndRunWithoutInputsR
   EXPECT_TRUE(all_equal(a.acc.cpu(), at::full({3}, 2.0)));
 }
 
-TEST_P(CapturedStepTest, HostSynchronizationInsideTheStepIsRefused) {
-  if (!device().is_cuda()) GTEST_SKIP() << "a CPU step has no host synchronization to refuse";
+// A step that waits for the device cannot be captured: it goes on eagerly, the
+// reason logged once, and every call still performs exactly one step.
+TEST_P(CapturedStepTest, AStepThatSynchronizesTheHostRunsEagerlyOneStepPerCall) {
+  if (!device().is_cuda()) GTEST_SKIP() << "a CPU step has no host synchronization to notice";
+  std::vector<std::string> log;
   at::Tensor acc = at::zeros({3}, at::TensorOptions().device(device()));
-  CapturedStep step("syncing", device(), {{"x", {3}}}, [&](const std::vector<at::Tensor>& in) {
-    if (in[0].sum().item<float>() > 0) acc.add_(in[0]);  // .item(): waits for the device
-  });
-  const std::string what = error_of([&] { step.run({at::ones({3}, acc.options())}); });
-  EXPECT_TRUE(contains(what, "step 'syncing' cannot be captured")) << what;
-  EXPECT_TRUE(contains(what, "synchronizes the host")) << what;
-  // The device and the allocator remain usable.
-  EXPECT_EQ(acc.add(1).sum().item<float>(), 3.0f);
+  CapturedStep step("syncing", device(), {{"x", {3}}},
+                    [&](const std::vector<at::Tensor>& in) {
+                      if (in[0].sum().item<float>() > 0) acc.add_(in[0]);  // .item(): waits for the device
+                    },
+                    CaptureOptions().log([&](const std::string& m) { log.push_back(m); }));
+  for (int i = 0; i < 6; ++i) step.run({at::ones({3}, acc.options())});
+  EXPECT_TRUE(all_equal(acc.cpu(), at::full({3}, 6.0))) << "one step per call, none twice, none lost";
+  EXPECT_EQ(step.mode(), StepMode::kEager);
+  EXPECT_EQ(step.captures(), 0);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_TRUE(contains(log[0], "'syncing' runs eagerly")) << log[0];
+  EXPECT_TRUE(contains(log[0], "synchronizes the host")) << log[0];
+  EXPECT_EQ(acc.add(1).sum().item<float>(), 21.0f) << "the device and the allocator remain usable";
 }
 
 TEST_P(CapturedStepTest, WarmupStepsMustBePositive) {
@@ -132,6 +144,102 @@ TEST_P(CapturedStepTest, WarmupStepsMustBePositive) {
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(CapturedStepTest);
+
+// The life cycle through a scripted backend, on any machine: warm-up runs the step
+// (reporting a host synchronization on the warm-up call asked to), capture records
+// the step without running it — as a CUDA graph capture does — or fails when asked,
+// replay runs what was recorded.
+struct Script {
+  int64_t sync_at_warm_up = -1;  // 1-based warm-up call that "synchronizes the host"; -1: none
+  bool fail_capture = false;
+  int64_t warm_ups = 0, captures = 0, replays = 0;
+};
+
+class ScriptedBackend : public GraphBackend {
+ public:
+  explicit ScriptedBackend(Script& script) : script_(script) {}
+  std::string warm_up(const std::function<void()>& step) override {
+    step();
+    return ++script_.warm_ups == script_.sync_at_warm_up ? "it synchronizes the host (scripted)" : "";
+  }
+  void capture(const std::function<void()>& step) override {
+    ++script_.captures;
+    if (script_.fail_capture) throw std::runtime_error("scripted capture failure\nsecond line");
+    recorded_ = step;
+  }
+  void replay() override {
+    ++script_.replays;
+    recorded_();
+  }
+  std::vector<std::pair<std::string, int64_t>> nodes_by_kind() const override { return {{"kernel", 2}}; }
+
+ private:
+  Script& script_;
+  std::function<void()> recorded_;
+};
+
+// Runs 10 calls of the accumulator step through `script` and through the eager step;
+// both must end equal, every call one step.
+struct ScriptedRun {
+  explicit ScriptedRun(Script& script)
+      : step("acc", c10::kCPU, {{"x", {3}}}, captured.step(),
+             CaptureOptions()
+                 .warmup_steps(3)
+                 .log([this](const std::string& m) { log.push_back(m); })
+                 .backend([&script] { return std::make_unique<ScriptedBackend>(script); })) {
+    CapturedStep reference("acc", c10::kCPU, {{"x", {3}}}, eager.step(), CaptureOptions().capture(false).log([](auto&) {}));
+    for (int i = 0; i < 10; ++i) {
+      const at::Tensor x = at::full({3}, static_cast<double>(i % 4 + 1));
+      step.run({x});
+      reference.run({x});
+    }
+  }
+  Accumulator captured{c10::kCPU}, eager{c10::kCPU};
+  std::vector<std::string> log;
+  CapturedStep step;
+};
+
+TEST(CapturedStepLifecycle, WarmsUpThenCapturesOnceAndReplaysEveryLaterCall) {
+  Script script;
+  ScriptedRun run(script);
+  EXPECT_EQ(run.step.mode(), StepMode::kGraph);
+  EXPECT_EQ(run.step.captures(), 1);
+  EXPECT_EQ(run.step.graph_nodes(), 2);
+  EXPECT_EQ(script.warm_ups, 3);
+  EXPECT_EQ(script.replays, 7) << "the capturing call replays once, then calls 5..10";
+  EXPECT_EQ(run.captured.counter.item<double>(), 10);
+  EXPECT_TRUE(all_equal(run.captured.acc, run.eager.acc));
+  EXPECT_TRUE(run.log.empty());
+}
+
+TEST(CapturedStepLifecycle, AWarmUpThatSynchronizesTheHostGoesOnEagerlyWithoutRepeatingTheStep) {
+  Script script;
+  script.sync_at_warm_up = 2;
+  ScriptedRun run(script);
+  EXPECT_EQ(run.step.mode(), StepMode::kEager);
+  EXPECT_EQ(script.warm_ups, 2) << "no warm-up after the one that synchronized";
+  EXPECT_EQ(script.captures, 0) << "no capture is tried";
+  EXPECT_EQ(run.captured.counter.item<double>(), 10) << "the warm-up step counted once, every call one step";
+  EXPECT_TRUE(all_equal(run.captured.acc, run.eager.acc));
+  ASSERT_EQ(run.log.size(), 1u) << "the reason is logged once";
+  EXPECT_TRUE(contains(run.log[0], "step 'acc' runs eagerly: it cannot be captured as a CUDA graph: it synchronizes"))
+      << run.log[0];
+}
+
+TEST(CapturedStepLifecycle, AFailedCaptureRunsThatCallsStepEagerlyAndEveryLaterOne) {
+  Script script;
+  script.fail_capture = true;
+  ScriptedRun run(script);
+  EXPECT_EQ(run.step.mode(), StepMode::kEager);
+  EXPECT_EQ(run.step.captures(), 0);
+  EXPECT_EQ(script.captures, 1) << "a capture that failed is not retried";
+  EXPECT_EQ(script.replays, 0);
+  EXPECT_EQ(run.captured.counter.item<double>(), 10) << "the failed capture's call ran its step: none lost";
+  EXPECT_TRUE(all_equal(run.captured.acc, run.eager.acc));
+  ASSERT_EQ(run.log.size(), 1u);
+  EXPECT_TRUE(contains(run.log[0], "its capture failed: scripted capture failure")) << run.log[0];
+  EXPECT_FALSE(contains(run.log[0], "second line")) << "one line";
+}
 
 class GraphCacheTest : public DeviceTest {};
 
@@ -176,6 +284,20 @@ TEST_P(GraphCacheTest, RejectsRankDtypeAndDeviceMismatches) {
   const std::string dtype = error_of([&] { cache.run({at::ones({4, 2}, opts.dtype(at::kLong))}); });
   EXPECT_TRUE(contains(dtype, "got [4, 2] Long")) << dtype;
   EXPECT_EQ(cache.size(), 0u);
+}
+
+// "cuda" (no index) names the current device: the cache, its pool and its steps
+// accept the device's own (indexed) tensors.
+TEST_P(GraphCacheTest, AnUnindexedDeviceIsIndexedAtTheBoundary) {
+  const c10::Device unindexed(device().type());
+  EXPECT_EQ(indexed_device(unindexed), device().is_cuda() ? c10::Device(c10::kCUDA, 0) : unindexed);
+  EXPECT_EQ(GraphPool(unindexed).device(), indexed_device(unindexed));
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device()));
+  GraphCache cache("sum", unindexed, {{"x", 1, at::kFloat}},
+                   [&](const std::vector<at::Tensor>& in) { total.add_(in[0].sum()); }, CaptureOptions().log([](auto&) {}));
+  for (int i = 0; i < 5; ++i) cache.run({at::ones({4}, at::TensorOptions().device(device()))});
+  EXPECT_EQ(total.item<double>(), 20.0);
+  if (device().is_cuda()) EXPECT_EQ(cache.find({{4}})->mode(), StepMode::kGraph);
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(GraphCacheTest);
