@@ -8,6 +8,9 @@
 #include "packtrain/runtime/trainers/acquisition.h"
 #include "packtrain/runtime/trainers/calibration.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
+#include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
 #include "packtrain/runtime/trainers/predictive_distribution.h"
 #include "packtrain/runtime/trainers/variance_calibration.h"
@@ -39,22 +42,93 @@ void to_python_logging(const std::string& message) {
 }
 
 // The trainer's options with every key the caller gave replaced (types checked by
-// options_from_json, values by validate()); a bad value is a ValueError, as
-// scikit-learn's estimators raise for invalid parameters.
-packtrain::runtime::EnsembleTrainerOptions options_from(const std::string& overrides_json) {
-  nlohmann::json merged = nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
+// options_from_json, values by validate()), over `packtrain train`'s defaults; a bad
+// value is a ValueError, as scikit-learn's estimators raise for invalid parameters.
+// The swept options (lr, weight_decay, dropout) may be lists, as the CLI's comma
+// lists: more than one value is a sweep of their cross product, `members` seeds
+// each, in one pack (runtime/trainers/hyperparameter_sweep.h); `grid` gets the
+// lists and the options their first values.
+packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& overrides_json,
+                                                          packtrain::runtime::SweepGrid& grid) {
+  nlohmann::json merged = nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::train_defaults()));
   const nlohmann::json overrides = nlohmann::json::parse(overrides_json);
+  grid = {{merged.at("lr").get<double>()}, {merged.at("weight_decay").get<double>()}, 1,
+          {merged.at("dropout").get<double>()}};
   for (const auto& [key, value] : overrides.items()) {
     if (!merged.contains(key)) throw py::value_error("unknown trainer option '" + key + "'");
-    merged[key] = value;
+    std::vector<double>* list = key == "lr" ? &grid.lr : key == "weight_decay" ? &grid.weight_decay
+                                : key == "dropout"                       ? &grid.dropout
+                                                                         : nullptr;
+    if (list != nullptr && value.is_array()) {
+      if (value.empty()) throw py::value_error(key + ": an empty list; give one value, or several to sweep them");
+      list->clear();
+      for (const nlohmann::json& v : value) {
+        if (!v.is_number()) throw py::type_error(key + ": every value of the list must be a number, got " + v.dump());
+        list->push_back(v.get<double>());
+      }
+      merged[key] = list->front();
+    } else {
+      if (list != nullptr && value.is_number()) *list = {value.get<double>()};
+      merged[key] = value;
+    }
   }
   try {
     packtrain::runtime::EnsembleTrainerOptions options = packtrain::runtime::options_from_json(merged.dump());
     options.log(to_python_logging);
     options.validate();
+    grid.seeds = options.members();
     return options;
   } catch (const c10::Error& e) {
     throw py::value_error(e.what_without_backtrace());
+  }
+}
+
+bool is_sweep(const packtrain::runtime::SweepGrid& grid) {
+  return grid.lr.size() > 1 || grid.weight_decay.size() > 1 || grid.dropout.size() > 1;
+}
+
+packtrain::runtime::EnsembleTrainerOptions options_from(const std::string& overrides_json) {
+  packtrain::runtime::SweepGrid grid;
+  packtrain::runtime::EnsembleTrainerOptions options = scalar_options(overrides_json, grid);
+  if (!is_sweep(grid)) return options;
+  try {
+    options = packtrain::runtime::sweep_options(options, grid);
+    options.validate();
+    return options;
+  } catch (const c10::Error& e) {
+    throw py::value_error(e.what_without_backtrace());
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+// Refuses a fit whose memory the runtime's estimate says will not fit (as `train`
+// does before it allocates: runtime/trainers/memory_estimate.h), before the options
+// expand a sweep's per-member values: MemoryError naming the estimate.
+void check_fit_memory(const std::string& overrides_json, int64_t rows, int64_t features, int64_t classes,
+                      int64_t validation_rows) {
+  packtrain::runtime::SweepGrid grid;
+  packtrain::runtime::EnsembleTrainerOptions options = scalar_options(overrides_json, grid);
+  const double configurations = static_cast<double>(grid.lr.size() * grid.weight_decay.size() * grid.dropout.size());
+  const double members = configurations * static_cast<double>(options.members());
+  if (members > 9.2e18) {
+    throw py::value_error("members=" + std::to_string(options.members()) + " x " +
+                          std::to_string(static_cast<int64_t>(configurations)) +
+                          " swept configurations is more members than a pack can count: lower members");
+  }
+  options.members(static_cast<int64_t>(members));
+  packtrain::runtime::EnsembleRunSizes sizes;
+  sizes.features = features;
+  sizes.classes = classes;
+  sizes.rows = rows;
+  sizes.validation_rows = validation_rows;
+  sizes.predict_rows = rows;
+  try {
+    packtrain::runtime::check_memory(packtrain::runtime::estimate_ensemble_run(options, sizes),
+                                     "lower members, hidden, depth or batch_size (or fit where more memory is free)");
+  } catch (const packtrain::runtime::DataError& e) {
+    PyErr_SetString(PyExc_MemoryError, e.what());
+    throw py::error_already_set();
   }
 }
 
@@ -236,8 +310,11 @@ py::dict task_metrics_dict(const packtrain::runtime::TaskMetrics& m) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "packtrain's C++ runtime (use the estimators in packtrain, not this module)";
   m.attr("torch_version") = TORCH_VERSION;  // the torch this module was built against
-  m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()); },
-        "The trainer's default options as JSON (the CLI's defaults).");
+  m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::train_defaults()); },
+        "The trainer's default options as JSON: `packtrain train`'s (runtime::train_defaults).");
+  m.def("check_fit_memory", &check_fit_memory, py::arg("options_json"), py::arg("rows"), py::arg("features"),
+        py::arg("classes"), py::arg("validation_rows"),
+        "MemoryError when a fit of these options and data sizes would not fit in memory (`train`'s estimate).");
   m.def(
       "default_data_options",
       [] {
@@ -503,6 +580,44 @@ PYBIND11_MODULE(_core, m) {
             return d;
           },
           py::arg("x"), py::arg("y"), py::arg("levels") = packtrain::runtime::kDefaultIntervalLevels)
+      // A sweep's configurations, each scored as its own ensemble on the validation
+      // rows (before any is deselected), as `train` reports them; with select_best
+      // only the one with the lowest validation loss is kept (`train --select best`).
+      .def(
+          "sweep",
+          [](EnsembleTrainer& t, const std::optional<at::Tensor>& val_x, const std::optional<at::Tensor>& val_y,
+             bool select_best) {
+            const std::vector<packtrain::runtime::ConfigurationReport> reports = without_gil([&] {
+              return packtrain::runtime::report_configurations(t, val_x.value_or(at::Tensor()),
+                                                               val_y.value_or(at::Tensor()), at::Tensor(), at::Tensor());
+            });
+            py::list out;
+            for (const auto& r : reports) {
+              py::dict d;
+              d["lr"] = r.configuration.lr;
+              d["weight_decay"] = r.configuration.weight_decay;
+              d["dropout"] = r.configuration.dropout;
+              d["first_member"] = r.configuration.first_member;
+              d["members"] = r.configuration.members;
+              d["usable"] = r.usable;
+              d["val_loss"] = r.val_loss;
+              d["selected"] = !select_best;
+              out.append(d);
+            }
+            if (select_best) {
+              size_t best = 0;
+              try {
+                best = packtrain::runtime::best_configuration(reports);
+              } catch (const std::invalid_argument& e) {
+                throw py::value_error(e.what());
+              }
+              t.keep_members(reports[best].configuration.first_member, reports[best].configuration.members);
+              py::dict chosen = out[best];
+              chosen["selected"] = true;
+            }
+            return out;
+          },
+          py::arg("val_x") = py::none(), py::arg("val_y") = py::none(), py::arg("select_best") = false)
       .def(
           "reinitialize",
           [](EnsembleTrainer& t, uint64_t seed) { t.reinitialize(seed); }, py::arg("seed"),

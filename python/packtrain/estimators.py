@@ -1,14 +1,20 @@
 """EnsembleRegressor and EnsembleClassifier: packed deep ensembles with scikit-learn's API.
 
 Every option of `packtrain train` is a keyword argument with the CLI's default
-(read from the C++ trainer itself, one source of defaults). fit() does what the
-CLI does with its training rows: standardizes features (and regression targets)
-on them, holds out `val_fraction` of them for validation (seeded by `split_seed`,
-the same rows the CLI would hold out) unless validation data are given, trains all
-members as one pack, and stops members early with `patience`.
+(read from the C++ runtime itself, runtime::train_defaults: one source of defaults).
+fit() does what the CLI does with its training rows: standardizes features (and
+regression targets) on them, holds out `val_fraction` of them for validation
+(seeded by `split_seed`, the same rows the CLI would hold out) unless validation
+data are given, trains all members as one pack in batches of `batch_size` rows (all
+of them when there are fewer), and stops early with `patience` (without validation
+rows the default patience is off, as the CLI's is). lr, weight_decay and dropout
+take lists, as the CLI's comma lists: several values sweep their cross product,
+`members` seeds each, in one pack (`select="best"` keeps the best configuration).
 """
 import inspect
 import json
+import math
+import numbers
 import os
 import tempfile
 import warnings
@@ -25,7 +31,61 @@ _TRAINER_DEFAULTS.pop("member_weight_decay")
 _TRAINER_DEFAULTS.pop("member_dropout")
 _TRAINER_DEFAULTS["device"] = "auto"   # the CLI's default: CUDA when there is one
 _DATA_DEFAULTS = dict(_core.default_data_options())
+_DATA_DEFAULTS["select"] = "all"  # train --select: a sweep keeps all configurations, or the best
 _OPTION_NAMES = tuple(_TRAINER_DEFAULTS)
+_SWEPT = ("lr", "weight_decay", "dropout")  # lists sweep them, as the CLI's comma lists
+
+# The integer options' ranges: the CLI's bounds (--members > 0, --depth >= 0, ...)
+# up to what the C++ type holds (int64; the seeds are unsigned 64-bit).
+_INT64_MAX, _UINT64_MAX = 2**63 - 1, 2**64 - 1
+_INTEGER_RANGES = {"members": (1, _INT64_MAX), "hidden": (1, _INT64_MAX), "depth": (0, _INT64_MAX),
+                   "epochs": (1, _INT64_MAX), "batch_size": (1, _INT64_MAX), "patience": (0, _INT64_MAX),
+                   "warmup_steps": (0, _INT64_MAX), "unroll": (1, _INT64_MAX), "seed": (0, _UINT64_MAX),
+                   "split_seed": (0, _UINT64_MAX)}
+
+
+def _checked_integer(name, value, low, high):
+    """value as an int when it is an integer in [low, high]: TypeError for another
+    type (2.5, True), ValueError outside the range, either stating the range."""
+    rule = f"{name} must be an integer from {low} to {high}, got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(rule)
+    if not low <= int(value) <= high:
+        raise ValueError(rule)
+    return int(value)
+
+
+def _checked_number(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _checked_option(name, value, default):
+    """An option's value checked against its default's type (the C++ option's):
+    what crosses into the runtime as JSON, whose own checks then give the rest."""
+    if isinstance(default, bool):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+        return bool(value)
+    if isinstance(default, int):
+        return _checked_integer(name, value, *_INTEGER_RANGES.get(name, (-_INT64_MAX - 1, _INT64_MAX)))
+    if isinstance(default, float):
+        if name in _SWEPT and isinstance(value, (list, tuple, np.ndarray)):
+            values = np.asarray(value, dtype=object).reshape(-1) if isinstance(value, np.ndarray) else value
+            if len(values) == 0:
+                raise ValueError(f"{name}: an empty list; give one value, or several to sweep them")
+            return [_checked_number(f"{name}[{i}]", v) for i, v in enumerate(values)]
+        return _checked_number(name, value)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _is_sweep(params):
+    return any(isinstance(params[n], list) and len(params[n]) > 1 for n in _SWEPT)
 
 
 class _ParamsProtocol:
@@ -146,12 +206,29 @@ class _PackedEnsemble(_Base):
         for name, value in params.items():
             setattr(self, name, value)
 
-    def _trainer_options(self):
-        options = {name: getattr(self, name) for name in _OPTION_NAMES if name in self._get_param_names()}
+    def _trainer_options(self, validated):
+        """The trainer's options from the parameters, each checked; without validation
+        rows the default patience is off (as the CLI's), another is an error."""
+        names = self._get_param_names()
+        options = {name: _checked_option(name, getattr(self, name), _TRAINER_DEFAULTS[name])
+                   for name in _OPTION_NAMES if name in names}
+        if not validated and options["patience"] > 0:
+            if options["patience"] != _TRAINER_DEFAULTS["patience"]:
+                raise ValueError("patience > 0 needs validation rows (val_fraction > 0, or X_val and y_val)")
+            options["patience"] = 0
         options["device"] = _resolve_device(self.device)
         if self._head is not None:
             options["head"] = self._head
         return options
+
+    def _carve(self, t, train_rows, val_rows):
+        """The training and validation rows of a fit (the CLI's carve)."""
+        return train_rows, val_rows
+
+    def _not_in_callback(self, what):
+        if getattr(self, "_in_training", False):
+            raise RuntimeError(f"{what} cannot be called from a fit callback: return False from the callback to "
+                               f"stop training, then call {what}")
 
     def _targets(self, y, what):
         return _as_tensor(y, what, 1).reshape(-1, 1)
@@ -163,8 +240,13 @@ class _PackedEnsemble(_Base):
         train_loss, val_loss, active, member_train_loss, member_val_loss, events);
         returning False stops training after that epoch. Ctrl-C does the same and
         then raises KeyboardInterrupt (the model is usable)."""
+        self._not_in_callback("fit()")
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
+        for name in ("val_fraction", "split_seed"):
+            _checked_option(name, getattr(self, name), _DATA_DEFAULTS[name])
+        if self.select not in ("all", "best"):
+            raise ValueError(f"select must be 'all' or 'best', got {self.select!r}")
         x = _as_tensor(X, "X", 2)
         t = self._targets(y, "y")
         if t.shape[0] != x.shape[0]:
@@ -180,19 +262,28 @@ class _PackedEnsemble(_Base):
                 raise ValueError(f"{x.shape[0]} sample(s): too few to hold out val_fraction={self.val_fraction} "
                                  "of them for validation (val_fraction=0 trains on all)")
             train_rows, val_rows = _core.carve_validation(x.shape[0], float(self.val_fraction), int(self.split_seed))
-            train_rows, val_rows = torch.tensor(train_rows), torch.tensor(val_rows)
+            train_rows, val_rows = self._carve(t, train_rows, val_rows)
+            train_rows, val_rows = torch.tensor(train_rows, dtype=torch.long), torch.tensor(val_rows, dtype=torch.long)
             x, t, vx, vt = x[train_rows], t[train_rows], x[val_rows], t[val_rows]
+            if vx.shape[0] == 0:
+                vx = vt = None
         else:
             vx = vt = None
-        if self.patience > 0 and vx is None:
-            raise ValueError("patience > 0 needs validation rows (val_fraction > 0, or X_val and y_val)")
+        params = self._trainer_options(vx is not None)
+        if self.select == "best" and vx is None:
+            raise ValueError("select='best' chooses on validation rows: give val_fraction > 0, or X_val and y_val")
+        # Refused before anything large is allocated, as `packtrain train` refuses it.
+        classes = int(torch.unique(t).numel()) if self._head == "classification" else 0
+        options = json.dumps(params, sort_keys=True)
+        _core.check_fit_memory(options, x.shape[0], x.shape[1], classes, 0 if vx is None else vx.shape[0])
         # Fitted before with the same options: the same trainer, whose steps (and
         # captured graphs) prepare() keeps when the data have the same shapes; every
         # member starts again from the seed either way.
-        options = json.dumps(self._trainer_options(), sort_keys=True)
         if not (isinstance(getattr(self, "_trainer", None), _core.Trainer) and self._options_json == options):
             self._trainer = _core.Trainer(options)
         self._options_json = options
+        self._sweep = _is_sweep(params)
+        self._validation = (vx, vt)
         self._trainer.prepare(x, t, vx, vt)
         self.n_features_in_ = x.shape[1]
         self.feature_names_in_ = np.asarray(_feature_names(X, x.shape[1]), dtype=object)
@@ -201,7 +292,15 @@ class _PackedEnsemble(_Base):
         return self
 
     def _train(self, callback):
-        self._trainer.train(callback)
+        self._in_training = True
+        try:
+            self._trainer.train(callback)
+        finally:
+            self._in_training = False
+        if getattr(self, "_sweep", False):
+            # Each configuration scored on the validation rows, as `train` reports a sweep.
+            vx, vt = getattr(self, "_validation", (None, None))
+            self.configurations_ = self._trainer.sweep(vx, vt, self.select == "best")
         self.history_ = {"train_loss": list(self._trainer.train_loss_history),
                          "val_loss": list(self._trainer.val_loss_history)}
         self.member_status_ = list(self._trainer.member_status)
@@ -210,13 +309,15 @@ class _PackedEnsemble(_Base):
         """Every member re-initialized in place (weights, optimizer state, early
         stopping), from `seed` (default: the `seed` option), ready to train again on
         the same data with continue_fit()."""
+        self._not_in_callback("reinitialize()")
         self._check_fitted()
-        self._trainer.reinitialize(int(self.seed if seed is None else seed))
+        self._trainer.reinitialize(_checked_integer("seed", self.seed if seed is None else seed, 0, _UINT64_MAX))
         return self
 
     def continue_fit(self, callback=None):
         """Runs the remaining epochs (after reinitialize(): all of them) on the data
         of the last fit(), reusing its steps."""
+        self._not_in_callback("continue_fit()")
         self._check_fitted()
         self._train(callback)
         return self
@@ -228,6 +329,7 @@ class _PackedEnsemble(_Base):
     # Pickling (copy, joblib, multiprocessing): the trainer travels as its checkpoint.
     def __getstate__(self):
         state = self.__dict__.copy()
+        state.pop("_validation", None)  # the last fit's validation rows: for continue_fit's sweep report only
         trainer = state.pop("_trainer", None)
         if trainer is not None:
             with tempfile.TemporaryDirectory() as d:
@@ -272,7 +374,10 @@ class _PackedEnsemble(_Base):
             raise TypeError("a model loaded from a member-parallel manifest predicts only: evaluate it with "
                             "`packtrain evaluate MANIFEST TABLE`")
         x = self._features(X)
-        return self._trainer.evaluate(x, self._targets(y, "y"), [float(v) for v in levels])
+        t = self._targets(y, "y")
+        if t.shape[0] != x.shape[0]:
+            raise ValueError(f"X has {x.shape[0]} rows but y has {t.shape[0]}: give one target per row")
+        return self._trainer.evaluate(x, t, [float(v) for v in levels])
 
     def acquire(self, X_pool, count=10, strategy=None, selection="top", power=1.0, seed=0, ucb_beta=2.0):
         """Which rows of an unlabelled pool to label next, as `packtrain acquire` picks
@@ -282,11 +387,14 @@ class _PackedEnsemble(_Base):
         entropy, margin, variation-ratio; random for either. selection "top", or
         "power"/"softmax" to draw the batch with probability ~ score**power or
         exp(power * score), seeded."""
+        seed = _checked_integer("seed", seed, 0, _UINT64_MAX)
+        count = _checked_integer("count", count, 1, _INT64_MAX)
+        ucb_beta, power = _checked_number("ucb_beta", ucb_beta), _checked_number("power", power)
         p = self._predict(X_pool)
         if strategy is None:
             strategy = "bald" if "member_probabilities" in p else "epistemic"
-        scores = _core.acquisition_scores(p, strategy, float(ucb_beta), int(seed))
-        chosen = _core.select_batch(scores, int(count), selection, float(power), int(seed))
+        scores = _core.acquisition_scores(p, strategy, ucb_beta, seed)
+        chosen = _core.select_batch(scores, count, selection, power, seed)
         return np.asarray(chosen, dtype=np.int64), _like(scores, X_pool)
 
     def save(self, path):
@@ -430,6 +538,17 @@ class EnsembleClassifier(_ClassifierMixin, _PackedEnsemble):
         return self
 
     _label_values = None
+
+    def _carve(self, t, train_rows, val_rows):
+        """The CLI's carve, except that the rows of a class the carve left with no
+        training row stay in training (a class the trainer never sees cannot be
+        validated): rare labels are trained on, not only validated."""
+        labels = t.reshape(-1).numpy()
+        unseen = np.setdiff1d(labels[val_rows], labels[train_rows])
+        if len(unseen) == 0:
+            return train_rows, val_rows
+        back = np.isin(labels[val_rows], unseen)
+        return sorted(list(train_rows) + list(np.asarray(val_rows)[back])), list(np.asarray(val_rows)[~back])
 
     def predict(self, X):
         """The class (one of classes_) with the highest mixture probability (N)."""

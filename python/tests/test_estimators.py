@@ -54,9 +54,8 @@ def test_fit_is_the_cli_run(tmp_path):
     """fit() on the training rows of concrete split 0, holding out val_fraction as the CLI
     does, gives the very model `packtrain train` gives: identical predictions."""
     x, y, train, test = concrete()
-    # The estimator does not stop early unless asked (patience=0); the CLI's default does.
-    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--patience", 0, "--checkpoint", tmp_path / "cli.pt",
-            "-q")
+    # Every other option the defaults of both (patience 50 on the ensemble's validation loss included).
+    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--checkpoint", tmp_path / "cli.pt", "-q")
     from_cli = packtrain.load(tmp_path / "cli.pt")
     model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
     mine, theirs = model.predict(x[test], return_std=True), from_cli.predict(x[test], return_std=True)
@@ -88,7 +87,7 @@ def test_recalibration_is_fitted_on_the_validation_rows_and_is_the_clis(tmp_path
     np.testing.assert_allclose(mine[0], theirs[0], rtol=1e-12)
     np.testing.assert_allclose(mine[1], np.sqrt(s) * theirs[1], rtol=1e-9)
     # The CLI, holding out its own validation rows, reports its scale and saves it.
-    out = json.loads(run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--patience", 0, "--json",
+    out = json.loads(run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--json",
                              "--quiet", "--checkpoint", tmp_path / "cli.pt").stdout)
     cli_model = packtrain.EnsembleRegressor(**SMALL).fit(x[train], y[train])
     assert out["variance_scale"] == pytest.approx(cli_model.variance_scale_, rel=1e-12)
@@ -197,7 +196,7 @@ def test_callback_error_stops_and_is_raised():
 
 def test_ctrl_c_stops_after_the_epoch_and_leaves_a_usable_model():
     x, y = blobs(300)
-    model = packtrain.EnsembleRegressor(members=8, epochs=100000, hidden=32)
+    model = packtrain.EnsembleRegressor(members=8, epochs=100000, hidden=32, patience=0)  # runs until stopped
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     started = time.monotonic()
@@ -253,7 +252,7 @@ def test_dropout_is_the_clis_and_follows_the_seed(tmp_path):
     """Dropout's masks follow from the seed, not the process: fit(dropout=0.1) gives the
     model `packtrain train --dropout 0.1` gives, prediction for prediction."""
     x, y, train, test = concrete()
-    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--patience", 0, "--dropout", 0.1,
+    run_cli("train", "--members", 4, "--epochs", 15, "--hidden", 32, "--dropout", 0.1,
             "--checkpoint", tmp_path / "cli.pt", "-q")
     from_cli = packtrain.load(tmp_path / "cli.pt")
     torch.manual_seed(12345)  # the process's generator plays no part
@@ -274,8 +273,8 @@ def test_patience_needs_validation():
 def test_early_stopping_parameter_is_the_clis(tmp_path):
     """early_stopping="ensemble" stops each ensemble on its mixture's validation loss,
     as `packtrain train --early-stopping ensemble` does: the same stopping epoch, the
-    same model; "member" (the estimator's default) stops on each member's own loss."""
-    assert packtrain.EnsembleRegressor().get_params()["early_stopping"] == "member"
+    same model (the default of both); "member" stops on each member's own loss."""
+    assert packtrain.EnsembleRegressor().get_params()["early_stopping"] == "ensemble"
     x, y, train, test = concrete()
     settings = dict(members=4, epochs=300, hidden=32, patience=5)
     run_cli("train", "--members", 4, "--epochs", 300, "--hidden", 32, "--patience", 5, "--early-stopping", "ensemble",
@@ -313,11 +312,11 @@ def test_device_parameter(device):
 
 @pytest.mark.parametrize("estimator", ["EnsembleRegressor", "EnsembleClassifier"])
 def test_scikit_learn_check_estimator(estimator):
-    """Every check of scikit-learn's check_estimator passes (none skipped). Small
-    members/epochs for time; batch_size 4 because the checks fit data sets of 9 to
-    50 rows and, as in the CLI, a batch larger than the training rows is an error."""
+    """Every check of scikit-learn's check_estimator passes (none skipped) with the
+    default parameters: the checks fit data sets of 9 to 50 rows, fewer than the
+    default batch of 64, which then trains in batches of all the training rows."""
     from sklearn.utils.estimator_checks import check_estimator
-    model = getattr(packtrain, estimator)(members=2, epochs=5, hidden=8, batch_size=4)
+    model = getattr(packtrain, estimator)()
     results = check_estimator(model, on_fail=None)
     failed = {r["check_name"]: str(r["exception"])[:300] for r in results if r["status"] == "failed"}
     assert len(results) > 40 and not failed, failed

@@ -121,7 +121,7 @@ void describe(const Session& s, RunDriver& driver) {
   } else if (group != nullptr) {
     driver.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
                             "over {} every step",
-                            group->world_size(), group->info().source, o.batch_size(), s.trainer.per_rank_batch(),
+                            group->world_size(), group->info().source, s.trainer.batch_size(), s.trainer.per_rank_batch(),
                             group->backends()));
   }
   const auto configurations = runtime::sweep_configurations(o);
@@ -132,7 +132,7 @@ void describe(const Session& s, RunDriver& driver) {
   }
   driver.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
                           s.command, s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
-                          o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), o.batch_size(),
+                          o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), s.trainer.batch_size(),
                           graphs::to_string(o.order()),
                           o.patience() > 0 ? fmt::format(", early stopping on {} validation loss (patience {})",
                                                          o.early_stopping() == runtime::EarlyStopping::kEnsemble
@@ -247,7 +247,7 @@ nlohmann::json result_json(const Session& s, const RunDriver& driver, const Prog
   out["test_rows"] = s.data.split.test.size();
   out["checkpoint"] = driver.checkpoint().path;
   if (const runtime::distributed::ProcessGroup* group = s.dist.group) {
-    out["data_parallel"] = {{"ranks", group->world_size()}, {"global_batch", o.batch_size()},
+    out["data_parallel"] = {{"ranks", group->world_size()}, {"global_batch", s.trainer.batch_size()},
                             {"per_rank_batch", s.trainer.per_rank_batch()}, {"backends", group->backends()}};
   }
   out["log"] = driver.graph_log_lines();
@@ -353,10 +353,6 @@ SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, 
                   validated ? val.targets : at::Tensor());
   return data;
 }
-
-// train's early stopping unless told otherwise: on the ensemble's validation loss
-// with this patience (the UCI protocol's default recipe: benchmarks/uci/).
-constexpr int64_t kTrainPatience = 50;
 
 struct TrainCommand {
   DataArgs data;
@@ -558,7 +554,7 @@ void add_train_commands(CLI::App& app, int& status) {
       "validation NLL has not improved for 50 epochs (its best epoch's weights kept). Ctrl-C stops after the current\n"
       "epoch (and writes --checkpoint); a second Ctrl-C stops at once.");
   add_data_options(t, train->data);
-  train->trainer.options.patience(kTrainPatience).early_stopping(runtime::EarlyStopping::kEnsemble);
+  train->trainer.options = runtime::train_defaults();
   add_trainer_options(t, train->trainer);
   t->get_option("--patience")
       ->description("Early stopping: epochs without a better validation loss before training stops (0: off; "

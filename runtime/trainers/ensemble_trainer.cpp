@@ -139,15 +139,21 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
     TORCH_CHECK(val_x.size(1) == x.size(1), "validation data have ", val_x.size(1), " features, training data ",
                 x.size(1));
   }
-  const int64_t N = x.size(0);
-  if (options_.batch_size() > N) {
-    throw DataError("batch size " + std::to_string(options_.batch_size()) + " is larger than the training set (" +
-                    std::to_string(N) + " rows)");
+  // A training set smaller than the batch trains in batches of all its rows (the
+  // static batch every step and captured graph is built for), said once.
+  const int64_t N = x.size(0), batch = std::min(options_.batch_size(), N);
+  if (batch < options_.batch_size() && batch != batch_size_ && options_.log()) {
+    options_.log()("batch size " + std::to_string(options_.batch_size()) + " is larger than the training set (" +
+                 std::to_string(N) + " rows): training with batches of " + std::to_string(N));
   }
   const at::Tensor fx = fit_rows.defined() ? x.index_select(0, fit_rows) : x;
   const at::Tensor fy = fit_rows.defined() ? y.index_select(0, fit_rows) : y;
   const size_t previous_classes = classes_.size();
-  x_scale_ = Standardizer::fit(fx);
+  x_scale_ = Standardizer::fit(fx, "training features");
+  // Rows beyond the fitted ones (active learning's pool), and validation rows, are
+  // standardized with the training rows' statistics: each must stay finite in float32.
+  if (fit_rows.defined()) x_scale_.check_representable(x, "training features");
+  if (val_x.defined()) x_scale_.check_representable(val_x, "validation features");
   if (options_.head() == Head::kClassification) {
     // Every class of the rows the trainer holds, not only of `fit_rows`: active
     // learning labels more of them later, and the output layer is fixed now.
@@ -156,7 +162,9 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
     if (classes_.size() < 2) throw DataError("classification needs at least 2 classes in the training data, got " +
                                              std::to_string(classes_.size()));
   } else {
-    y_scale_ = Standardizer::fit(fy);
+    y_scale_ = Standardizer::fit(fy, "training targets");
+    if (fit_rows.defined()) y_scale_.check_representable(y, "training targets");
+    if (val_y.defined()) y_scale_.check_representable(val_y, "validation targets");
   }
   if (!fit_rows.defined() && classes_.size() == previous_classes && reuse_steps(x, y, val_x, val_y)) return;
   const int64_t world = group_ != nullptr ? group_->world_size() : 1;
@@ -165,11 +173,17 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
       throw DataError("data-parallel training on " + options_.device().str() + " needs the process group joined on " +
                       "that device (its gradients go over NCCL there); it was joined on " + group_->device().str());
     }
-    if (options_.batch_size() % world != 0) {
-      throw DataError("the global batch " + std::to_string(options_.batch_size()) + " does not split into " +
-                      std::to_string(world) + " equal per-rank batches");
+    if (batch % world != 0) {
+      throw DataError(batch < options_.batch_size()
+                          ? "the training set's " + std::to_string(N) + " rows (fewer than the batch size " +
+                                std::to_string(options_.batch_size()) + ", so the global batch) do not split into " +
+                                std::to_string(world) + " equal per-rank batches: give a batch size of at most " +
+                                std::to_string(N) + " that " + std::to_string(world) + " divides"
+                          : "the global batch " + std::to_string(batch) + " does not split into " +
+                                std::to_string(world) + " equal per-rank batches");
     }
   }
+  batch_size_ = batch;
   steps_.reset();  // its graphs refer to the previous model and optimizer
   build_model(x.size(1));
   if (group_ != nullptr) {
@@ -206,7 +220,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   steps_ = std::make_unique<EnsembleSteps>(
       *model_, *optimizer_, std::vector<at::Tensor>{xs, ys},
       EnsembleStepsOptions()
-          .batch_size(options_.batch_size())
+          .batch_size(batch_size_)
           .order(options_.order())
           .loss(loss_kind(options_.head()))
           .min_variance(options_.min_variance())
@@ -268,13 +282,13 @@ void EnsembleTrainer::check_ranks_agree(int64_t step) const {
 }
 
 int64_t EnsembleTrainer::per_rank_batch() const {
-  return options_.batch_size() / (group_ != nullptr ? group_->world_size() : 1);
+  return batch_size_ / (group_ != nullptr ? group_->world_size() : 1);
 }
 
 void EnsembleTrainer::set_training_rows(const at::Tensor& rows) {
   TORCH_CHECK(prepared(), "set_training_rows: call prepare() first");
-  if (rows.size(-1) < options_.batch_size()) {
-    throw DataError("batch size " + std::to_string(options_.batch_size()) + " is larger than the training set (" +
+  if (rows.size(-1) < batch_size_) {
+    throw DataError("batch size " + std::to_string(batch_size_) + " is larger than the training set (" +
                     std::to_string(rows.size(-1)) + " rows)");
   }
   steps_->batcher().set_active_rows(rows);

@@ -122,6 +122,9 @@ class EnsembleTrainer {
     check_every_steps_ = check_every_steps;
   }
   int64_t per_rank_batch() const;
+  // The static batch prepare() built the steps for: options().batch_size(), or all
+  // the training rows when there are fewer (0 before prepare).
+  int64_t batch_size() const { return batch_size_; }
 
   // Every member's predictions and their mixture for x (N, I), original units,
   // recalibrated by variance_scale(). Differentiable with respect to x when x
@@ -202,6 +205,7 @@ class EnsembleTrainer {
 
   EnsembleTrainerOptions options_;
   int64_t in_features_ = 0;
+  int64_t batch_size_ = 0;  // see batch_size()
   std::vector<double> classes_;
   Standardizer x_scale_, y_scale_;
   std::unique_ptr<ensemble::PackedMLP> model_;

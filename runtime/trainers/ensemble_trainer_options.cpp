@@ -43,6 +43,10 @@ void EnsembleTrainerOptions::validate() const {
   TORCH_CHECK(unroll() > 0, "unroll must be positive, got ", unroll());
 }
 
+EnsembleTrainerOptions train_defaults() {
+  return EnsembleTrainerOptions().patience(50).early_stopping(EarlyStopping::kEnsemble);
+}
+
 std::string to_json(const EnsembleTrainerOptions& o) {
   const nlohmann::json j = {
       {"members", o.members()},

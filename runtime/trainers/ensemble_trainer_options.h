@@ -116,6 +116,12 @@ struct EnsembleTrainerOptions {
   void validate() const;
 };
 
+// `packtrain train`'s options before any flag, and the Python estimators' defaults
+// (one source for both): the struct's own, but stopping early on the ensemble's
+// validation loss after 50 epochs without improvement (the UCI protocol's recipe:
+// benchmarks/uci/). Without validation rows both train all epochs instead.
+EnsembleTrainerOptions train_defaults();
+
 // Every field but `log`, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);
 // The inverse; an unknown key, a missing key or a wrong type throws naming it.

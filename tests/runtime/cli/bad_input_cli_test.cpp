@@ -43,7 +43,7 @@ TEST_F(Cli, BadInputExitsTwoWithOneLineNamingTheFile) {
       {"Inf", "a,b,y\n1,2,3\n4,5,inf\n", "train --data {f}", "bad.csv:3:3"},
       {"unknown column", good, "train --data {f} --target zz", "unknown column 'zz'"},
       {"members <= 0", "", "train --members 0", "--members"},
-      {"batch larger than the training set", good, "train --data {f} --batch 64 --test-fraction 0.2", "batch size 64"},
+      {"batch <= 0", good, "train --data {f} --batch 0", "--batch"},  // a larger one than the rows: small_data_cli_test
       {"unknown data set", "", "train --data no_such_set", "no_such_set"},
       {"bad split", "", "train --split 99", "split 99"},
       {"unknown activation", "", "train --activation swish", "swish"},

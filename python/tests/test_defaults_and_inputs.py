@@ -1,0 +1,204 @@
+"""The estimators' defaults are `packtrain train`'s (read from its --help), small
+training sets train in one smaller batch, sweeps take lists, and bad parameters or
+calls raise a clear ValueError/TypeError/MemoryError/RuntimeError before any work.
+
+Run by CTest (python_tests) on the build tree's package; PACKTRAIN_BINARY names the CLI."""
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import packtrain
+from packtrain import _core
+
+CLI = os.environ.get("PACKTRAIN_BINARY")
+TINY = dict(members=2, epochs=3, hidden=8)
+
+
+def data(n, seed=0, features=3):
+    x = np.random.default_rng(seed).normal(size=(n, features))
+    return x, x @ np.arange(1.0, features + 1)
+
+
+def train_help_defaults():
+    """--flag: the default `packtrain train --help` shows ("--lr TEXT=0.003 ..."), or
+    None for a flag without a value (--layer-norm)."""
+    if not CLI:
+        pytest.skip("PACKTRAIN_BINARY is not set (run through ctest)")
+    text = subprocess.run([CLI, "train", "--help"], check=True, capture_output=True, text=True).stdout
+    defaults = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s+(--[a-z][\w-]*)(?:\s+[A-Z][A-Z:]*(?:=(\S+))?)?", line)
+        if m:
+            defaults[m.group(1)] = m.group(2)
+    return defaults
+
+
+# The estimator's parameters that are CLI flags of another name, and those that are
+# valueless flags (their default: the flag not given).
+FLAG_OF = {"batch_size": "--batch", "recalibration": "--recalibrate"}
+SWITCHES = {"layer_norm": ("--layer-norm", False), "restore_best": ("--no-restore-best", True),
+            "capture": ("--eager", True)}
+NO_FLAG = {"min_variance"}  # the variance head's floor: a trainer option the CLI does not expose
+
+
+@pytest.mark.parametrize("estimator", ["EnsembleRegressor", "EnsembleClassifier"])
+def test_every_default_is_train_helps(estimator):
+    """One source of defaults: each parameter's default equals the default `packtrain
+    train --help` states for its flag (patience 50 on the ensemble's validation loss
+    included, where the estimators once had 0 and 'member')."""
+    helps = train_help_defaults()
+    params = getattr(packtrain, estimator)().get_params()
+    compared = set()
+    for name, value in params.items():
+        if name in NO_FLAG:
+            assert "--" + name.replace("_", "-") not in helps
+            continue
+        if name in SWITCHES:
+            flag, default = SWITCHES[name]
+            assert flag in helps and helps[flag] is None and value is default, name
+            continue
+        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        assert flag in helps and helps[flag] is not None, f"{name}: no {flag} with a default in train --help"
+        shown = helps[flag]
+        if isinstance(value, bool) or isinstance(value, str):
+            assert str(value) == shown, (name, value, shown)
+        else:
+            assert type(value)(shown) == value, (name, value, shown)
+        compared.add(name)
+    assert {"patience", "early_stopping", "members", "lr", "batch_size", "val_fraction", "select"} <= compared
+    assert params["patience"] == 50 and params["early_stopping"] == "ensemble"
+
+
+def test_default_patience_is_off_without_validation_rows_as_the_clis(tmp_path):
+    """val_fraction=0: the default patience trains every epoch (as `train --val-fraction
+    0` does); a patience given without validation rows is still an error."""
+    x, y = data(80)
+    model = packtrain.EnsembleRegressor(**TINY, val_fraction=0).fit(x, y)
+    assert model.epochs_done_ == 3 and json.loads(model._trainer.options_json)["patience"] == 0
+    with pytest.raises(ValueError, match="patience > 0 needs validation rows"):
+        packtrain.EnsembleRegressor(**TINY, val_fraction=0, patience=3).fit(x, y)
+
+
+def test_small_training_set_trains_in_one_batch_of_its_rows(caplog):
+    """27 rows with the default batch of 64: trained (one step an epoch, a batch of the
+    24 training rows), said once on the "packtrain" logger, not raised."""
+    x, y = data(27)
+    train_rows, _ = _core.carve_validation(27, 0.1, 0)
+    with caplog.at_level(logging.INFO, logger="packtrain"):
+        model = packtrain.EnsembleRegressor(**TINY).fit(x, y)
+    notes = [r.getMessage() for r in caplog.records if "larger than the training set" in r.getMessage()]
+    assert notes == [f"batch size 64 is larger than the training set ({len(train_rows)} rows): training with "
+                     f"batches of {len(train_rows)}"]
+    assert model._trainer.steps_taken == model.epochs_done_ == 3
+    assert np.isfinite(model.predict(x)).all()
+    # the classifier too, and a refit on more rows takes the full batch again
+    labels = (x[:, 0] > 0).astype(float)
+    assert packtrain.EnsembleClassifier(**TINY).fit(x, labels).predict(x).shape == (27,)
+    x2, y2 = data(300)
+    assert model.fit(x2, y2)._trainer.steps_taken == 3 * (len(_core.carve_validation(300, 0.1, 0)[0]) // 64)
+
+
+def test_sweeps_take_lists_as_the_cli(tmp_path):
+    """lr/weight_decay/dropout lists sweep their cross product, `members` seeds each, in
+    one pack, as `train --lr 1e-3,3e-3` does: the same configurations and validation
+    losses; select='best' keeps the best one only."""
+    x, y = data(120)
+    np.savetxt(tmp_path / "t.csv", np.column_stack([x, y]), delimiter=",", header="a,b,c,y", comments="")
+    settings = dict(members=2, epochs=4, hidden=8, lr=[1e-3, 3e-3], dropout=[0.0, 0.1])
+    model = packtrain.EnsembleRegressor(**settings).fit(x, y)
+    assert [(c["lr"], c["dropout"], c["members"]) for c in model.configurations_] == [
+        (1e-3, 0.0, 2), (1e-3, 0.1, 2), (3e-3, 0.0, 2), (3e-3, 0.1, 2)]
+    assert model.predict_members(x)[0].shape[0] == 8
+    best = packtrain.EnsembleRegressor(**settings, select="best").fit(x, y)
+    chosen = [c for c in best.configurations_ if c["selected"]]
+    assert len(chosen) == 1 and chosen[0]["val_loss"] == min(c["val_loss"] for c in best.configurations_)
+    assert best.member_status_.count("deselected") == 6
+    # with the CLI's rows (no test rows: all of the table trains, as fit() has it)
+    if CLI:
+        out = json.loads(subprocess.run(
+            [CLI, "train", "--data", str(tmp_path / "t.csv"), "--test-fraction", "0", "--members", "2", "--epochs", "4",
+             "--hidden", "8", "--lr", "1e-3,3e-3", "--dropout", "0,0.1", "--device", "cpu", "--json", "--quiet"],
+            check=True, capture_output=True, text=True).stdout)
+        cli = [c["val_loss"] for c in out["configurations"]]
+        assert cli == pytest.approx([c["val_loss"] for c in model.configurations_], rel=1e-9)
+
+
+@pytest.mark.parametrize("params, error, message", [
+    (dict(lr=float("nan")), ValueError, "lr must be a finite number, got nan"),
+    (dict(weight_decay=float("inf")), ValueError, "weight_decay must be a finite number"),
+    (dict(lr=[1e-3, float("nan")]), ValueError, r"lr\[1\] must be a finite number"),
+    (dict(lr=[]), ValueError, "lr: an empty list"),
+    (dict(lr=[1e-3, 1e-3]), ValueError, "given twice"),
+    (dict(lr=[1e-3, "fast"]), TypeError, r"lr\[1\] must be a number"),
+    (dict(lr="fast"), TypeError, "lr must be a number"),
+    (dict(dropout=[0.1, 1.5]), ValueError, "dropout must be in"),
+    (dict(members=2**70), ValueError, "members must be an integer from 1 to 9223372036854775807, got 1180591620717411303424"),
+    (dict(members=2.5), TypeError, "members must be an integer from 1 to 9223372036854775807, got 2.5"),
+    (dict(members=0), ValueError, "members must be an integer from 1 to"),
+    (dict(members=True), TypeError, "members must be an integer"),
+    (dict(seed=-1), ValueError, "seed must be an integer from 0 to 18446744073709551615"),
+    (dict(epochs=2**63), ValueError, "epochs must be an integer from 1 to 9223372036854775807"),
+    (dict(split_seed=2**64), ValueError, "split_seed must be an integer from 0 to 18446744073709551615"),
+    (dict(layer_norm="yes"), TypeError, "layer_norm must be True or False"),
+    (dict(select="some"), ValueError, "select must be 'all' or 'best'"),
+])
+def test_bad_parameters_raise_a_clear_error(params, error, message):
+    x, y = data(40)
+    with pytest.raises(error, match=message):
+        packtrain.EnsembleRegressor(**{**TINY, **params}).fit(x, y)
+
+
+def test_a_pack_larger_than_memory_is_refused_before_it_is_allocated():
+    """members=10**9 is refused by the runtime's estimate (as `train` refuses it), at
+    once and without allocating, naming what to lower; a sweep counts its configurations."""
+    x, y = data(40)
+    start = time.monotonic()
+    with pytest.raises(MemoryError, match=r"needs about .* \(1000000000 members, .*lower members"):
+        packtrain.EnsembleRegressor(members=10**9).fit(x, y)
+    with pytest.raises(MemoryError, match=r"\(2000000000 members"):
+        packtrain.EnsembleRegressor(members=10**9, lr=[1e-3, 3e-3]).fit(x, y)
+    assert time.monotonic() - start < 10
+
+
+def test_calls_inside_a_fit_callback_are_refused():
+    """reinitialize() (once an endless loop), continue_fit() and fit() from within a fit
+    callback raise RuntimeError saying what to do; the model stays usable."""
+    x, y = data(60)
+    model = packtrain.EnsembleRegressor(**TINY)
+    for call in (lambda: model.reinitialize(), lambda: model.continue_fit(), lambda: model.fit(x, y)):
+        with pytest.raises(RuntimeError, match="cannot be called from a fit callback: return False"):
+            model.fit(x, y, callback=lambda report, call=call: call())
+    assert model.reinitialize().continue_fit().epochs_done_ == 3
+
+
+def test_evaluate_and_acquire_check_their_arguments():
+    x, y = data(60)
+    model = packtrain.EnsembleRegressor(**TINY).fit(x, y)
+    with pytest.raises(ValueError, match="X has 5 rows but y has 4"):
+        model.evaluate(x[:5], y[:4])
+    with pytest.raises(ValueError, match="seed must be an integer from 0 to 18446744073709551615, got -1"):
+        model.acquire(x, seed=-1)
+    with pytest.raises(TypeError, match="count must be an integer"):
+        model.acquire(x, count=2.5)
+    with pytest.raises(ValueError, match="ucb_beta must be a finite number"):
+        model.acquire(x, strategy="ucb", ucb_beta=float("nan"))
+    assert len(model.acquire(x, count=3, seed=2**64 - 1)[0]) == 3
+
+
+def test_a_rare_label_the_carve_would_only_validate_is_trained_on():
+    """A label whose only row the CLI's validation carve would hold out stays in
+    training: the classifier fits and knows it."""
+    x, _ = data(60)
+    labels = (x[:, 0] > 0).astype(float)
+    _, val_rows = _core.carve_validation(60, 0.1, 0)
+    labels[val_rows[0]] = 7.0
+    model = packtrain.EnsembleClassifier(**TINY).fit(x, labels)
+    assert list(model.classes_) == [0.0, 1.0, 7.0]
+    strings = np.where(labels == 7.0, "rare", np.where(labels > 0, "pos", "neg"))
+    assert "rare" in packtrain.EnsembleClassifier(**TINY).fit(x, strings).classes_
