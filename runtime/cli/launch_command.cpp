@@ -230,7 +230,8 @@ std::string running_ranks(const std::vector<Child>& children) {
 // SIGTERM/SIGHUP; a grace period after a rank fails (or after a forwarded TERM/HUP)
 // it sends the others SIGTERM, and SIGKILL a grace period later — a stopped or
 // hung rank cannot keep the launcher waiting. Returns the first failure's status
-// (128 + signal when the launcher was told to stop by one).
+// (128 + signal when the launcher was told to stop by one), but 2 where that was 1
+// and another rank exited 2 (its user error is why the first lost its peer).
 int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupts& interrupts) {
   using clock = std::chrono::steady_clock;
   int first_failure = 0, told_to_stop = 0;
@@ -280,7 +281,13 @@ int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupt
       deadline = clock::now() + grace;
     }
   }
-  return told_to_stop != 0 ? 128 + told_to_stop : first_failure;
+  if (told_to_stop != 0) return 128 + told_to_stop;
+  // A rank that lost its peer fails with an internal error (1) while the peer exits 2
+  // with the real reason, a user error: the launch says what the user must change.
+  if (first_failure == 1 && std::any_of(children.begin(), children.end(), [](const Child& c) { return c.status == 2; })) {
+    return 2;
+  }
+  return first_failure;
 }
 
 // Stops and reaps ranks started before a failure to start the rest.

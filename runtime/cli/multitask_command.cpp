@@ -19,6 +19,7 @@
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 
@@ -256,6 +257,37 @@ int run_session(const Session& s, RunDriver& driver) {
   return writes.rethrow_or(0);
 }
 
+// A pipeline run writes more than `-o`: each save's stage files beside it. Those it
+// would write over that already exist must not be inputs either.
+void check_stage_outputs(const runtime::MultiTaskTrainer& trainer, const std::string& checkpoint, int64_t epochs,
+                         const std::vector<NamedPath>& inputs) {
+  if (checkpoint.empty()) return;
+  std::vector<NamedPath> outputs;
+  for (const std::filesystem::path& file : trainer.stage_files_to_write(checkpoint, epochs)) {
+    outputs.push_back({"-o " + checkpoint + "'s stage file", file.string()});
+  }
+  check_outputs(outputs, inputs);
+}
+
+// The pipeline flags' constraints, in the flags' words (the options' own check names
+// their fields: model.layers, micro_batches).
+void check_pipeline_flags(const runtime::MultiTaskTrainerOptions& o) {
+  if (o.pipeline_stages() > o.model().layers()) {
+    throw UsageError(fmt::format("--pipeline-stages {} exceeds --layers {}: each stage holds at least one block; give "
+                                 "at most {} stages or more layers",
+                                 o.pipeline_stages(), o.model().layers(), o.model().layers()));
+  }
+  if (o.batch_size() % o.micro_batches() != 0) {
+    throw UsageError(fmt::format("--micro-batches {} does not divide --batch {}: give a divisor of the batch",
+                                 o.micro_batches(), o.batch_size()));
+  }
+  if (o.pipeline_stages() > 1 && !o.shared_inputs()) {
+    throw UsageError(fmt::format("--separate-lm-texts cannot be used with --pipeline-stages {}: a pipeline run reads "
+                                 "the same sentences for both tasks",
+                                 o.pipeline_stages()));
+  }
+}
+
 // Labels of files without class names may run up to this (a guard, not a limit users meet).
 constexpr int64_t kMaxClasses = 1000;
 
@@ -265,8 +297,9 @@ int run_train(const MultiTaskTrainArgs& a) {
   files.train = a.train.empty() ? task.train : std::filesystem::path(a.train);
   files.dev = a.dev.empty() ? task.dev : std::filesystem::path(a.dev);
   files.epochs = a.epochs;
-  check_outputs({{"-o", a.checkpoint.path}, {"--log", a.output.log}},
-                {{"--train", files.train.string()}, {"--dev", files.dev.string()}});
+  const std::vector<NamedPath> inputs = {
+      {"--train", files.train.string()}, {"--dev", files.dev.string()}, {"--class-names", a.class_names}};
+  check_outputs({{"-o", a.checkpoint.path, a.options.pipeline_stages() > 1}, {"--log", a.output.log}}, inputs);
   // Classes: the names given (or the bundled task's, for its own files), else what the
   // training labels imply.
   if (!a.class_names.empty()) {
@@ -284,6 +317,7 @@ int run_train(const MultiTaskTrainArgs& a) {
   runtime::MultiTaskTrainerOptions options = a.options;
   options.model().classes(classes);
   options.model().device(pick_device(a.device));
+  check_pipeline_flags(options);
   try {
     options.validate();
   } catch (const c10::Error& e) {
@@ -316,6 +350,7 @@ int run_train(const MultiTaskTrainArgs& a) {
   runtime::MultiTaskTrainer trainer(options, options.pipeline_stages() > 1 ? group.get() : nullptr);
   if (!trainer.pipelined()) trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
+  check_stage_outputs(trainer, a.checkpoint.path, files.epochs, inputs);
   return run_session({trainer, files, dev, truncated, group.get()}, driver);
 }
 
@@ -330,14 +365,23 @@ struct MultiTaskResumeArgs {
 // Continues a run from its checkpoint: the same files, until --epochs (default: the
 // run's own) are done; an epoch boundary resumes exactly.
 int run_resume(MultiTaskResumeArgs a) {
-  std::string extra;
+  if (a.out.path.empty()) a.out.path = a.checkpoint;
+  // Every rank reads the checkpoint and checks each stage file (there, the one the
+  // manifest committed) before any rendezvous: a damaged one stops every rank alike.
+  const runtime::MultiTaskCheckpoint checkpoint = runtime::MultiTaskCheckpoint::read(a.checkpoint);
+  RunFiles files = RunFiles::from_json(checkpoint.extra(), a.checkpoint);
+  // The checkpoint itself is replaced by default (resume's policy); its stage files
+  // and the sentence files it names are inputs (the config is one for every command).
+  std::vector<NamedPath> inputs = {{"training file", files.train.string()}, {"dev file", files.dev.string()}};
+  for (const std::filesystem::path& file : checkpoint.stage_files()) inputs.push_back({"stage file", file.string()});
+  const bool stages_beside = !checkpoint.stage_files().empty() &&
+                             runtime::distributed::rank_info_from_environment().launched();  // resumed as a pipeline
+  check_outputs({{"-o", a.out.path, stages_beside}, {"--log", a.output.log}}, inputs);
   const c10::Device device = pick_device(a.device);
   const auto group = join_if_launched(device);  // before the trainer: destroyed after it
-  if (a.out.path.empty()) a.out.path = a.checkpoint;
   RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log
   // A pipeline checkpoint resumes each rank's stage (on as many ranks as stages).
-  auto trainer = runtime::MultiTaskTrainer::load(a.checkpoint, device, &extra, driver.graph_log(), group.get());
-  RunFiles files = RunFiles::from_json(extra, a.checkpoint);
+  auto trainer = runtime::MultiTaskTrainer::load(checkpoint, device, nullptr, driver.graph_log(), group.get());
   if (a.epochs > 0) files.epochs = a.epochs;
   if (files.epochs <= trainer->epochs_done()) {
     throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", a.checkpoint,
@@ -352,6 +396,7 @@ int run_resume(MultiTaskResumeArgs a) {
                         "resume it where more memory is free");
   if (!trainer->pipelined()) trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
   const int64_t truncated = trainer->set_training_data(train);
+  check_stage_outputs(*trainer, a.out.path, files.epochs, inputs);
   return run_session({*trainer, files, dev, truncated, group.get()}, driver);
 }
 

@@ -33,6 +33,10 @@
 #include <tuple>
 #include <vector>
 
+namespace c10 {
+struct IValue;
+}
+
 namespace packtrain::runtime {
 
 class MultiTaskSteps;
@@ -112,6 +116,33 @@ struct GenerateOptions {
   bool capture = true;       // decode step as a CUDA graph (on a GPU); eager decoding says why in the log
 };
 
+// A multi-task checkpoint read and checked before any trainer is built, so that
+// every rank of a launched run refuses a damaged one alike, before any collective:
+// a whole model's file, or a pipeline manifest and its stage files, each a plain
+// name in the manifest's directory, present, and the very file the manifest
+// committed (by the checksum it records of each, since this version; older
+// manifests record none, and a stage file's own record of its stage and stage
+// count, checked when it is loaded, still catches one copied over another).
+class MultiTaskCheckpoint {
+ public:
+  // DataError naming the file for each problem above (and a missing or damaged file).
+  static MultiTaskCheckpoint read(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return path_; }
+  // A pipeline checkpoint's stage files, stage s at index s; empty for a whole model.
+  const std::vector<std::filesystem::path>& stage_files() const { return stage_files_; }
+  // The caller's `extra` JSON the save recorded (a manifest of an earlier version
+  // records none: then stage 0's file is read for it).
+  std::string extra() const;
+
+ private:
+  friend class MultiTaskTrainer;
+  MultiTaskCheckpoint() = default;  // read() makes them
+  std::filesystem::path path_;
+  std::shared_ptr<const c10::IValue> payload_;  // the file's dict (a manifest's: small)
+  std::vector<std::filesystem::path> stage_files_;
+};
+
 class MultiTaskTrainer {
  public:
   // With options.pipeline_stages() = S > 1, `pipeline` is the run's group of S x R
@@ -181,11 +212,22 @@ class MultiTaskTrainer {
   // `pipeline`, a group of S ranks, resumes each rank's stage (another S is a
   // DataError); without it, it assembles the whole model (parameters and optimizer
   // state, by name) in this process, for score, generate or a one-process resume.
+  // The manifest records each stage file's checksum; each stage file records its stage
+  // and the stage count, and load() refuses a file whose record is not the manifest's.
   void save(const std::filesystem::path& path, const std::string& extra = "{}") const;
   static std::unique_ptr<MultiTaskTrainer> load(const std::filesystem::path& path, c10::Device device,
                                                 std::string* extra = nullptr,
                                                 graphs::GraphLog log = graphs::log_to_stderr,
                                                 distributed::ProcessGroup* pipeline = nullptr);
+  static std::unique_ptr<MultiTaskTrainer> load(const MultiTaskCheckpoint& checkpoint, c10::Device device,
+                                                std::string* extra = nullptr,
+                                                graphs::GraphLog log = graphs::log_to_stderr,
+                                                distributed::ProcessGroup* pipeline = nullptr);
+
+  // Pipeline runs (after set_training_data): the stage files that saving `path` after
+  // each epoch up to `epochs` would write over and that exist now, for the check that
+  // no output is an input. Empty without a pipeline.
+  std::vector<std::filesystem::path> stage_files_to_write(const std::filesystem::path& path, int64_t epochs) const;
 
  private:
   struct Bucket;

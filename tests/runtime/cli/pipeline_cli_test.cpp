@@ -227,7 +227,7 @@ TEST_F(Cli, PipelineNeedsOneRankPerStage) {
   EXPECT_THAT(r.out, HasSubstr("--pipeline-stages 2 needs 2 processes, one per stage"));
   const Result too_many = launch(2, "multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 3 -o " + path("x.ckpt"));
   EXPECT_NE(too_many.status, 0);
-  EXPECT_THAT(too_many.out, HasSubstr("pipeline_stages=3 exceeds the model's blocks"));
+  EXPECT_THAT(too_many.out, HasSubstr("--pipeline-stages 3 exceeds --layers 2"));
 }
 
 TEST_F(Cli, AKilledStageEndsTheOtherNamingTheStagesAndTheStep) {

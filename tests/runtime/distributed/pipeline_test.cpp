@@ -4,7 +4,8 @@
 // token embedding identical on the first and last stage after every step, and so
 // do S x R ranks (R data-parallel replicas of the pipeline, each stage's replicas
 // identical); a stage that stops ends its neighbour with an error naming both
-// stages and the step.
+// stages and the step; a stage file of a pipeline checkpoint is checked against the
+// stage it records.
 //
 // Each rank runs in its own thread with its own ProcessGroup: a TCP store and Gloo
 // over loopback, exactly as separate processes use them (the multi-process runs
@@ -16,7 +17,11 @@
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/profile/layer_timing.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/labelled_texts.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask_trainer.h"
 #include "packtrain/runtime/trainers/pipeline_stage_steps.h"
 #include "tests/support/test_support.h"
 
@@ -28,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <regex>
@@ -576,6 +582,51 @@ TEST_P(PipelineStageStepsTest, TwoStagesInOneProcessTrainTheSameModel) {
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PipelineStageStepsTest);
+
+// A pipeline checkpoint whose manifest records no checksums (as manifests did before
+// this version) still loads in one process, and a stage file copied over another
+// is still refused, by the stage the file records.
+TEST(PipelineCheckpoint, AnOldManifestLoadsAndAStageFileCopiedOverAnotherIsRefusedByItsRecord) {
+  packtrain::testing::ScopedTempDir dir("packtrain-pipeline-checkpoint");
+  const std::filesystem::path manifest = dir.path() / "p.ckpt";
+  LabelledTexts train;
+  train.source = "synthetic";
+  for (int i = 0; i < 8; ++i) {
+    train.texts.push_back(i % 2 == 1 ? "yes the cat sat" : "no a dog ran");
+    train.labels.push_back(i % 2);
+  }
+  const std::vector<std::string> errors = run_ranks(2, [&](int64_t, ProcessGroup& group) {
+    MultiTaskTrainer trainer(MultiTaskTrainerOptions()
+                                 .model(PackedTransformerOptions().width(16).layers(2).heads(2).max_length(16))
+                                 .batch_size(4)
+                                 .buckets({16})
+                                 .pipeline_stages(2)
+                                 .log([](const std::string&) {}),
+                             &group);
+    trainer.set_training_data(train);
+    trainer.train_epoch();
+    trainer.save(manifest);
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  c10::impl::GenericDict old = load_checkpoint(manifest).toGenericDict();
+  old.erase("checksums");
+  save_checkpoint(manifest, old);
+  std::vector<std::filesystem::path> stages;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    if (entry.path().filename().string().rfind("p.ckpt.stage", 0) == 0) stages.push_back(entry.path());
+  }
+  std::sort(stages.begin(), stages.end());
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_NO_THROW(MultiTaskTrainer::load(manifest, c10::Device(c10::kCPU)));
+  std::filesystem::copy_file(stages[0], stages[1], std::filesystem::copy_options::overwrite_existing);
+  try {
+    MultiTaskTrainer::load(manifest, c10::Device(c10::kCPU));
+    ADD_FAILURE() << "a stage file copied over another was loaded";
+  } catch (const DataError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(stages[1].string() + ": holds stage 0 of 2, but " + manifest.string() +
+                                               " names it as stage 1 of 2"));
+  }
+}
 
 }  // namespace
 }  // namespace packtrain::runtime
