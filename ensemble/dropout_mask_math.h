@@ -47,11 +47,18 @@ PACKTRAIN_HOST_DEVICE inline uint32_t dropout_keep_limit(double keep) {
   return static_cast<uint32_t>(threshold == 0 ? 0 : threshold - 1);
 }
 
-// One row of `width` mask values from its key: `scale` (1 / keep) where a unit
-// stays, 0 where it drops.
+// Unit j's mask value in the row keyed `key`: `scale` (1 / keep) where it stays, 0
+// where it drops.
+template <typename T>
+PACKTRAIN_HOST_DEVICE inline T dropout_mask_unit(uint64_t key, uint32_t limit, T scale, int64_t unit) {
+  return dropout_unit_bits(key, unit) <= limit ? scale : T(0);
+}
+
+// One row of `width` mask values from its key (the CPU's loop; the CUDA kernel
+// computes one unit per thread, so neighbouring threads write neighbouring values).
 template <typename T>
 PACKTRAIN_HOST_DEVICE inline void dropout_mask_row(uint64_t key, uint32_t limit, T scale, int64_t width, T* out) {
-  for (int64_t j = 0; j < width; ++j) out[j] = dropout_unit_bits(key, j) <= limit ? scale : T(0);
+  for (int64_t j = 0; j < width; ++j) out[j] = dropout_mask_unit(key, limit, scale, j);
 }
 
 }  // namespace packtrain::ensemble::detail

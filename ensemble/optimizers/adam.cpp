@@ -44,6 +44,12 @@ PackedAdam::PackedAdam(PackedParameters& parameters, AdamOptions options)
       exp_avg_sq_blocks_(parameters.blocks(exp_avg_sq_)),
       coefficients_(at::zeros({detail::kAdamCoefficientRows, parameters.members()},
                               parameters.flat().options().dtype(at::kDouble))) {
+  // The moments live in the parameters' dtype: in float16, eps and every squared
+  // gradient below 2^-24 round to zero, and the first zero gradient updates by 0/0.
+  TORCH_CHECK(parameters.flat().scalar_type() != at::kHalf,
+              "packed Adam on float16 parameters: eps=", options.eps(),
+              " and squared gradients below 6e-8 underflow to zero in float16 (NaN updates); use bfloat16 or "
+              "float32 parameters");
   for (size_t i = 0; i < parameters.size(); ++i) block_numels_.push_back(parameters.numel(i));
 }
 
@@ -118,7 +124,9 @@ void PackedAdam::step() {
   for (size_t i = 0; i < param_blocks_.size(); ++i) {
     const at::Tensor &p = param_blocks_[i], &g = grad_blocks_[i];
     const at::Tensor &m = exp_avg_blocks_[i], &v = exp_avg_sq_blocks_[i];
-    if (device.is_cpu()) {
+    // The CPU's vectorized pass takes float32 and float64; bfloat16 and float16
+    // packs (and any device without a fused kernel) update through tensor ops.
+    if (device.is_cpu() && (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble)) {
       detail::adam_update_cpu(p, g, m, v, c, beta1, beta2, options_.eps());
     } else {
       detail::adam_update_tensor_ops(p, g, m, v, c, beta1, beta2, options_.eps());

@@ -23,7 +23,9 @@ __global__ void coefficients_kernel(int64_t K, const bool* mask, double* step, c
 }
 
 // Block ends (K * n[b] cumulated) and sizes, passed by value: the kernel's
-// arguments hold the whole layout, so one launch covers every parameter.
+// arguments hold the whole layout, so one launch covers every parameter. The kernel
+// takes it __grid_constant__, so indexing it by a runtime block number reads the
+// parameter space in place instead of copying 776 bytes to each thread's local memory.
 struct FlatLayout {
   int64_t end[kMaxFlatBlocks];
   int64_t numel[kMaxFlatBlocks];
@@ -32,7 +34,7 @@ struct FlatLayout {
 
 template <typename T, bool kDecay, bool kL2>
 __global__ void update_flat_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
-                                   T* __restrict__ v, int64_t K, FlatLayout layout,
+                                   T* __restrict__ v, int64_t K, const __grid_constant__ FlatLayout layout,
                                    const double* __restrict__ table, T beta1, T beta2, T one_minus_beta1,
                                    T one_minus_beta2, T eps) {
   const int64_t total = layout.end[layout.blocks - 1];

@@ -221,6 +221,48 @@ TEST_P(PackedTraining, BackwardIntoFlatGradEqualsZeroGradAndBackward) {
   EXPECT_EQ(first.grad().data_ptr(), packed.parameters().flat_grad().data_ptr()) << "grad views the flat buffer";
 }
 
+// Half-precision packs on every device (a GPU's half-precision kernels, the CPU's
+// autograd path): bfloat16 trains with Adam — finite losses that fall for every
+// member — and float16 is refused by Adam with the reason (its moments underflow);
+// dropout's masks on the device equal the CPU's bit for bit in both.
+TEST_P(PackedTraining, HalfPrecisionPacksTrainAndDrawTheCpusMasks) {
+  {
+    PackedMLP fp16(PackedMLPOptions(kIn, kOut).members(2).dtype(at::kHalf).device(device()));
+    try {
+      PackedAdam refused(fp16.parameters(), adamw_options());
+      ADD_FAILURE() << "Adam accepted float16 parameters";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("underflow"), std::string::npos)
+          << e.what_without_backtrace();
+    }
+  }
+  for (const c10::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    if (dtype == at::kBFloat16) {
+      PackedMLP pack(PackedMLPOptions(kIn, kOut).members(kMembers).hidden(32).seed(7).dtype(dtype).device(device()));
+      PackedAdam optimizer(pack.parameters(), adamw_options().lr(1e-2));
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+      const at::Tensor x = at::randn({64, kIn}, gen).to(dtype).to(device());
+      const at::Tensor y = (x.narrow(1, 0, kOut) * 2).contiguous();
+      at::Tensor first, last;
+      for (int step = 0; step < 40; ++step) {
+        last = packed_train_step(pack, optimizer, x, y, LossKind::kMSE).to(at::kFloat).cpu();
+        if (step == 0) first = last;
+      }
+      EXPECT_TRUE(last.isfinite().all().item<bool>()) << dtype << ": " << last;
+      EXPECT_TRUE((last < first * 0.7).all().item<bool>()) << dtype << ": first " << first << " last " << last;
+    }
+
+    PackedMLP on_device(PackedMLPOptions(kIn, kOut).members(3).hidden(64).dropout(0.3).dtype(dtype).device(device()));
+    PackedMLP on_cpu(PackedMLPOptions(kIn, kOut).members(3).hidden(64).dropout(0.3).dtype(dtype));
+    on_device.seed_dropout(21);
+    on_cpu.seed_dropout(21);
+    const auto shape = at::TensorOptions().dtype(dtype);
+    EXPECT_TRUE(all_equal(on_device.dropout_noise(at::empty({3, 8, 64}, shape.device(device()))).cpu(),
+                          on_cpu.dropout_noise(at::empty({3, 8, 64}, shape))))
+        << dtype;
+  }
+}
+
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedTraining);
 
 }  // namespace

@@ -143,6 +143,39 @@ TEST_P(PackedTransformerTest, TrainingStepsLowerBothLosses) {
   EXPECT_TRUE((last.language_model < first.language_model).all().item<bool>());
 }
 
+// More than 65,535 (member, row) pairs in one attention call: CUDA's grid limit on
+// its y and z dimensions is where a fused attention kernel would break. The whole
+// batch must give what its two halves give, forward and backward.
+TEST_P(PackedTransformerTest, AttentionOverMoreThan65535MemberRowsEqualsItsHalves) {
+  const int64_t K = 64, B = 1100, T = 4;  // K * B = 70,400
+  PackedTransformer model(PackedTransformerOptions()
+                              .members(K)
+                              .width(8)
+                              .layers(1)
+                              .heads(1)
+                              .max_length(T)
+                              .classes(2)
+                              .seed(11)
+                              .dtype(at::kFloat)
+                              .device(device()));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const at::Tensor tokens = at::randint(0, 259, {B, T}, gen, at::kLong).to(device());
+  model.parameters().zero_grad();
+  const at::Tensor whole = model.trunk(tokens);  // (K, B, T, d)
+  torch::autograd::backward({whole.square().sum()});
+  const at::Tensor whole_grad = model.parameters().flat_grad().clone();
+  model.parameters().zero_grad();
+  std::vector<at::Tensor> halves;
+  for (const at::Tensor& rows : tokens.split(B / 2)) {
+    halves.push_back(model.trunk(rows));
+    torch::autograd::backward({halves.back().square().sum()});
+  }
+  EXPECT_TRUE(all_close(whole.detach(), at::cat(halves, 1).detach(), 1e-5));
+  const double scale = whole_grad.abs().max().item<double>();
+  ASSERT_GT(scale, 0);
+  EXPECT_TRUE(all_close(whole_grad / scale, model.parameters().flat_grad() / scale, 1e-4));
+}
+
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedTransformerTest);
 
 TEST(PackedTransformerOptionsTest, RejectsBadShapes) {
