@@ -377,6 +377,7 @@ int run_resume(MultiTaskResumeArgs a) {
   const bool stages_beside = !checkpoint.stage_files().empty() &&
                              runtime::distributed::rank_info_from_environment().launched();  // resumed as a pipeline
   check_outputs({{"-o", a.out.path, stages_beside}, {"--log", a.output.log}}, inputs);
+  check_outputs({{"--log", a.output.log}}, {{"checkpoint", a.checkpoint}});  // only -o may replace it
   const c10::Device device = pick_device(a.device);
   const auto group = join_if_launched(device);  // before the trainer: destroyed after it
   RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log

@@ -62,7 +62,8 @@ TEST_F(Cli, MultitaskOutputsNeverReplaceTheClassNamesOrTheConfig) {
   EXPECT_THAT(config.out, HasSubstr("is the same file as the input --config"));
   EXPECT_EQ(read_file(path("mt.toml")), "epochs = 1\n");
 
-  // resume: the config given to it, and its log naming the run's training file.
+  // resume: the config given to it, and its log naming the run's training file or
+  // the checkpoint.
   ASSERT_EQ(run("multitask train " + kTinyShape + data + " --epochs 1 -o " + path("a.ckpt")).status, 0);
   const Result resume_config = run("multitask resume --config " + path("mt.toml") + " " + path("a.ckpt") +
                                    " --epochs 2 --device cpu -q -o " + path("mt.toml"));
@@ -75,6 +76,13 @@ TEST_F(Cli, MultitaskOutputsNeverReplaceTheClassNamesOrTheConfig) {
   EXPECT_EQ(log.status, 2) << log.out;
   EXPECT_THAT(log.out, HasSubstr("is the same file as the input training file"));
   EXPECT_EQ(read_file(path("train.tsv")), train);
+  // -o may replace the checkpoint resumed (the default); the log may not append to it.
+  const std::string checkpoint = read_file(path("a.ckpt"));
+  const Result log_over_checkpoint = run("multitask resume " + path("a.ckpt") + " --epochs 2 --device cpu -q -o " +
+                                         path("b.ckpt") + " --log " + path("a.ckpt"));
+  EXPECT_EQ(log_over_checkpoint.status, 2) << log_over_checkpoint.out;
+  EXPECT_THAT(log_over_checkpoint.out, HasSubstr("--log " + path("a.ckpt") + " is the same file as the input checkpoint"));
+  EXPECT_EQ(read_file(path("a.ckpt")), checkpoint);
 }
 
 TEST_F(PipelineCheckpoint, OutputsNeverReplaceAStageFileOfTheCheckpointOrAnInput) {
