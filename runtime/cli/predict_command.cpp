@@ -22,6 +22,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -69,6 +70,56 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const runtime::L
   }
   for (int64_t c = 0; c < needed; ++c) cols.push_back(c);
   return cols;
+}
+
+// The model's columns of `table` as numbers (model_columns' order), every feature
+// representable once the model standardizes it (finite in float32, standardizer.h):
+// DataError "FILE:LINE:COL: column 'name': value ..." for the first that is not.
+at::Tensor model_inputs(const runtime::Table& table, const runtime::LoadedEnsemble& m, bool with_target) {
+  const std::vector<int64_t> cols = model_columns(table, m, with_target);
+  const at::Tensor x = table.numeric(cols);
+  if (const auto u = m.first().x_scale().first_unrepresentable(x.narrow(1, 0, m.first().in_features()))) {
+    const int64_t col = cols[static_cast<size_t>(u->column)];
+    throw runtime::DataError(fmt::format("{}:{}:{}: column '{}': {}", table.file.string(),
+                                         table.line_numbers[static_cast<size_t>(u->row)], col + 1,
+                                         table.columns[static_cast<size_t>(col)], u->problem()));
+  }
+  return x;
+}
+
+// The table's text is not needed once its numbers are read: freed before predicting.
+void release_cells(runtime::Table& table) { std::vector<std::vector<std::string>>().swap(table.cells); }
+
+// m.predict for consecutive chunks of rows, first to last: DataError naming
+// `where(row)` for the first row whose prediction is not finite (features far
+// outside the training data overflow float32 inside the network).
+std::function<runtime::EnsemblePrediction(const at::Tensor&)> checked_predict(
+    const runtime::LoadedEnsemble& m, std::function<std::string(int64_t row)> where) {
+  return [&m, where = std::move(where), done = std::make_shared<int64_t>(0)](const at::Tensor& rows) {
+    runtime::EnsemblePrediction p = m.predict(rows);
+    if (const auto row = runtime::first_non_finite_row(p)) {
+      throw runtime::DataError(fmt::format("{}: the ensemble's prediction for this row is not finite (its features lie "
+                                           "too far outside the training data for float32); drop or rescale the row",
+                                           where(*done + *row)));
+    }
+    *done += rows.size(0);
+    return p;
+  };
+}
+
+// Rows predicted at a time (runtime::prediction_chunk_rows): memory for one chunk's
+// prediction, however long the table.
+int64_t chunk_rows(const runtime::LoadedEnsemble& m) {
+  const runtime::EnsembleTrainer& t = m.first();
+  return runtime::prediction_chunk_rows(m.members(), t.options().hidden(),
+                                        std::max<int64_t>(2, static_cast<int64_t>(t.classes().size())));
+}
+
+// "FILE:LINE" of a table's data row.
+std::function<std::string(int64_t)> table_rows(const runtime::Table& table) {
+  return [file = table.file.string(), lines = table.line_numbers](int64_t row) {
+    return fmt::format("{}:{}", file, lines[static_cast<size_t>(row)]);
+  };
 }
 
 struct PredictCommand {
@@ -135,9 +186,15 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
 int run_predict(const PredictCommand& c) {
   check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
-  const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
-  const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
-  const std::string csv = prediction_csv(m.first(), m.predict(x), c.members, c.intervals);
+  runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
+  const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
+  release_cells(table);
+  std::string csv;
+  runtime::predict_in_chunks(checked_predict(m, table_rows(table)), x, chunk_rows(m),
+                             [&](int64_t first, const runtime::EnsemblePrediction& p) {
+                               const std::string text = prediction_csv(m.first(), p, c.members, c.intervals);
+                               csv.append(first == 0 ? text : text.substr(text.find('\n') + 1));  // one header
+                             });
   if (c.output.empty() || c.output == "-") {
     std::cout << csv;
   } else {
@@ -166,6 +223,7 @@ struct EvaluateCommand {
 struct EvaluationRows {
   at::Tensor x, y;
   std::string what;
+  std::function<std::string(int64_t)> where;  // a row as an error names it
 };
 
 EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEnsemble& m) {
@@ -181,11 +239,13 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEn
     }
     const runtime::Dataset test = data.test();
     if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
-    return {test.features, test.targets, data.description + ", test rows"};
+    const std::string what = data.description + ", test rows";
+    return {test.features, test.targets, what, [what](int64_t row) { return fmt::format("{}: row {}", what, row + 1); }};
   }
-  const runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
-  const at::Tensor xy = table.numeric(model_columns(table, m, /*with_target=*/true));
-  return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input};
+  runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
+  const at::Tensor xy = model_inputs(table, m, /*with_target=*/true);
+  release_cells(table);
+  return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input, table_rows(table)};
 }
 
 // A member-parallel manifest is evaluated with all its shards in this process (any
@@ -193,10 +253,13 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEn
 int run_evaluate(const EvaluateCommand& c) {
   check_outputs({{"--reliability", c.reliability}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
-  const auto [x, y, what] = evaluation_rows(c, m);
+  const auto [x, y, what, where] = evaluation_rows(c, m);
   const runtime::Head head = m.first().options().head();
+  std::vector<runtime::EnsemblePrediction> chunks;
+  runtime::predict_in_chunks(checked_predict(m, where), x, chunk_rows(m),
+                             [&](int64_t, runtime::EnsemblePrediction p) { chunks.push_back(std::move(p)); });
   const runtime::EnsembleMetrics metrics =
-      runtime::ensemble_metrics(m.predict(x), y, head, m.first().classes(), c.intervals);
+      runtime::ensemble_metrics(runtime::concatenate_rows(chunks), y, head, m.first().classes(), c.intervals);
   if (!c.reliability.empty()) {
     runtime::write_file_atomically(
         c.reliability, reliability_svg(metrics, head, fmt::format("Reliability of {} on {}", c.checkpoint, what)));
@@ -248,12 +311,16 @@ int run_acquire(AcquireCommand c) {
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const bool cls = m.first().options().head() == runtime::Head::kClassification;
   if (!c.strategy_given) c.options.strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
-  const runtime::Table table = runtime::read_table(c.pool, runtime::table_format(c.format));
-  const at::Tensor x = table.numeric(model_columns(table, m, /*with_target=*/false));
+  runtime::Table table = runtime::read_table(c.pool, runtime::table_format(c.format));
+  const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
+  release_cells(table);
   if (c.count > x.size(0)) {
     throw UsageError(fmt::format("--count {}: the pool {} has only {} rows", c.count, c.pool, x.size(0)));
   }
-  const at::Tensor scores = runtime::acquisition_scores(m.predict(x), c.options);
+  // Chunk by chunk, keeping each row's score only (the pool's per-member predictions
+  // would take members x rows x hidden).
+  const at::Tensor scores =
+      runtime::acquisition_scores_in_chunks(checked_predict(m, table_rows(table)), x, c.options, chunk_rows(m));
   const std::vector<int64_t> chosen = runtime::select_batch(scores, c.count, c.options);
   const double* score = scores.contiguous().data_ptr<double>();
   const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.options.strategy));

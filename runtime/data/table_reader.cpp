@@ -204,10 +204,10 @@ void check_rectangular(const std::vector<Record>& records, const fs::path& file)
   }
 }
 
-// Non-finite text like "nan" still reads as a number here: it marks a data row.
+// Non-finite or huge text like "nan" or "1e300" still reads as a number here: it marks a data row.
 bool looks_numeric(std::string_view cell) {
   const CellKind kind = parse_cell(cell).kind;
-  return kind == CellKind::kNumber || kind == CellKind::kNonFinite;
+  return kind == CellKind::kNumber || kind == CellKind::kNonFinite || kind == CellKind::kOutOfRange;
 }
 
 bool detect_header(const std::vector<Record>& records) {
@@ -253,13 +253,17 @@ ParsedCell parse_cell(std::string_view text) {
   // Out of range leaves `value` unset: strtod gives +-inf for overflow (an error
   // below) and 0 or a subnormal for underflow (a fine value).
   if (ec == std::errc::result_out_of_range) value = std::strtod(std::string(text).c_str(), nullptr);
-  return {std::isfinite(value) ? CellKind::kNumber : CellKind::kNonFinite, value};
+  if (!std::isfinite(value)) return {CellKind::kNonFinite, value};
+  return {std::abs(value) <= kMaxCellMagnitude ? CellKind::kNumber : CellKind::kOutOfRange, value};
 }
 
 std::string cell_problem(const ParsedCell& cell, std::string_view text) {
   switch (cell.kind) {
     case CellKind::kNumber: return "";
     case CellKind::kNonFinite: return "non-finite value '" + shown(text) + "'";
+    case CellKind::kOutOfRange:
+      return "value '" + shown(text) + "' beyond float32's range (±3.4e38, the precision packtrain computes in; " +
+             "rescale the column)";
     case CellKind::kNonNumeric: return "non-numeric cell '" + shown(text) + "'";
     case CellKind::kEmpty: return "empty cell";
   }

@@ -56,15 +56,19 @@ struct Table {
 Table read_table(const std::filesystem::path& file, const TableFormat& format = {});
 
 // How a cell's text reads as a number: locale-independent, an optional leading
-// '+', decimal or exponent notation. Shared with the UCI reader.
-enum class CellKind { kNumber, kNonFinite, kNonNumeric, kEmpty };
+// '+', decimal or exponent notation. Shared with the UCI reader. A number is
+// usable when it is finite in float32, the precision packtrain computes in:
+// |value| <= kMaxCellMagnitude (3.4e38); beyond that (1e300) it is kOutOfRange,
+// refused like NaN, so no square or sum of the standardization overflows.
+enum class CellKind { kNumber, kNonFinite, kOutOfRange, kNonNumeric, kEmpty };
+inline constexpr double kMaxCellMagnitude = 3.4028234663852886e38;  // float32's largest finite value
 struct ParsedCell {
   CellKind kind = CellKind::kEmpty;
   double value = 0;  // meaningful for kNumber
 };
 ParsedCell parse_cell(std::string_view text);
-// Why a cell cannot be used: "non-numeric cell 'abc'", "non-finite value 'nan'" or
-// "empty cell"; empty for a finite number.
+// Why a cell cannot be used: "non-numeric cell 'abc'", "non-finite value 'nan'",
+// "value '1e300' beyond float32's range (...)" or "empty cell"; empty for a usable number.
 std::string cell_problem(const ParsedCell& cell, std::string_view text);
 
 }  // namespace packtrain::runtime

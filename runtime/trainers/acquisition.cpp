@@ -83,6 +83,17 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
   throw std::logic_error("acquisition_scores: unhandled strategy");
 }
 
+at::Tensor acquisition_scores_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict,
+                                        const at::Tensor& x, const AcquisitionOptions& o, int64_t chunk_rows) {
+  if (o.strategy == AcquisitionStrategy::kRandom) return at::rand({x.size(0)}, generator(o.seed), at::kDouble);
+  at::Tensor scores = at::empty({x.size(0)}, at::kDouble);
+  predict_in_chunks(predict, x, chunk_rows, [&](int64_t first, const EnsemblePrediction& p) {
+    const at::Tensor chunk = acquisition_scores(p, o);
+    scores.narrow(0, first, chunk.size(0)).copy_(chunk);
+  });
+  return scores;
+}
+
 std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const AcquisitionOptions& o) {
   const at::Tensor s = scores.reshape({-1}).to(at::kDouble).cpu();
   const int64_t N = s.size(0);

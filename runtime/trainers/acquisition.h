@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace packtrain::runtime {
@@ -64,6 +65,13 @@ struct AcquisitionOptions {
 // Scores (N, float64) of the prediction's rows under `options.strategy`; throws
 // std::invalid_argument when the strategy does not fit the prediction's head.
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& options);
+
+// The scores of every row of a pool x (N, I), predicted by `predict` `chunk_rows` rows
+// at a time (ensemble_predictions.h's predict_in_chunks) keeping only each row's
+// score: equal to acquisition_scores(predict(x)) with memory for one chunk's
+// prediction, not the whole pool's. kRandom draws its N scores without predicting.
+at::Tensor acquisition_scores_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict,
+                                        const at::Tensor& x, const AcquisitionOptions& options, int64_t chunk_rows);
 
 // Row indices of the batch of `count` rows (count <= N), in the order chosen:
 // highest score first for kTop; for the sampled selections, Gumbel top-k on

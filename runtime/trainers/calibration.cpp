@@ -7,11 +7,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace packtrain::runtime {
 
@@ -44,6 +49,21 @@ std::string verdict(double observed, double expected, int64_t rows, const char* 
   if (std::abs(diff) <= tol) return fmt::format("calibrated (within ±{:.1f} points, sampling noise)", 100 * tol);
   const char* degree = std::abs(diff) <= 3 * tol ? "slightly " : "";
   return fmt::format("{}{}", degree, diff < 0 ? over : under);
+}
+
+// The names of the scores that are not finite.
+std::vector<std::string> not_finite(std::initializer_list<std::pair<const char*, double>> scores) {
+  std::vector<std::string> out;
+  for (const auto& [name, value] : scores) {
+    if (!std::isfinite(value)) out.push_back(fmt::format("{} {}", name, value));
+  }
+  return out;
+}
+
+std::string no_verdict(const std::vector<std::string>& non_finite, int64_t rows, const std::string& rows_name) {
+  return fmt::format("no calibration verdict: scores on {} {} are not finite ({}): a prediction or a target is NaN "
+                     "or infinite\n",
+                     rows, rows_name, fmt::join(non_finite, ", "));
 }
 
 }  // namespace
@@ -117,6 +137,12 @@ ClassificationCalibration classification_calibration(const at::Tensor& probabili
 }
 
 std::string calibration_summary(const RegressionCalibration& c, const std::string& rows_name) {
+  // A verdict over NaN or infinite scores would be a guess: say what is not finite.
+  std::vector<std::string> non_finite = not_finite({{"RMSE", c.rmse}, {"NLL", c.gaussian_nll}, {"CRPS", c.crps}});
+  for (const IntervalCoverage& i : c.intervals) {
+    if (!std::isfinite(i.mean_width)) non_finite.push_back(fmt::format("{:.0f}% interval width", 100 * i.level));
+  }
+  if (!non_finite.empty()) return no_verdict(non_finite, c.rows, rows_name);
   std::string out;
   for (const IntervalCoverage& i : c.intervals) {
     out += fmt::format("{:.0f}% intervals cover {:.1f}% of {} {} (mean width {:.4g}): {}\n", 100 * i.level,
@@ -130,6 +156,9 @@ std::string calibration_summary(const RegressionCalibration& c, const std::strin
 }
 
 std::string calibration_summary(const ClassificationCalibration& c, const std::string& rows_name) {
+  const std::vector<std::string> non_finite =
+      not_finite({{"accuracy", c.accuracy}, {"NLL", c.nll}, {"Brier score", c.brier}, {"confidence", c.mean_confidence}});
+  if (!non_finite.empty()) return no_verdict(non_finite, c.rows, rows_name);
   return fmt::format(
       "mean confidence {:.1f}%, accuracy {:.1f}% on {} {}: {}\n"
       "expected calibration error {:.4f} over {} equal-width confidence bins\n",

@@ -58,6 +58,7 @@ EnsemblePrediction EnsembleTrainer::predict_uncalibrated(const at::Tensor& x) co
     throw DataError("the model expects " + std::to_string(in_features_) + " features per row, got data shaped " +
                     c10::str(x.sizes()));
   }
+  x_scale_.check_representable(x, "prediction input");
   // Differentiable in x when x requires grad (Bayesian optimization's acquisition
   // gradients, through the Python package); otherwise no autograd graph at all.
   const at::AutoGradMode grad_mode(x.requires_grad());
@@ -173,6 +174,49 @@ void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int
   place(all.member_probabilities, shard.member_probabilities);
   for (int64_t k : shard.included) all.included.push_back(first_member + k);
   std::sort(all.included.begin(), all.included.end());
+}
+
+std::optional<int64_t> first_non_finite_row(const EnsemblePrediction& p) {
+  const at::Tensor bad = p.probabilities.defined() ? at::isfinite(p.probabilities).all(1).logical_not()
+                                                   : at::isfinite(p.mean).logical_and(at::isfinite(p.variance)).logical_not();
+  if (!bad.any().item<bool>()) return std::nullopt;
+  return bad.to(at::kByte).argmax().item<int64_t>();  // the first such row
+}
+
+int64_t prediction_chunk_rows(int64_t members, int64_t hidden, int64_t outputs, double budget) {
+  const double K = static_cast<double>(std::max<int64_t>(members, 1));
+  const double per_row = K * (3.0 * static_cast<double>(hidden) * 4 + 8.0 * static_cast<double>(outputs) * 8);
+  return static_cast<int64_t>(std::clamp(std::floor(budget / per_row), 1.0, 1e15));
+}
+
+void predict_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict, const at::Tensor& x,
+                       int64_t chunk_rows, const std::function<void(int64_t, EnsemblePrediction)>& visit) {
+  TORCH_CHECK(chunk_rows >= 1, "predict_in_chunks: chunk_rows must be >= 1, got ", chunk_rows);
+  for (int64_t first = 0; first < x.size(0); first += chunk_rows) {
+    visit(first, predict(x.narrow(0, first, std::min(chunk_rows, x.size(0) - first))));
+  }
+}
+
+EnsemblePrediction concatenate_rows(const std::vector<EnsemblePrediction>& chunks) {
+  TORCH_CHECK(!chunks.empty(), "concatenate_rows: no chunks");
+  if (chunks.size() == 1) return chunks.front();
+  const auto join = [&](at::Tensor EnsemblePrediction::*field, int64_t dim) {
+    if (!(chunks.front().*field).defined()) return at::Tensor();
+    std::vector<at::Tensor> parts;
+    for (const EnsemblePrediction& c : chunks) parts.push_back(c.*field);
+    return at::cat(parts, dim);
+  };
+  EnsemblePrediction out;
+  out.included = chunks.front().included;
+  out.member_mean = join(&EnsemblePrediction::member_mean, 1);
+  out.member_variance = join(&EnsemblePrediction::member_variance, 1);
+  out.mean = join(&EnsemblePrediction::mean, 0);
+  out.variance = join(&EnsemblePrediction::variance, 0);
+  out.spread = join(&EnsemblePrediction::spread, 0);
+  out.member_probabilities = join(&EnsemblePrediction::member_probabilities, 1);
+  out.probabilities = join(&EnsemblePrediction::probabilities, 0);
+  out.predicted = join(&EnsemblePrediction::predicted, 0);
+  return out;
 }
 
 }  // namespace packtrain::runtime

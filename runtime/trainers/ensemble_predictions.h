@@ -10,7 +10,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace packtrain::runtime {
@@ -63,6 +65,27 @@ EnsemblePrediction member_range(const EnsemblePrediction& p, int64_t first, int6
 // Copies a shard's per-member predictions into rows first_member.. of `all` (made,
 // zero-filled, for `members` members at the first call) and its included members.
 void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int64_t first_member, int64_t members);
+// The first row (0-based) whose ensemble prediction is not finite (regression: its
+// mean or variance; classification: a class probability); nullopt when all are.
+std::optional<int64_t> first_non_finite_row(const EnsemblePrediction& p);
+
+// What one chunk of rows may take while it is predicted: a table of any length is
+// predicted (and an acquisition pool scored) chunk by chunk, so memory follows the
+// table's own size rather than members x rows x hidden.
+inline constexpr double kPredictionChunkBytes = 64.0 * 1024 * 1024;
+// Rows per chunk for K members of hidden width H with O outputs: per row, about three
+// (K, H) float32 activations at a time and eight (K, O) float64 prediction entries
+// (raw outputs, member means and variances, their copies while combined) within
+// `budget` bytes; at least 1.
+int64_t prediction_chunk_rows(int64_t members, int64_t hidden, int64_t outputs, double budget = kPredictionChunkBytes);
+// Predicts x's rows `chunk_rows` at a time with `predict` and hands each chunk's
+// prediction to `visit` with the chunk's first row; x (N, I).
+void predict_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict, const at::Tensor& x,
+                       int64_t chunk_rows, const std::function<void(int64_t first_row, EnsemblePrediction)>& visit);
+// Chunks' predictions of consecutive rows as one prediction of all of them (as a
+// single predict() of every row gives).
+EnsemblePrediction concatenate_rows(const std::vector<EnsemblePrediction>& chunks);
+
 // Class indices (N) of labels y in the sorted `classes`; DataError naming the row
 // of a label not among them ("<what> data: label 7 (row 3) is not one of ...").
 at::Tensor class_indices(const at::Tensor& y, const std::vector<double>& classes, const char* what);

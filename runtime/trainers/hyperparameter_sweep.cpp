@@ -2,11 +2,13 @@
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -28,7 +30,22 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
   const std::vector<double> rates = grid.dropout.empty() ? std::vector<double>{base.dropout()} : grid.dropout;
   check_axis(rates, "dropout rate");
   if (grid.seeds < 1) throw std::invalid_argument("a sweep needs at least one member per configuration");
+  const auto configurations = static_cast<int64_t>(grid.lr.size() * grid.weight_decay.size() * rates.size());
+  if (grid.seeds > std::numeric_limits<int64_t>::max() / configurations) {
+    throw std::invalid_argument("a sweep of " + std::to_string(configurations) + " configurations x " +
+                                std::to_string(grid.seeds) + " members each has more members than can be counted");
+  }
+  const int64_t members = configurations * grid.seeds;
+  // Before any per-member value exists (three doubles a member, copied with the
+  // options): the least a pack of this many members needs, whatever its data (one
+  // feature, no rows), must be available.
+  check_memory(estimate_ensemble_run(EnsembleTrainerOptions(base).members(members), EnsembleRunSizes{}),
+               "sweep fewer values, or lower --members (members per configuration), --hidden or --depth (or run "
+               "where more memory is free)");
   std::vector<double> lr, wd, dropout;
+  lr.reserve(static_cast<size_t>(members));
+  wd.reserve(static_cast<size_t>(members));
+  dropout.reserve(static_cast<size_t>(members));
   for (const double l : grid.lr) {
     for (const double w : grid.weight_decay) {
       for (const double p : rates) {

@@ -30,7 +30,10 @@ struct SweepGrid {
 };
 
 // `base` with members = configurations x seeds and the per-member values set;
-// throws std::invalid_argument on an empty or repeated axis or seeds < 1.
+// throws std::invalid_argument on an empty or repeated axis or seeds < 1, and
+// DataError (memory_estimate.h's check_memory, before any per-member value is
+// built) when even the least run of that many members (one feature, no rows) needs
+// more memory than is available.
 EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid);
 
 struct SweepConfiguration {
