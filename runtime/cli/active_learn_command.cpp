@@ -18,6 +18,7 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 
 namespace packtrain::cli {
 
@@ -46,6 +47,11 @@ int run_active_learn(ActiveLearnCommand c) {
     c.loop.acquisition().strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
   }
   const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.loop.acquisition().strategy));
+  try {  // before any round is trained
+    runtime::check_acquisition_options(c.loop.acquisition(), cls);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--strategy {}: {}", strategy, e.what()));
+  }
   const char* metric = cls ? "accuracy" : "RMSE";
   options.log([&](const std::string& line) {
     if (c.json) {
@@ -152,12 +158,16 @@ void add_active_learn_command(CLI::App& app, int& status) {
       ->group("Active learning");
   a->add_option("--ucb-beta", c->loop.acquisition().ucb_beta, "UCB: mean + beta * total std")
       ->capture_default_str()
+      ->check(between(-runtime::kMaxUcbBeta, runtime::kMaxUcbBeta))
       ->group("Active learning");
   a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
   a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");
   a->add_flag("--json", c->json, "Print the result as JSON on stdout")->group("Output");
   a->add_flag("--quiet", c->quiet, "No progress on stderr")->group("Output");
-  a->callback([c, &status] { status = run_active_learn(*c); });
+  a->callback([c, &status] {
+    status = within_memory("the active-learning pack", "lower --runs, --members, --hidden, --depth or --batch",
+                           [&] { return run_active_learn(*c); });
+  });
 }
 
 }  // namespace packtrain::cli

@@ -9,6 +9,11 @@
 
 namespace packtrain::cli {
 
+bool is_allocation_failure(const c10::Error& e) {
+  return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+         e.msg().find("DefaultCPUAllocator") != std::string::npos;
+}
+
 c10::Device pick_device(const std::string& name) {
   c10::Device device(c10::kCPU);
   if (name == "auto") {

@@ -6,9 +6,11 @@
 #include "packtrain/runtime/io/checkpoint_file.h"
 
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
 #include <exception>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +27,25 @@ class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Whether `e` is an allocation that failed: c10::OutOfMemoryError (a GPU), or the
+// CPU allocator's "DefaultCPUAllocator: can't allocate memory" (a plain c10::Error).
+bool is_allocation_failure(const c10::Error& e);
+
+// Runs `work`, which allocates as much as the user asked for (a table's rows, a
+// sweep's members): an allocation that fails there is the size asked for, not a
+// fault, and becomes UsageError "<what> does not fit in memory: <advice>".
+//   within_memory("the pool pool.csv", "acquire from fewer rows", [&] { return score(pool); });
+template <typename Work>
+auto within_memory(const std::string& what, const std::string& advice, Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const std::bad_alloc&) {
+  } catch (const c10::Error& e) {
+    if (!is_allocation_failure(e)) throw;
+  }
+  throw UsageError(what + " does not fit in memory: " + advice);
+}
 
 // "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N". In a
 // multi-process run (torchrun, srun, packtrain launch) "auto" and "cuda" mean this

@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   packtrain::cli::add_multitask_commands(app, status);
   packtrain::cli::add_launch_command(app, status);
 
+  packtrain::cli::make_integer_options_exact(app);  // every integer flag and config key, in one place
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
   const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";
   const std::vector<std::string> command_line = args;  // parse() consumes `args`

@@ -57,8 +57,9 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
     for (const NamedPath& in : inputs) {
       if (none(in)) continue;
       if (const auto s = stat_of(in.path); s && same_file(*s, *existing)) {
-        throw UsageError(fmt::format("{} is the same file as the input {} {}: refusing to overwrite an input",
-                                     where, in.flag, in.path));
+        // (the positional "input" is named once: "the input in.csv", not "the input input in.csv")
+        throw UsageError(fmt::format("{} is the same file as the input {}{}: refusing to overwrite an input", where,
+                                     in.flag == "input" ? "" : in.flag + " ", in.path));
       }
     }
   }

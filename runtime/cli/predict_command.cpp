@@ -127,6 +127,7 @@ struct PredictCommand {
   bool members = false;
   std::vector<double> intervals{0.9};  // central intervals of the mixture (regression)
   std::string device = "auto";
+  bool intervals_given = false;
   runtime::DataArgs format;  // delimiter and header only
 };
 
@@ -134,6 +135,24 @@ struct PredictCommand {
 std::string level_name(double level) { return fmt::format("{:g}", 100 * level); }
 
 std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
+// --interval for a model: refused for a classifier (its predictions have no
+// intervals) and when two levels name the same columns (0.9 twice, or 0.9 and
+// 0.9000001: both "90").
+void check_interval_levels(const std::vector<double>& levels, bool given, runtime::Head head) {
+  if (given && head == runtime::Head::kClassification) {
+    throw UsageError("--interval is for regression: this model is a classifier, whose predictions are labels and class "
+                     "probabilities (drop --interval)");
+  }
+  for (size_t i = 0; i < levels.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (level_name(levels[i]) == level_name(levels[j])) {
+        throw UsageError(fmt::format("--interval {} and --interval {} are both the {}% interval: give each level once",
+                                     levels[j], levels[i], level_name(levels[i])));
+      }
+    }
+  }
+}
+
                            bool per_member, const std::vector<double>& levels) {
   std::string out;
   const bool cls = trainer.options().head() == runtime::Head::kClassification;
@@ -187,6 +206,7 @@ int run_predict(const PredictCommand& c) {
   check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
+  check_interval_levels(c.intervals, c.intervals_given, m.first().options().head());
   const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
   release_cells(table);
   std::string csv;
@@ -215,6 +235,7 @@ struct EvaluateCommand {
   bool json = false;
   std::vector<double> intervals = runtime::kDefaultIntervalLevels;  // coverage levels (regression)
   std::string reliability;                                          // SVG path, or empty
+  bool intervals_given = false;
   runtime::DataArgs format;
 };
 
@@ -254,6 +275,7 @@ int run_evaluate(const EvaluateCommand& c) {
   check_outputs({{"--reliability", c.reliability}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const auto [x, y, what, where] = evaluation_rows(c, m);
+  check_interval_levels(c.intervals, c.intervals_given, m.first().options().head());
   const runtime::Head head = m.first().options().head();
   std::vector<runtime::EnsemblePrediction> chunks;
   runtime::predict_in_chunks(checked_predict(m, where), x, chunk_rows(m),
@@ -319,9 +341,21 @@ int run_acquire(AcquireCommand c) {
   }
   // Chunk by chunk, keeping each row's score only (the pool's per-member predictions
   // would take members x rows x hidden).
+  try {  // before the pool is read and scored
+    runtime::check_acquisition_options(c.options, cls);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy),
+                                 e.what()));
+  }
   const at::Tensor scores =
       runtime::acquisition_scores_in_chunks(checked_predict(m, table_rows(table)), x, c.options, chunk_rows(m));
-  const std::vector<int64_t> chosen = runtime::select_batch(scores, c.count, c.options);
+  const std::vector<int64_t> chosen = [&] {
+    try {
+      return runtime::select_batch(scores, c.count, c.options);
+    } catch (const std::invalid_argument& e) {  // --selection power on negative scores (ucb)
+      throw UsageError(fmt::format("--selection {}: {}", runtime::kBatchSelectionNames.name(c.options.selection), e.what()));
+    }
+  }();
   const double* score = scores.contiguous().data_ptr<double>();
   const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.options.strategy));
   const std::string selection(runtime::kBatchSelectionNames.name(c.options.selection));
@@ -376,10 +410,14 @@ void add_predict_commands(CLI::App& app, int& status) {
                 "Regression: a central prediction interval of the ensemble's mixture at this level, as columns\n"
                 "lower_L,upper_L (repeatable; e.g. --interval 0.5 --interval 0.95)")
       ->capture_default_str()
-      ->check(open_unit());
+      ->check(interval_level())
+      ->each([predict](const std::string&) { predict->intervals_given = true; });
   p->add_option("--device", predict->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   add_table_format_options(p, predict->format);
-  p->callback([predict, &status] { status = run_predict(*predict); });
+  p->callback([predict, &status] {
+    status = within_memory("the prediction for " + predict->input, "predict fewer rows at a time (split the file)",
+                           [&] { return run_predict(*predict); });
+  });
 
   auto evaluate = std::make_shared<EvaluateCommand>();
   CLI::App* e = app.add_subcommand(
@@ -398,11 +436,15 @@ void add_predict_commands(CLI::App& app, int& status) {
   e->add_option("--interval", evaluate->intervals,
                 "Regression: the coverage of the mixture's central interval at this level (repeatable)")
       ->capture_default_str()
-      ->check(open_unit());
+      ->check(interval_level())
+      ->each([evaluate](const std::string&) { evaluate->intervals_given = true; });
   e->add_option("--reliability", evaluate->reliability,
                 "Also write the reliability diagram (SVG): coverage against level, or accuracy against confidence");
   add_table_format_options(e, evaluate->format);
-  e->callback([evaluate, &status] { status = run_evaluate(*evaluate); });
+  e->callback([evaluate, &status] {
+    status = within_memory("the evaluation on " + (evaluate->input.empty() ? "the run's test rows" : evaluate->input),
+                           "evaluate fewer rows at a time (split the file)", [&] { return run_evaluate(*evaluate); });
+  });
 
   auto acquire = std::make_shared<AcquireCommand>();
   CLI::App* a = app.add_subcommand(
@@ -427,13 +469,18 @@ void add_predict_commands(CLI::App& app, int& status) {
   a->add_option("--power", acquire->options.power, "Exponent (power) or inverse temperature (softmax) of the sampling")
       ->capture_default_str()
       ->check(finite_non_negative());
-  a->add_option("--ucb-beta", acquire->options.ucb_beta, "UCB: mean + beta * total std")->capture_default_str();
+  a->add_option("--ucb-beta", acquire->options.ucb_beta, "UCB: mean + beta * total std")
+      ->capture_default_str()
+      ->check(between(-runtime::kMaxUcbBeta, runtime::kMaxUcbBeta));
   a->add_option("--seed", acquire->options.seed, "Seed of random scores and sampled batches")->capture_default_str();
   a->add_option("-o,--output", acquire->output, "Output file (written atomically; default: stdout)");
   a->add_flag("--json", acquire->json, "Write JSON instead of CSV");
   a->add_option("--device", acquire->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   add_table_format_options(a, acquire->format);
-  a->callback([acquire, &status] { status = run_acquire(*acquire); });
+  a->callback([acquire, &status] {
+    status = within_memory("scoring the pool " + acquire->pool, "acquire from a pool of fewer rows",
+                           [&] { return run_acquire(*acquire); });
+  });
 
   auto exporter = std::make_shared<ExportCommand>();
   CLI::App* x = app.add_subcommand(

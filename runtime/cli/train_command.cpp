@@ -335,6 +335,9 @@ int run_session(const Session& s, RunDriver& driver) {
   return writes.rethrow_or(report(s, driver, progress, writes, saved, sweep));
 }
 
+// What to change when a run does not fit in memory (estimated, or an allocation failed).
+constexpr const char* kLowerRunSize = "lower --members, --hidden, --depth or --batch (or run where more memory is free)";
+
 // Loads the run's rows, refuses a run whose estimated memory is not available
 // (memory_estimate.h), then fits the trainer's standardization and builds its
 // steps on the training rows (with the validation rows when there are any).
@@ -346,12 +349,25 @@ SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, 
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::check_memory(runtime::estimate_ensemble_run(o, runtime::ensemble_run_sizes(o, data, writes_checkpoints)),
-                        "lower --members, --hidden, --depth or --batch (or run where more memory is free)");
+                        kLowerRunSize);
   const runtime::Dataset train = data.train(), val = data.validation();
   const bool validated = val.features.size(0) > 0;
   trainer.prepare(train.features, train.targets, validated ? val.features : at::Tensor(),
                   validated ? val.targets : at::Tensor());
   return data;
+}
+
+// Recalibration's one scale fitted on a handful of validation rows is noise: said
+// once, since variance is the default.
+void note_few_recalibration_rows(const runtime::EnsembleTrainerOptions& o, int64_t rows, RunDriver& driver) {
+  constexpr int64_t kFewRows = 10;
+  if (o.recalibration() != runtime::Recalibration::kVariance || o.head() == runtime::Head::kClassification ||
+      rows == 0 || rows >= kFewRows) {
+    return;
+  }
+  driver.note(fmt::format("note: --recalibrate variance fits its scale on only {} validation row{}, too few for a "
+                          "reliable one: hold out more rows (--val-fraction, --val-index) or use --recalibrate none",
+                          rows, rows == 1 ? "" : "s"));
 }
 
 struct TrainCommand {
@@ -375,6 +391,18 @@ runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
                        "with --member-parallel");
     }
     o.early_stopping(runtime::EarlyStopping::kMember);
+  }
+  // --recalibrate variance fits a regression ensemble's scale on validation rows:
+  // asked for explicitly where it cannot, it is an error, not silently nothing.
+  if (c.recalibrate_given && o.recalibration() == runtime::Recalibration::kVariance) {
+    if (o.head() == runtime::Head::kClassification) {
+      throw UsageError("--recalibrate variance stretches a regression ensemble's predictive variance: a classifier has "
+                       "none (drop --recalibrate)");
+    }
+    if (!validation) {
+      throw UsageError("--recalibrate variance fits its scale on validation rows, and this run has none: give "
+                       "--val-fraction > 0 or --val-index, or drop --recalibrate");
+    }
   }
   if (c.member_parallel && o.recalibration() != runtime::Recalibration::kNone) {
     if (c.recalibrate_given) {
@@ -454,6 +482,7 @@ struct ResumeCommand {
   int64_t epochs = 0;
   std::string device = "auto";
   SessionArgs session;
+  note_few_recalibration_rows(options, static_cast<int64_t>(data.split.validation.size()), driver);
 };
 
 // The checkpoint of this rank's members in a member-parallel run: its own shard on
@@ -569,7 +598,7 @@ void add_train_commands(CLI::App& app, int& status) {
     train->patience_given = t->count("--patience") > 0;
     train->early_stopping_given = t->count("--early-stopping") > 0;
     train->recalibrate_given = t->count("--recalibrate") > 0;
-    status = run_train(*train);
+    status = within_memory("the run", kLowerRunSize, [&] { return run_train(*train); });
   });
 
   auto resume = std::make_shared<ResumeCommand>();
@@ -585,7 +614,7 @@ void add_train_commands(CLI::App& app, int& status) {
       ->check(positive());
   r->add_option("--device", resume->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   add_session_options(r, resume->session);
-  r->callback([resume, &status] { status = run_resume(*resume); });
+  r->callback([resume, &status] { status = within_memory("the run", kLowerRunSize, [&] { return run_resume(*resume); }); });
 }
 
 }  // namespace packtrain::cli

@@ -1,13 +1,46 @@
 #include "packtrain/runtime/cli/trainer_flags.h"
 
+#include "packtrain/base/number_text.h"
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
 
 namespace packtrain::cli {
+
+namespace {
+
+// A sweep axis: `--lr 1e-3,3e-3`, the flag repeated, or a config file's
+// `lr = [1e-3, 3e-3]` (CLI11 hands its elements over one by one). All of them are
+// joined and read strictly (base/number_text.h), so a flag and a config file agree:
+// an empty element, nan, inf or a repeated value is an error naming it.
+CLI::Option* add_number_list_option(CLI::App* app, const std::string& flag, std::vector<double>& values,
+                                    const std::string& help) {
+  CLI::Option* option = app->add_option_function<std::vector<std::string>>(
+      flag,
+      [&values, flag](const std::vector<std::string>& texts) {
+        std::string joined;
+        for (size_t i = 0; i < texts.size(); ++i) joined += (i == 0 ? "" : ",") + texts[i];
+        try {
+          values = parse_number_list(joined, flag);
+          check_distinct(values, flag);
+        } catch (const std::invalid_argument& e) {
+          throw CLI::ValidationError(e.what());
+        }
+      },
+      help);
+  std::string shown;
+  for (const double v : values) shown += (shown.empty() ? "" : ",") + number_text(v);
+  option->type_name("FLOAT")->default_str("[" + shown + "]");  // as CLI11 shows a vector<double>'s
+  return option;
+}
+
+}  // namespace
 
 void add_trainer_options(CLI::App* app, TrainerFlags& f) {
   runtime::EnsembleTrainerOptions& o = f.options;
@@ -17,18 +50,18 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
   app->add_option("--depth", o.depth(), "Number of hidden layers")->capture_default_str()->check(non_negative())->group("Model");
   add_enum_option(app, "--activation", o.activation(), ensemble::kActivationNames, "Hidden activation")->group("Model");
   app->add_flag("--layer-norm", o.layer_norm(), "LayerNorm after each hidden layer")->group("Model");
-  app->add_option("--dropout", f.dropout, "Dropout after each hidden activation, in training; several sweep them as --lr")
-      ->delimiter(',')->capture_default_str()->group("Model");
+  add_number_list_option(app, "--dropout", f.dropout, "Dropout after each hidden activation, in training; several sweep them as --lr")
+      ->group("Model");
   add_enum_option(app, "--head", o.head(), runtime::kHeadNames,
                   "gaussian: mean and variance (deep ensembles); mean: MSE; classification: labels in the target column")
       ->group("Model");
   add_enum_option(app, "--optimizer", o.optimizer(), runtime::kOptimizerKindNames, "Optimizer")->group("Optimizer");
-  app->add_option("--lr", f.lr,
-                  "Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight decay, "
-                  "dropout) triple x --members seeds in one pack, a table per configuration, --select best")
-      ->delimiter(',')->capture_default_str()->group("Optimizer");
-  app->add_option("--weight-decay", f.weight_decay, "Weight decay (decoupled for adamw); several sweep them as --lr")
-      ->delimiter(',')->capture_default_str()->group("Optimizer");
+  add_number_list_option(app, "--lr", f.lr,
+                         "Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight "
+                         "decay, dropout) triple x --members seeds in one pack, a table per configuration, --select best")
+      ->group("Optimizer");
+  add_number_list_option(app, "--weight-decay", f.weight_decay, "Weight decay (decoupled for adamw); several sweep them as --lr")
+      ->group("Optimizer");
   app->add_option("--momentum", o.momentum(), "SGD momentum")->capture_default_str()->group("Optimizer");
   add_enum_option(app, "--schedule", o.schedule(), ensemble::kLrScheduleKindNames, "Learning-rate schedule")->group("Optimizer");
   app->add_option("--warmup-steps", o.warmup_steps(), "Linear warm-up steps (warmup, cosine)")->capture_default_str()->group("Optimizer");
@@ -89,7 +122,12 @@ runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   o.device(pick_device(f.device));
   try {
     o.validate();
-    if (f.sweep()) o = runtime::sweep_options(o, {f.lr, f.weight_decay, o.members(), f.dropout});
+    if (f.sweep()) {
+      o = within_memory(fmt::format("a sweep of {} configurations x --members {}",
+                                    f.lr.size() * f.weight_decay.size() * f.dropout.size(), o.members()),
+                        "lower --members or give fewer --lr, --weight-decay or --dropout values",
+                        [&] { return runtime::sweep_options(o, {f.lr, f.weight_decay, o.members(), f.dropout}); });
+    }
     o.validate();
   } catch (const c10::Error& e) {
     throw UsageError(e.what_without_backtrace());

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -41,16 +42,31 @@ at::Tensor included_probabilities(const EnsemblePrediction& p) {
   return p.member_probabilities.to(at::kDouble).index_select(0, at::tensor(p.included, at::kLong));
 }
 
+void check_power(const AcquisitionOptions& o) {
+  if (!(o.power >= 0 && std::isfinite(o.power))) {
+    throw std::invalid_argument("the sampling power must be finite and >= 0, got " + std::to_string(o.power));
+  }
+}
+
 }  // namespace
+
+void check_acquisition_options(const AcquisitionOptions& o, bool classification) {
+  if (o.strategy != AcquisitionStrategy::kRandom && strategy_for_classification(o.strategy) != classification) {
+    throw std::invalid_argument(fit_error(o.strategy, classification));
+  }
+  if (o.strategy == AcquisitionStrategy::kUcb && !(std::abs(o.ucb_beta) <= kMaxUcbBeta)) {
+    throw std::invalid_argument(fmt::format("the UCB beta must be finite and between {:g} and {:g}, got {}",
+                                            -kMaxUcbBeta, kMaxUcbBeta, o.ucb_beta));
+  }
+  if (o.selection != BatchSelection::kTop) check_power(o);
+}
 
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& o) {
   const bool classification = p.member_probabilities.defined();
   const int64_t N = classification ? p.member_probabilities.size(1) : p.member_mean.size(1);
+  check_acquisition_options(o, classification);
   if (o.strategy == AcquisitionStrategy::kRandom) {
     return at::rand({N}, generator(o.seed), at::kDouble);
-  }
-  if (strategy_for_classification(o.strategy) != classification) {
-    throw std::invalid_argument(fit_error(o.strategy, classification));
   }
   switch (o.strategy) {
     case AcquisitionStrategy::kEpistemic:
@@ -102,26 +118,33 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
                                 " (1 to " + std::to_string(N) + ")");
   }
   if (!at::isfinite(s).all().item<bool>()) throw std::invalid_argument("acquisition scores must be finite");
-  at::Tensor key = s;
-  if (o.selection != BatchSelection::kTop) {
-    if (!(o.power >= 0 && std::isfinite(o.power))) {
-      throw std::invalid_argument("the sampling power must be finite and >= 0, got " + std::to_string(o.power));
-    }
-    if (o.selection == BatchSelection::kPower && (s < 0).any().item<bool>()) {
-      throw std::invalid_argument("power sampling needs scores >= 0 (" +
-                                  std::string(kAcquisitionStrategyNames.name(o.strategy)) +
-                                  " gave negative ones): use softmax sampling");
-    }
-    // Gumbel top-k: the top `count` of log-weight + Gumbel noise are a draw without
-    // replacement with probabilities proportional to the weights.
-    const at::Tensor u = at::rand({N}, generator(o.seed ^ 0x9E3779B97F4A7C15ULL), at::kDouble).clamp_min(1e-300);
-    const at::Tensor gumbel = -(-u.log()).log();
-    const at::Tensor log_weight = o.power == 0                              ? at::zeros_like(s)  // uniform
-                                  : o.selection == BatchSelection::kPower ? o.power * s.log()
-                                                                          : o.power * s;
-    key = log_weight + gumbel;  // score 0 under power: -inf, chosen only after every positive one
+  if (o.selection == BatchSelection::kTop) {
+    const at::Tensor chosen = std::get<1>(s.topk(count, 0, /*largest=*/true, /*sorted=*/true)).contiguous();
+    return {chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + count};
   }
-  const at::Tensor chosen = std::get<1>(key.topk(count, 0, /*largest=*/true, /*sorted=*/true)).contiguous();
+  check_power(o);
+  if (o.selection == BatchSelection::kPower && (s < 0).any().item<bool>()) {
+    throw std::invalid_argument("power sampling needs scores >= 0 (" +
+                                std::string(kAcquisitionStrategyNames.name(o.strategy)) +
+                                " gave negative ones): use softmax sampling");
+  }
+  // Gumbel top-k: the top `count` of log-weight + Gumbel noise are a draw without
+  // replacement with probabilities proportional to the weights.
+  const at::Tensor u = at::rand({N}, generator(o.seed ^ 0x9E3779B97F4A7C15ULL), at::kDouble).clamp_min(1e-300);
+  const at::Tensor gumbel = -(-u.log()).log();
+  // The log-weights relative to the largest (<= 0), so power * them cannot overflow
+  // to +inf: a huge power sends all but the top rows to -inf, never to a tie at +inf.
+  const at::Tensor log_score = o.selection == BatchSelection::kPower ? s.log() : s;
+  const double top = log_score.max().item<double>();
+  const at::Tensor log_weight = o.power == 0 ? at::zeros_like(s)  // uniform
+                                : std::isfinite(top) ? o.power * (log_score - top)
+                                                     : o.power * log_score;  // every score 0 under power
+  const at::Tensor key = log_weight + gumbel;  // weight 0: -inf, chosen only after every positive one
+  // Rows of equal key (-inf) in the order of their scores: sort by score, then
+  // stably by key.
+  const at::Tensor by_score = std::get<1>(s.sort(/*stable=*/true, 0, /*descending=*/true));
+  const at::Tensor by_key = std::get<1>(key.index_select(0, by_score).sort(/*stable=*/true, 0, /*descending=*/true));
+  const at::Tensor chosen = by_score.index_select(0, by_key.narrow(0, 0, count)).contiguous();
   return {chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + count};
 }
 

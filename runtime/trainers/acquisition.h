@@ -62,8 +62,19 @@ struct AcquisitionOptions {
   uint64_t seed = 0;      // random scores, sampled batches
 };
 
+// UCB's beta is bounded: mean + beta * std of a larger one overflows, and it means
+// "by the std alone" long before.
+inline constexpr double kMaxUcbBeta = 1e6;
+
+// std::invalid_argument, saying what to use instead, when `options` cannot score
+// the predictions of a classifier (or a regressor): a strategy of the other head, a
+// UCB beta that is not finite or beyond +-kMaxUcbBeta, a sampling power that is not
+// finite and >= 0. Check before the work that ends in scoring (a pool read, rounds
+// of training).
+void check_acquisition_options(const AcquisitionOptions& options, bool classification);
+
 // Scores (N, float64) of the prediction's rows under `options.strategy`; throws
-// std::invalid_argument when the strategy does not fit the prediction's head.
+// std::invalid_argument as check_acquisition_options.
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& options);
 
 // The scores of every row of a pool x (N, I), predicted by `predict` `chunk_rows` rows
@@ -75,7 +86,9 @@ at::Tensor acquisition_scores_in_chunks(const std::function<EnsemblePrediction(c
 
 // Row indices of the batch of `count` rows (count <= N), in the order chosen:
 // highest score first for kTop; for the sampled selections, Gumbel top-k on
-// log(score) * power or score * power, seeded. kPower needs scores >= 0.
+// log(score) * power or score * power, seeded, taken relative to the highest score
+// so a huge power cannot overflow (it tends to kTop; rows it leaves at weight 0 come
+// last, by score). kPower needs scores >= 0.
 std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const AcquisitionOptions& options);
 
 }  // namespace packtrain::runtime

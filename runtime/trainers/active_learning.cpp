@@ -60,12 +60,11 @@ std::vector<int64_t> initial_rows(int64_t pool_rows, int64_t count, uint64_t see
 // The pack's options: S * G * M members, and an order that lets members train on
 // different rows.
 EnsembleTrainerOptions pack_options(EnsembleTrainerOptions o, int64_t runs, const AcquisitionOptions& acquisition) {
-  const bool classification = o.head() == Head::kClassification;
-  require(acquisition.strategy == AcquisitionStrategy::kRandom ||
-              strategy_for_classification(acquisition.strategy) == classification,
-          "the acquisition strategy '" + std::string(kAcquisitionStrategyNames.name(acquisition.strategy)) +
-              "' does not fit a " + (classification ? "classifier (use bald, entropy, margin or variation-ratio)"
-                                                    : "regressor (use epistemic, variance or ucb)"));
+  try {
+    check_acquisition_options(acquisition, o.head() == Head::kClassification);
+  } catch (const std::invalid_argument& e) {
+    require(false, e.what());
+  }
   require(o.patience() == 0, "there is no validation data to stop early on: patience must be 0, got " +
                                  std::to_string(o.patience()));
   require(o.members() >= 2, "an ensemble's disagreement needs at least 2 members per ensemble, got " +

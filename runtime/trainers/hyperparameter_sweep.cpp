@@ -1,6 +1,7 @@
 // Hyperparameter sweeps in one pack (runtime/trainers/hyperparameter_sweep.h).
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
+#include "packtrain/base/number_text.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
@@ -9,18 +10,16 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <set>
 #include <stdexcept>
 #include <string>
 
 namespace packtrain::runtime {
 
 namespace {
+// Non-empty, finite and without repeats (a NaN is named as such, never as a repeat).
 void check_axis(const std::vector<double>& values, const char* name) {
   if (values.empty()) throw std::invalid_argument(std::string("a sweep needs at least one ") + name);
-  if (std::set<double>(values.begin(), values.end()).size() != values.size()) {
-    throw std::invalid_argument(std::string("a sweep's ") + name + " values repeat");
-  }
+  check_distinct(values, std::string("a sweep's ") + name + " values");
 }
 }  // namespace
 

@@ -1,5 +1,6 @@
 #include "packtrain/runtime/trainers/member_parallel.h"
 
+#include "packtrain/base/number_text.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/distributed/process_group.h"
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <system_error>
 
@@ -39,13 +41,23 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
   const auto bad = [&](const std::string& problem) {
     return runtime::DataError(path + ": bad member-parallel manifest: " + problem);
   };
+  // A count as JSON holds it: a whole number in int64's range (2^63 would read as
+  // negative, 2.5 as 2).
+  const auto count = [&](const nlohmann::json& object, const char* key, int64_t missing) {
+    if (!object.contains(key) && missing >= 0) return missing;
+    const nlohmann::json& v = object.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+      throw bad(fmt::format("'{}' {}, got {}", key, integer_range_rule<int64_t>(), v.dump()));
+    }
+    return v.get<int64_t>();
+  };
   ShardManifest m;
   m.path = path;
   std::set<std::string> names;
   try {
-    m.members = j.at("members").get<int64_t>();
-    m.ranks = j.value("ranks", static_cast<int64_t>(j.at("shards").size()));
-    m.epoch = j.value("epoch", int64_t{0});
+    m.members = count(j, "members", -1);
+    m.ranks = count(j, "ranks", static_cast<int64_t>(j.at("shards").size()));
+    m.epoch = count(j, "epoch", 0);
     if (m.members < 1 || m.ranks < 1 || m.epoch < 0) {
       throw bad(fmt::format("{} members, {} ranks, epoch {} (a run has at least one member on one rank)", m.members,
                             m.ranks, m.epoch));
@@ -58,7 +70,7 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
         throw bad(fmt::format("shard file '{}' is not a file name in the manifest's directory", name));
       }
       if (!names.insert(name).second) throw bad(fmt::format("shard file '{}' is named twice", name));
-      ShardManifest::Shard shard{dir / name, s.at("first_member").get<int64_t>(), s.at("members").get<int64_t>(), {}};
+      ShardManifest::Shard shard{dir / name, count(s, "first_member", -1), count(s, "members", -1), {}};
       if (s.contains("checksum")) {
         const std::string hex = s.at("checksum").get<std::string>();
         size_t used = 0;

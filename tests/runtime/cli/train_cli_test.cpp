@@ -263,7 +263,7 @@ TEST_F(Cli, ASweepTrainsEveryConfigurationInOnePackAndKeepsTheBest) {
   EXPECT_THAT(no_val.out, HasSubstr("--select best chooses on validation rows"));
   const Result repeated = run("train --lr 1e-3,1e-3 --device cpu");
   EXPECT_NE(repeated.status, 0);
-  EXPECT_THAT(repeated.out, HasSubstr("values repeat"));
+  EXPECT_THAT(repeated.out, HasSubstr("--lr: 0.001 is given twice (elements 1 and 2)"));
 }
 
 // --dropout takes a list as --lr does: a sweep axis of its own, in the table, the
