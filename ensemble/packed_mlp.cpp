@@ -152,8 +152,11 @@ at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
 
 void PackedMLP::seed_dropout(uint64_t seed) {
   if (!dropout_state_.defined()) return;
-  // In place: a captured step keeps reading this tensor.
-  dropout_state_.copy_(at::tensor({static_cast<int64_t>(seed), int64_t{0}}, at::kLong));
+  // In place: a captured step keeps reading this tensor. From pinned memory on a GPU,
+  // so the copy (once an epoch) does not stop the host.
+  at::Tensor host = at::tensor({static_cast<int64_t>(seed), int64_t{0}}, at::kLong);
+  const bool cuda = dropout_state_.is_cuda();
+  dropout_state_.copy_(cuda ? host.pin_memory() : host, /*non_blocking=*/cuda);
 }
 
 void PackedMLP::dropout_rows(int64_t offset, int64_t rows) {

@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include <optional>
 #include <utility>
 
 namespace packtrain::graphs {
@@ -34,6 +35,24 @@ class GraphPool {
   c10::Device device_;
   std::pair<unsigned long long, unsigned long long> id_{0, 0};
   c10::Stream capture_stream_;
+};
+
+// While it lives, the current stream of the pool's device is the pool's stream:
+// the trainer's replays, eager steps, readbacks and collectives run there, off the
+// legacy default stream (where another library's work or a pageable copy would
+// serialize with them). It starts after what the caller's stream already holds, and
+// at exit the caller's stream waits for it, so the caller sees every result. A
+// trainer opens one around each epoch and evaluation. No-op on CPU.
+class PoolStreamScope {
+ public:
+  explicit PoolStreamScope(const GraphPool& pool);
+  ~PoolStreamScope();
+  PoolStreamScope(const PoolStreamScope&) = delete;
+  PoolStreamScope& operator=(const PoolStreamScope&) = delete;
+
+ private:
+  std::optional<c10::Stream> caller_;  // set on CUDA only
+  c10::Stream stream_;
 };
 
 }  // namespace packtrain::graphs

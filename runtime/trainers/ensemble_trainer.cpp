@@ -348,6 +348,7 @@ void EnsembleTrainer::recalibrate() {
 }
 
 EpochReport EnsembleTrainer::run_epoch() {
+  const graphs::PoolStreamScope on_trainer_stream(*steps_->pool());  // off the default stream (CUDA)
   EpochReport report;
   report.steps = steps_->steps_per_epoch();
   step_offset_ = steps_taken_ - steps_->steps_taken();  // steps of earlier sessions (resume)

@@ -436,9 +436,11 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
     return report;
   }
 
+  const graphs::PoolStreamScope on_trainer_stream(*steps_->pool());  // off the default stream (CUDA)
   // Each bucket's row table, in the order its batches run: one copy per bucket per
-  // epoch (the steps gather the rows inside their graphs). Data parallel: this
-  // rank's equal share of every global batch.
+  // epoch (the steps gather the rows inside their graphs), from pinned memory on a
+  // GPU so the copy does not stop the host. Data parallel: this rank's equal share of
+  // every global batch.
   const int64_t world = group_ != nullptr ? group_->world_size() : 1;
   const int64_t share = B / world, first_row = group_ != nullptr ? group_->rank() * share : 0;
   std::vector<std::vector<int64_t>> rows(train_buckets_.size()), lm_rows(train_buckets_.size());
@@ -451,7 +453,10 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   }
   const auto tables = [&](const std::vector<std::vector<int64_t>>& per_bucket) {
     std::vector<at::Tensor> out;
-    for (const std::vector<int64_t>& r : per_bucket) out.push_back(at::tensor(r, at::kLong).view({-1, share}));
+    for (const std::vector<int64_t>& r : per_bucket) {
+      at::Tensor table = at::tensor(r, at::kLong).view({-1, share});
+      out.push_back(device_.is_cuda() ? table.pin_memory() : table);
+    }
     return out;
   };
   steps_->start_epoch(tables(rows), options_.shared_inputs() ? std::vector<at::Tensor>{} : tables(lm_rows));
@@ -487,6 +492,7 @@ TaskMetrics MultiTaskTrainer::evaluate(const LabelledTexts& data) {
   int64_t truncated = 0;
   const std::vector<Bucket> buckets = tokenize(data, &truncated);
   if (pipeline_) return evaluate_pipelined(buckets);
+  const graphs::PoolStreamScope on_trainer_stream(*steps_->pool());
   steps_->start_evaluation();
   for (const Bucket& b : buckets) steps_->evaluate(b.tokens, b.lengths, b.labels);
   return task_metrics(steps_->confusion(), steps_->lm_nll_sum(), steps_->lm_tokens().item<int64_t>());
@@ -498,7 +504,8 @@ MultiTaskEpochReport MultiTaskTrainer::train_pipelined(const std::vector<std::pa
   at::Tensor sums = at::zeros({2, K}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (const auto& [bucket, rows] : plan) {
     const Bucket& b = train_buckets_[bucket];
-    const at::Tensor index = at::tensor(rows, at::kLong).to(device_);
+    at::Tensor index = at::tensor(rows, at::kLong);  // pinned on a GPU: the copy does not stop the host
+    index = device_.is_cuda() ? index.pin_memory().to(device_, /*non_blocking=*/true) : index;
     const ensemble::TextBatch batch{b.tokens.index_select(0, index), b.lengths.index_select(0, index)};
     const ensemble::MultiTaskLosses losses = pipeline_->train_step(batch, b.labels.index_select(0, index), steps_done_ + 1);
     if (losses.classification.defined()) {
