@@ -13,6 +13,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/config_file.h"
+#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
@@ -133,10 +134,14 @@ int main(int argc, char** argv) {
   packtrain::cli::add_info_commands(app, status);
   packtrain::cli::add_multitask_commands(app, status);
   packtrain::cli::add_launch_command(app, status);
-
   packtrain::cli::make_integer_options_exact(app);  // every integer flag and config key, in one place
+
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
-  const std::string config = args.size() > 1 && args[0] == "--config" ? args[1] : "";
+  const std::string config = args.size() > 1 && args[0] == "--config" ? args[1]
+                             : !args.empty() && args[0].rfind("--config=", 0) == 0 ? args[0].substr(9)
+                                                                                   : "";
+  // The config is an input of whatever the command writes: no output may replace it.
+  if (!config.empty()) packtrain::cli::add_read_file({"--config", config});
   const std::vector<std::string> command_line = args;  // parse() consumes `args`
   std::reverse(args.begin(), args.end());               // CLI11 takes them last-first
   // Whatever stdout holds (a run's results) goes out before the error line.

@@ -66,15 +66,24 @@ void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::Ensem
   const bool cls = classification(trainer);
   const char* first = cls ? "accuracy" : "RMSE";
   fmt::print("\n{}:\n  {:>8}  {:>10}  {:>10}  {:>9}  {}\n", what, "member", first, "NLL", "status", "best epoch");
-  double mean_first = 0;
+  // The mean of the ensemble's members only (a sweep's deselected ones are shown, not counted).
+  double sum_first = 0;
+  int64_t usable = 0;
   for (size_t k = 0; k < m.members.size(); ++k) {
     const runtime::MemberState& s = trainer.member_states()[k];
     const double v = cls ? m.members[k].accuracy : m.members[k].rmse;
-    mean_first += v / static_cast<double>(m.members.size());
+    if (s.usable) {
+      sum_first += v;
+      ++usable;
+    }
     fmt::print("  {:>8}  {:>10}  {:>10}  {:>9}  {}\n", k, cell(v), cell(m.members[k].nll), runtime::to_string(s.status),
                s.best_epoch > 0 ? std::to_string(s.best_epoch) : "-");
   }
-  fmt::print("  {:>8}  {:>10}\n", "mean", cell(mean_first));
+  const double mean_first = usable > 0 ? sum_first / static_cast<double>(usable) : std::nan("");
+  fmt::print("  {:>8}  {:>10}{}\n", "mean", cell(mean_first),
+             usable < static_cast<int64_t>(m.members.size())
+                 ? fmt::format("   <- of the {} members in the ensemble", usable)
+                 : "");
   fmt::print("  {:>8}  {:>10}  {:>10}   <- the ensemble (uniform mixture){}\n", "ensemble",
              cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll),
              cls ? "" : "; NLL: its moment-matched Gaussian's");
@@ -122,6 +131,7 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
     const runtime::MemberState& s = trainer.member_states()[k];
     out["members"][k]["status"] = std::string(runtime::to_string(s.status));
     out["members"][k]["best_epoch"] = s.best_epoch;
+    out["members"][k]["in_ensemble"] = s.usable;  // what predict, the mean and export use
   }
   if (!classification(trainer)) out["variance_scale"] = trainer.variance_scale();  // 1: as trained
   return out;

@@ -1,6 +1,7 @@
 #include "packtrain/runtime/cli/output_paths.h"
 
 #include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 
 #include "packtrain/runtime/cli/cli_common.h"
 
@@ -12,6 +13,7 @@
 #include <optional>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utility>
 
 namespace packtrain::cli {
 
@@ -30,9 +32,22 @@ bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == 
 
 // ".tmp.<pid>.XXXXXX": what write_file_atomically appends to the name.
 constexpr size_t kTemporarySuffix = 5 + 10 + 7;
+
+std::vector<NamedPath>& read_files() {
+  static std::vector<NamedPath> files;
+  return files;
+}
+
+bool written_in_place(const NamedPath& p) {
+  return runtime::output_target(p.path).kind == runtime::OutputKind::kStream;
+}
 }  // namespace
 
-void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+void add_read_file(NamedPath file) { read_files().push_back(std::move(file)); }
+
+void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& command_inputs) {
+  std::vector<NamedPath> inputs = command_inputs;
+  inputs.insert(inputs.end(), read_files().begin(), read_files().end());
   for (size_t i = 0; i < outputs.size(); ++i) {
     const NamedPath& out = outputs[i];
     if (none(out)) continue;
@@ -40,6 +55,19 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
     const fs::path path(out.path);
     const std::optional<struct stat> existing = stat_of(out.path);
     if (existing && S_ISDIR(existing->st_mode)) throw UsageError(where + ": is a directory; name a file");
+    const runtime::OutputTarget target = runtime::output_target(out.path);
+    if (target.kind == runtime::OutputKind::kRefused) {
+      throw UsageError(fmt::format("{}: is a {}; name a regular file, a character device such as /dev/null, or a FIFO",
+                                   where, target.type));
+    }
+    if (target.kind == runtime::OutputKind::kStream) {
+      if (out.writes_beside) {
+        throw UsageError(fmt::format("{}: is a {}, but this checkpoint is several files named after it; name a "
+                                     "regular file (or leave {} out to keep none)",
+                                     where, target.type, out.flag));
+      }
+      continue;  // written in place, never replaced: no input is lost, no directory entry made
+    }
     const std::string name = path.filename().string();
     if (name.empty()) throw UsageError(where + ": names a directory; name a file");
     if (name.size() + kTemporarySuffix > NAME_MAX) {
@@ -67,6 +95,7 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (none(outputs[i]) || none(outputs[j])) continue;
+      if (written_in_place(outputs[i]) && written_in_place(outputs[j])) continue;  // /dev/null twice
       std::error_code ec1, ec2;
       if (fs::weakly_canonical(outputs[i].path, ec1) == fs::weakly_canonical(outputs[j].path, ec2) && !ec1 && !ec2) {
         throw UsageError(fmt::format("{} {} and {} {} are the same file", outputs[i].flag, outputs[i].path,

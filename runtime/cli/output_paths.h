@@ -15,15 +15,26 @@ namespace packtrain::cli {
 struct NamedPath {
   std::string flag;
   std::string path;  // "" or "-": none (stdout)
+  // An output that also writes files named after it (a member-parallel manifest's
+  // shards, a pipeline checkpoint's stage files): it must name a regular file.
+  bool writes_beside = false;
 };
 
 // Throws UsageError (exit 2) naming the flag and path unless each output can be
-// written where it is named: not a directory; its directory exists, is a
-// directory and is writable; its name leaves room for the temporary a save uses
-// (NAME_MAX); it is not the same file (device and inode, so links and other spellings
-// count) as any input or as another output. An existing unrelated file is allowed:
-// it is replaced atomically when the command writes (the policy README states).
+// written where it is named (runtime::output_target). A regular file or a new
+// name: its directory exists, is a directory and is writable; its name leaves room
+// for the temporary a save uses (NAME_MAX); an existing unrelated file is replaced
+// atomically when the command writes. A character device (/dev/null) or a FIFO:
+// written in place, never replaced (so no input is lost), and several outputs may
+// name it; not for an output that writes files beside itself. A directory, block
+// device or socket: refused. No other output may be the same file (device and
+// inode, so links and other spellings count) as any input — the command's own and
+// every file registered with add_read_file — nor as another output.
 void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+
+// A file this process reads whatever the command (the --config file): an input
+// for every later check_outputs.
+void add_read_file(NamedPath file);
 
 // The files a run's data arguments name (--data and the index files), as inputs
 // for check_outputs.

@@ -13,6 +13,7 @@
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/member_parallel.h"
 #include "packtrain/runtime/trainers/predictive_distribution.h"
 
 #include <ATen/ATen.h>
@@ -126,15 +127,14 @@ struct PredictCommand {
   std::string checkpoint, input, output;
   bool members = false;
   std::vector<double> intervals{0.9};  // central intervals of the mixture (regression)
-  std::string device = "auto";
   bool intervals_given = false;
+  std::string device = "auto";
   runtime::DataArgs format;  // delimiter and header only
 };
 
 // A level as a column suffix: 0.9 -> "90", 0.975 -> "97.5".
 std::string level_name(double level) { return fmt::format("{:g}", 100 * level); }
 
-std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
 // --interval for a model: refused for a classifier (its predictions have no
 // intervals) and when two levels name the same columns (0.9 twice, or 0.9 and
 // 0.9000001: both "90").
@@ -153,6 +153,7 @@ void check_interval_levels(const std::vector<double>& levels, bool given, runtim
   }
 }
 
+std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtime::EnsemblePrediction& p,
                            bool per_member, const std::vector<double>& levels) {
   std::string out;
   const bool cls = trainer.options().head() == runtime::Head::kClassification;
@@ -205,8 +206,8 @@ void check_interval_levels(const std::vector<double>& levels, bool given, runtim
 int run_predict(const PredictCommand& c) {
   check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
-  runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   check_interval_levels(c.intervals, c.intervals_given, m.first().options().head());
+  runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
   release_cells(table);
   std::string csv;
@@ -234,8 +235,8 @@ struct EvaluateCommand {
   std::string device = "auto";
   bool json = false;
   std::vector<double> intervals = runtime::kDefaultIntervalLevels;  // coverage levels (regression)
-  std::string reliability;                                          // SVG path, or empty
   bool intervals_given = false;
+  std::string reliability;                                          // SVG path, or empty
   runtime::DataArgs format;
 };
 
@@ -274,8 +275,8 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEn
 int run_evaluate(const EvaluateCommand& c) {
   check_outputs({{"--reliability", c.reliability}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
-  const auto [x, y, what, where] = evaluation_rows(c, m);
   check_interval_levels(c.intervals, c.intervals_given, m.first().options().head());
+  const auto [x, y, what, where] = evaluation_rows(c, m);
   const runtime::Head head = m.first().options().head();
   std::vector<runtime::EnsemblePrediction> chunks;
   runtime::predict_in_chunks(checked_predict(m, where), x, chunk_rows(m),
@@ -310,11 +311,18 @@ struct ExportCommand {
 
 int run_export(const ExportCommand& c) {
   check_outputs({{"output", c.output}}, {{"checkpoint", c.checkpoint}});
+  if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) {
+    std::vector<std::string> files;
+    for (const auto& shard : manifest->shards) files.push_back(shard.file.string());
+    throw UsageError(fmt::format("{} is a member-parallel manifest ({} members in {} shards); export reads one "
+                                 "checkpoint: export each shard ({})",
+                                 c.checkpoint, manifest->members, manifest->shards.size(), fmt::join(files, ", ")));
+  }
   const runtime::LoadedEnsemble m =
       runtime::LoadedEnsemble::from_checkpoint(*runtime::EnsembleTrainer::read_checkpoint(c.checkpoint), c10::kCPU);
-  runtime::export_members(c.output, m.first(), m.run().feature_names, c.members);
+  const int64_t exported = runtime::export_members(c.output, m.first(), m.run().feature_names, c.members);
   fmt::print(stderr, "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",
-             c.members.empty() ? m.members() : static_cast<int64_t>(c.members.size()), c.output);
+             exported, c.output);
   return 0;
 }
 
@@ -333,6 +341,12 @@ int run_acquire(AcquireCommand c) {
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const bool cls = m.first().options().head() == runtime::Head::kClassification;
   if (!c.strategy_given) c.options.strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
+  try {  // before the pool is read and scored
+    runtime::check_acquisition_options(c.options, cls);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy),
+                                 e.what()));
+  }
   runtime::Table table = runtime::read_table(c.pool, runtime::table_format(c.format));
   const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
   release_cells(table);
@@ -341,12 +355,6 @@ int run_acquire(AcquireCommand c) {
   }
   // Chunk by chunk, keeping each row's score only (the pool's per-member predictions
   // would take members x rows x hidden).
-  try {  // before the pool is read and scored
-    runtime::check_acquisition_options(c.options, cls);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy),
-                                 e.what()));
-  }
   const at::Tensor scores =
       runtime::acquisition_scores_in_chunks(checked_predict(m, table_rows(table)), x, c.options, chunk_rows(m));
   const std::vector<int64_t> chosen = [&] {
@@ -488,7 +496,8 @@ void add_predict_commands(CLI::App& app, int& status) {
                 "(torch.nn.Sequential names), architecture, standardization and head.");
   x->add_option("checkpoint", exporter->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
   x->add_option("output", exporter->output, "Export file (.pt)")->required();
-  x->add_option("--member", exporter->members, "Member index to export (repeatable; default: all)");
+  x->add_option("--member", exporter->members,
+                "Member index to export (repeatable; default: the ensemble's members, those predict uses)");
   x->callback([exporter, &status] { status = run_export(*exporter); });
 }
 

@@ -428,12 +428,20 @@ runtime::distributed::RankInfo member_parallel_rank(const std::string& what) {
 // Member parallel: the ensemble's members split across the ranks (contiguous
 // shards), each rank training its own with no gradient traffic (the group is for
 // checkpoints and the prediction gather: Gloo, CPU tensors).
-// The files a run reads (its data, index files) and writes (checkpoint, export,
-// trace, log), checked before any work (output_paths.h).
-void check_session_outputs(const SessionArgs& s, const DataArgs& data) {
-  check_outputs({{"--checkpoint", s.checkpoint.path}, {"--export", s.export_path}, {"--trace", s.trace},
+// The files a run reads (its data, index files, the shards it resumes) and writes
+// (checkpoint, export, trace, log), checked before any work (output_paths.h).
+// A member-parallel checkpoint is a manifest with shard files beside it.
+void check_session_outputs(const SessionArgs& s, const DataArgs& data, bool member_parallel = false,
+                           const runtime::ShardManifest* resumed = nullptr) {
+  std::vector<NamedPath> inputs = data_inputs(data);
+  if (resumed != nullptr) {
+    for (const auto& shard : resumed->shards) {
+      inputs.push_back({"shard of " + resumed->path.string(), shard.file.string()});
+    }
+  }
+  check_outputs({{"--checkpoint", s.checkpoint.path, member_parallel}, {"--export", s.export_path}, {"--trace", s.trace},
                  {"--log", s.output.log}},
-                data_inputs(data));
+                inputs);
 }
 
 int run_member_parallel(const TrainCommand& c) {
@@ -460,7 +468,7 @@ int run_member_parallel(const TrainCommand& c) {
 }
 
 int run_train(const TrainCommand& c) {
-  check_session_outputs(c.session, c.data);
+  check_session_outputs(c.session, c.data, c.member_parallel);
   if (c.member_parallel) return run_member_parallel(c);
   runtime::EnsembleTrainerOptions options = train_options(c);
   // The group before the trainer: the trainer's captured steps (which hold NCCL
@@ -474,6 +482,7 @@ int run_train(const TrainCommand& c) {
   if (c.session.select_best && data.split.validation.empty()) {
     throw UsageError("--select best chooses on validation rows: give --val-fraction > 0 or --val-index");
   }
+  note_few_recalibration_rows(options, static_cast<int64_t>(data.split.validation.size()), driver);
   return run_session({trainer, data, c.data, c.session, "train", Distribution::over(group.get())}, driver);
 }
 
@@ -482,7 +491,6 @@ struct ResumeCommand {
   int64_t epochs = 0;
   std::string device = "auto";
   SessionArgs session;
-  note_few_recalibration_rows(options, static_cast<int64_t>(data.split.validation.size()), driver);
 };
 
 // The checkpoint of this rank's members in a member-parallel run: its own shard on
@@ -532,6 +540,7 @@ int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& ma
       runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint));
   const DataArgs& data_args = run.data;
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;  // in place: the next commit replaces it
+  check_session_outputs(c.session, data_args, /*member_parallel=*/true, &manifest);
   auto group = ProcessGroup::join(rank, collective_timeout());
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());  // outlives the trainer's log
   options.log(driver.graph_log());

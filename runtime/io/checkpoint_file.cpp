@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -250,7 +251,61 @@ c10::IValue decode_payload(const std::filesystem::path& path, std::string_view p
 
 }  // namespace
 
+OutputTarget output_target(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {OutputKind::kFile, "nothing"};
+  if (S_ISREG(st.st_mode)) return {OutputKind::kFile, "regular file"};
+  if (S_ISCHR(st.st_mode)) return {OutputKind::kStream, "character device"};
+  if (S_ISFIFO(st.st_mode)) return {OutputKind::kStream, "FIFO"};
+  if (S_ISDIR(st.st_mode)) return {OutputKind::kRefused, "directory"};
+  if (S_ISBLK(st.st_mode)) return {OutputKind::kRefused, "block device"};
+  if (S_ISSOCK(st.st_mode)) return {OutputKind::kRefused, "socket"};
+  return {OutputKind::kRefused, "special file"};
+}
+
+namespace {
+
+// A character device or FIFO written in place. SIGPIPE (a FIFO's reader gone) is
+// held back for this thread while writing, so it surfaces as EPIPE, a WriteError,
+// instead of ending the process; a SIGPIPE this write raised is then consumed.
+void write_in_place(const std::filesystem::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) throw_write_error(path, "open it for writing", errno);
+  sigset_t pipe_only, previous;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
+  int error = 0;
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      error = errno;
+      break;
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  if (error == EPIPE && !sigismember(&previous, SIGPIPE)) {
+    const struct timespec no_wait {};
+    ::sigtimedwait(&pipe_only, nullptr, &no_wait);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error != 0) throw_write_error(path, "write it", error);
+}
+
+}  // namespace
+
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes) {
+  const OutputTarget target = output_target(path);
+  if (target.kind == OutputKind::kStream) {
+    write_in_place(path, bytes);
+    return;
+  }
+  if (target.kind == OutputKind::kRefused) {
+    throw WriteError("cannot write '" + path.string() + "': it is a " + target.type +
+                     "; an output is a regular file, a character device (such as /dev/null) or a FIFO");
+  }
   TemporaryFile temporary(path);
   if (crash_after_bytes >= 0 && static_cast<uint64_t>(crash_after_bytes) <= bytes.size()) {
     temporary.write_all(bytes.substr(0, static_cast<size_t>(crash_after_bytes)));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 // Declared only, to keep ivalue.h out of this header; callers that build or read
@@ -23,13 +24,31 @@ class WriteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Writes `bytes` to `path` atomically: into a temporary `path` + ".tmp.<pid>.<random>"
-// in the same directory, created exclusively (a symlink or file planted at a
-// predictable name is never written through), fsync, close, rename over `path`,
-// then fsync the directory. A crash at any point leaves either the old file or the
-// new one at `path`, never a torn one; the temporaries of crashed saves are removed
-// by the next save to the same path. On failure throws WriteError naming
-// `path` and the errno text, and removes the temporary.
+// What an output's path names decides how it is written (the policy README's
+// "Errors and input" states). Symbolic links are followed.
+enum class OutputKind {
+  kFile,     // nothing, or a regular file: a temporary beside it, renamed over it
+  kStream,   // a character device (/dev/null, a terminal) or a FIFO: written in place,
+             // never replaced (no temporary, no rename, no truncation)
+  kRefused,  // a directory, a block device, a socket: never written
+};
+struct OutputTarget {
+  OutputKind kind = OutputKind::kFile;
+  std::string type;  // for messages: "regular file", "character device", "FIFO", "socket", ...
+};
+OutputTarget output_target(const std::filesystem::path& path);
+
+// Writes `bytes` to `path`. A regular file (or none) is written atomically: into a
+// temporary `path` + ".tmp.<pid>.<random>" in the same directory, created
+// exclusively (a symlink or file planted at a predictable name is never written
+// through), fsync, close, rename over `path`, then fsync the directory. A crash at
+// any point leaves either the old file or the new one at `path`, never a torn one;
+// the temporaries of crashed saves are removed by the next save to the same path.
+// A character device or FIFO (OutputKind::kStream) is opened for writing and
+// written in place, as a shell's `>` would (a FIFO waits for its reader; a reader
+// that closes early is a WriteError, not SIGPIPE). Anything else is refused. On
+// failure throws WriteError naming `path` and the errno text, and removes the
+// temporary.
 // `crash_after_bytes` is a test hook (-1 = off): after writing that many bytes the
 // process ends with std::_Exit(70), as a crash mid-save would.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes = -1);

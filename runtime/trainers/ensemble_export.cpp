@@ -8,7 +8,7 @@
 
 namespace packtrain::runtime {
 
-void export_members(const std::string& path, const EnsembleTrainer& trainer,
+int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
                     const std::vector<std::string>& feature_names, const std::vector<int64_t>& members) {
   ExportExtras extras;
   extras.x_mean = trainer.x_scale().mean;
@@ -20,13 +20,32 @@ void export_members(const std::string& path, const EnsembleTrainer& trainer,
   extras.feature_names = feature_names;
   extras.classes = trainer.classes();
   extras.variance_scale = trainer.variance_scale();
+  const std::vector<MemberState>& states = trainer.member_states();
   for (int64_t k : members) {
     if (k < 0 || k >= trainer.options().members()) {
       throw DataError(fmt::format("member {} does not exist (the pack has members 0..{})", k,
                                    trainer.options().members() - 1));
     }
+    const MemberState& m = states[static_cast<size_t>(k)];
+    if (!m.usable) {
+      throw DataError(fmt::format("member {} is not part of the ensemble ({}{}): export its usable members", k,
+                                  to_string(m.status),
+                                  m.status == MemberStatus::kDeselected ? ": the sweep kept another configuration"
+                                                                        : " with no good weights"));
+    }
   }
-  export_for_pytorch(path, trainer.model(), members, extras);
+  // The ensemble every reader sees: predict, evaluate and the export hold the same
+  // members (a sweep's deselected configurations and members that diverged before any
+  // good epoch are left out).
+  std::vector<int64_t> chosen = members;
+  if (chosen.empty()) {
+    for (size_t k = 0; k < states.size(); ++k) {
+      if (states[k].usable) chosen.push_back(static_cast<int64_t>(k));
+    }
+    if (chosen.empty()) throw DataError("every member diverged: there is no usable member to export");
+  }
+  export_for_pytorch(path, trainer.model(), chosen, extras);
+  return static_cast<int64_t>(chosen.size());
 }
 
 }  // namespace packtrain::runtime

@@ -10,8 +10,10 @@
 namespace packtrain::runtime {
 class EnsembleTrainer;
 
-// Writes `members` (all when empty); DataError naming a member the pack lacks.
-void export_members(const std::string& path, const EnsembleTrainer& trainer,
+// Writes `members` (when empty: the ensemble's members — those predict uses, so a
+// sweep's deselected configurations are left out); returns how many it wrote.
+// DataError naming a member the pack lacks or one that is not in the ensemble.
+int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
                     const std::vector<std::string>& feature_names, const std::vector<int64_t>& members);
 
 }  // namespace packtrain::runtime
