@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # Sourced by scripts/device/phase.sh: the budget, guarded steps with progress lines,
 # the machine record, finding the binaries (the carried bundle, else a build made on
-# the device) and packing a phase's logs into $OUT. Bash; no `set -e`: every step is
-# guarded, so one failure does not lose the rest.
+# the device) and publishing a phase's results into $OUT after every step. Bash; no
+# `set -e`: every step is guarded, so one failure does not lose the rest.
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root" || exit 2
@@ -11,12 +11,16 @@ cd "$root" || exit 2
 
 PHASE="${PHASE:?PHASE must be set}"
 OUT="${OUT:-/tmp/packtrain-out/$PHASE}"
-BUDGET="${PACKTRAIN_PHASE_BUDGET:-540}"  # seconds for all steps, well inside the tool's 600
-RESERVE=20                               # kept back for the summary and the tarball
+# The whole phase's seconds, the `run` call's time limit (600) less 40 for the
+# machine's transfers; phase.sh's outer process stops the phase at BUDGET.
+BUDGET="${PACKTRAIN_PHASE_BUDGET:-560}"
+RESERVE=15  # kept back for the last summary and tarball
 WORK="${PACKTRAIN_PHASE_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/packtrain-$PHASE.XXXXXX")}"
 mkdir -p "$OUT" "$WORK/logs" "$WORK/json"
 STEPS="$WORK/steps.tsv"  # index, name, outcome, seconds, detail
 : >"$STEPS"
+RUNNING="$WORK/running.tsv"  # index, name, start second: the steps under way
+: >"$RUNNING"
 STEP_INDEX=0
 STEP_TOTAL="${STEP_TOTAL:-0}"
 BROKEN=""  # set once the binaries cannot run: every later step is skipped saying why
@@ -25,8 +29,13 @@ say() { echo "[$PHASE] $*"; }
 remaining() { echo $((BUDGET - RESERVE - SECONDS)); }
 slug() { echo "$1" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9]\+/_/g' -e 's/^_//' | cut -c1-60 | sed 's/_$//'; }
 
-record() {  # record NAME OUTCOME SECONDS [DETAIL]
-  printf '%s\t%s\t%s\t%s\t%s\n' "$STEP_INDEX" "$1" "$2" "$3" "${4:-}" >>"$STEPS"
+record() {  # record NAME OUTCOME SECONDS [DETAIL] [INDEX]
+  printf '%s\t%s\t%s\t%s\t%s\n' "${5:-$STEP_INDEX}" "$1" "$2" "$3" "${4:-}" >>"$STEPS"
+}
+
+running_add() { printf '%s\t%s\t%s\n' "$1" "$2" "$SECONDS" >>"$RUNNING"; }   # INDEX NAME
+running_remove() {  # INDEX
+  awk -F'\t' -v i="$1" '$1 != i' "$RUNNING" >"$RUNNING.new" && mv -f "$RUNNING.new" "$RUNNING"
 }
 
 # skip_step NAME REASON
@@ -34,6 +43,18 @@ skip_step() {
   STEP_INDEX=$((STEP_INDEX + 1))
   echo "[$PHASE $STEP_INDEX/$STEP_TOTAL] $1 ... skipped ($2)"
   record "$1" "skipped" 0 "$2"
+  publish
+}
+
+# step_outcome RC: sets OUTCOME (ok / timed out / failed (exit N)).
+step_outcome() {
+  if (($1 == 0)); then
+    OUTCOME="ok"
+  elif (($1 == 124 || $1 == 137)); then
+    OUTCOME="timed out"
+  else
+    OUTCOME="failed (exit $1)"
+  fi
 }
 
 # run_step [--stdout FILE] [--needs-gpu] [--reserve] NAME TIMEOUT CMD ARGS...
@@ -65,24 +86,29 @@ run_step() {
   log="$WORK/logs/$(printf '%02d' "$STEP_INDEX")_$(slug "$name").log"
   printf '[%s %d/%d] %s ... ' "$PHASE" "$STEP_INDEX" "$STEP_TOTAL" "$name"
   local start=$SECONDS rc
+  running_add "$STEP_INDEX" "$name"
+  # In the background and waited for, so that a signal to the phase is handled at
+  # once (bash runs traps only between foreground commands); finish() stops STEP_PID.
   if [[ -n "$stdout" ]]; then
-    timeout --kill-after=10 "$limit" "$@" >"$stdout" 2>"$log"
+    timeout --kill-after=10 "$limit" "$@" >"$stdout" 2>"$log" </dev/null &
   else
-    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1 </dev/null &
   fi
+  STEP_PID=$!
+  wait "$STEP_PID"
   rc=$?
-  local took=$((SECONDS - start)) outcome detail=""
-  if ((rc == 0)); then
-    outcome="ok"
-  elif ((rc == 124 || rc == 137)); then
-    outcome="timed out"
+  STEP_PID=""
+  running_remove "$STEP_INDEX"
+  local took=$((SECONDS - start)) detail=""
+  step_outcome "$rc"
+  if ((rc == 124 || rc == 137)); then
     detail="stopped after $limit s"
-  else
-    outcome="failed (exit $rc)"
+  elif ((rc != 0)); then
     detail=$(grep -v '^\s*$' "$log" | tail -1 | cut -c1-200)
   fi
-  echo "$outcome ($took s)${detail:+: $detail}"
-  record "$name" "$outcome" "$took" "$detail"
+  echo "$OUTCOME ($took s)${detail:+: $detail}"
+  record "$name" "$OUTCOME" "$took" "$detail"
+  publish
   return $rc
 }
 
@@ -94,7 +120,8 @@ find_python() {
   for cand in "${PACKTRAIN_DEVICE_PYTHON:-}" python3 \
       "${PACKTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/packtrain}/venv-torch-2.11.0/bin/python"; do
     [[ -n "$cand" ]] || continue
-    if "$cand" -c "import torch" >/dev/null 2>&1; then PY="$cand"; return 0; fi
+    # One import of torch (seconds) for both questions: is there torch, and a GPU?
+    TORCH_CUDA=$("$cand" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null) && { PY="$cand"; return 0; }
   done
   PY=python3
   return 1
@@ -109,7 +136,8 @@ detect_gpu() {
   elif ! nvidia-smi -L >/dev/null 2>&1; then
     problems+=("nvidia-smi sees no GPU")
   fi
-  if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+  [[ -n "${TORCH_CUDA:-}" ]] || TORCH_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+  if [[ "$TORCH_CUDA" == 1 ]]; then
     HAVE_GPU=1
     return 0
   fi
@@ -211,7 +239,10 @@ use_binaries() {
     BIN_FROM="bundle"
     LD_LIBRARY_PATH="$BUNDLE/lib:$(torch_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
-    export PACKTRAIN_DATA_DIR="$BUNDLE/share/packtrain/data"
+    # The data sets: the working tree's (they travel with it), or an older bundle's copy.
+    PACKTRAIN_DATA_DIR="$root/data"
+    [[ -d "$BUNDLE/share/packtrain/data" ]] && PACKTRAIN_DATA_DIR="$BUNDLE/share/packtrain/data"
+    export PACKTRAIN_DATA_DIR
     local built now
     built=$(sed -n 's/^source_hash: //p' "$BUNDLE/manifest.txt" 2>/dev/null)
     now=$(source_hash)
@@ -243,15 +274,17 @@ build_on_device() {
   BIN_FROM="build-device (built by this phase; fallback)"
   STEP_TOTAL=$((STEP_TOTAL + 1))
   local reason=""
-  if ! compgen -G ".device/debs/*.deb" >/dev/null; then
+  if [[ -n "${NO_DEVICE_BUILD:-}" ]]; then
+    reason="no bundle (.device/bundle) and no build: run scripts/device/bundle.sh here and carry .device/bundle (the $PHASE phase never builds: it cannot fit)"
+  elif ! compgen -G ".device/debs/*.deb" >/dev/null; then
     reason="no bundle (.device/bundle) and no .device/debs to build with: run scripts/device/bundle.sh (or fetch_debs.sh) here and carry it"
   elif ((!HAVE_GPU)) && [[ -z "${PACKTRAIN_DEVICE_BUILD_ANYWAY:-}" ]]; then
     reason="no bundle and no build, and this is no GPU machine: not building here (PACKTRAIN_DEVICE_BUILD_ANYWAY=1 to build)"
   fi
   if [[ -n "$reason" ]]; then
     STEP_INDEX=$((STEP_INDEX + 1))
-    echo "[$PHASE $STEP_INDEX/$STEP_TOTAL] build on the device ... failed: $reason"
-    record "build on the device" "failed (no binaries)" 0 "$reason"
+    echo "[$PHASE $STEP_INDEX/$STEP_TOTAL] find the binaries ... failed: $reason"
+    record "find the binaries" "failed (no binaries)" 0 "$reason"
     BROKEN="no binaries (see the build step)"
     return 1
   fi
@@ -267,35 +300,78 @@ check_binaries() {
   fi
 }
 
-# --- the end: summary.txt and <phase>.tar.gz in $OUT
+# --- results in $OUT, after every step: summary.txt, steps.tsv, tests.tsv, <phase>.tar.gz
 
+# Each is written under a temporary name in $OUT and renamed over the last one, so
+# a phase killed at any moment still returns the steps done so far (at most four
+# files, and one temporary file while a rename is pending). One publisher at a time.
+STEP_PID=""          # the sequential step under way
+PUBLISHER_PID=""     # the background loop that publishes while long steps run
 FINISHED=0
+publish() {  # [final]
+  local final="${1:-}" tag="$BASHPID" summary="$WORK/summary.txt" brief="$WORK/summary_brief.txt"
+  (
+    command -v flock >/dev/null && flock 9
+    # A background publish that waited for the lock while the last one was written
+    # must not replace it.
+    [[ -z "$final" && -e "$WORK/.final" ]] && exit 0
+    [[ -n "$final" ]] && touch "$WORK/.final"
+    [[ -n "$STALE" ]] && echo "$STALE" >"$WORK/stale.txt"
+    if ! timeout 60 python3 "$root/scripts/device/summarize.py" "$PHASE" "$WORK" "$BUDGET" "$SECONDS" \
+        ${final:+--final} --tests-tsv "$OUT/.tests.tsv.$tag" --brief "$brief.$tag.tmp" >"$summary.$tag.tmp" 2>>"$WORK/logs/summarize.err"; then
+      { echo "packtrain device phase $PHASE (summarize.py failed: $(tail -1 "$WORK/logs/summarize.err"))"
+        cat "$WORK/machine_line.txt" 2>/dev/null
+        column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"; } >"$summary.$tag.tmp"
+      cp "$summary.$tag.tmp" "$brief.$tag.tmp"
+    fi
+    mv -f "$summary.$tag.tmp" "$summary"
+    mv -f "$brief.$tag.tmp" "$brief"
+    cp "$summary" "$OUT/.summary.txt.$tag" && mv -f "$OUT/.summary.txt.$tag" "$OUT/summary.txt"
+    cp "$STEPS" "$OUT/.steps.tsv.$tag" && mv -f "$OUT/.steps.tsv.$tag" "$OUT/steps.tsv"
+    [[ -f "$OUT/.tests.tsv.$tag" ]] && mv -f "$OUT/.tests.tsv.$tag" "$OUT/tests.tsv"
+    # One tarball of everything so far, at most 15 MiB: the largest JSON (traces) left
+    # out first when it would be bigger.
+    local tarball="$OUT/.$PHASE.tar.gz.$tag" f
+    pack() {
+      tar -czf "$tarball" -C "$(dirname "$WORK")" --transform "s|^$(basename "$WORK")|$PHASE|" \
+        --exclude='peers/work/k*' --exclude='*.tmp' --exclude='.publish.lock' --exclude='*.new' --exclude='.finished' --exclude='.final' "$(basename "$WORK")" 2>/dev/null
+    }
+    pack
+    while [[ -n "$final" ]] && (($(stat -c %s "$tarball") > 15 * 1024 * 1024)); do
+      f=$(find "$WORK" -type f -name '*.json' -size +512k -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+      [[ -n "$f" ]] || break
+      echo "left out of the tarball (size): ${f#$WORK/} ($(stat -c %s "$f") bytes)" >>"$WORK/notes.txt"
+      rm -f "$f"
+      pack
+    done
+    mv -f "$tarball" "$OUT/$PHASE.tar.gz"
+  ) 9>"$WORK/.publish.lock"
+}
+
+# publish_every SECONDS: publish in the background while this phase runs (long steps
+# and parallel tests report progress too); stops with the phase.
+publish_every() {
+  local parent=$BASHPID
+  ( while sleep "$1"; do kill -0 "$parent" 2>/dev/null || exit 0; publish; done ) </dev/null >/dev/null 2>&1 &
+  PUBLISHER_PID=$!
+}
+
 finish() {
   ((FINISHED)) && return
   FINISHED=1
-  local summary="$WORK/summary.txt"
-  [[ -n "$STALE" ]] && echo "$STALE" >"$WORK/stale.txt"
-  if ! timeout 60 python3 "$root/scripts/device/summarize.py" "$PHASE" "$WORK" "$BUDGET" "$SECONDS" >"$summary" 2>"$WORK/logs/summarize.err"; then
-    { echo "packtrain device phase $PHASE (summarize.py failed: $(tail -1 "$WORK/logs/summarize.err"))"
-      cat "$WORK/machine_line.txt" 2>/dev/null
-      column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"; } >"$summary"
-  fi
-  find "$WORK" -type f -empty -delete
-  # One tarball, at most 15 MiB: the largest traces go first when it would be bigger.
-  local name="$PHASE" tarball="$OUT/$PHASE.tar.gz" excludes=(--exclude='peers/work/k*')
-  tar -czf "$tarball" -C "$(dirname "$WORK")" --transform "s|^$(basename "$WORK")|$name|" "${excludes[@]}" "$(basename "$WORK")" 2>/dev/null
-  local f
-  while (($(stat -c %s "$tarball") > 15 * 1024 * 1024)); do
-    f=$(find "$WORK" -type f -name '*.json' -size +512k -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
-    [[ -n "$f" ]] || break
-    echo "left out of the tarball (size): ${f#$WORK/} ($(stat -c %s "$f") bytes)" | tee -a "$summary"
-    rm -f "$f"
-    tar -czf "$tarball" -C "$(dirname "$WORK")" --transform "s|^$(basename "$WORK")|$name|" "${excludes[@]}" "$(basename "$WORK")"
-  done
-  cp "$summary" "$OUT/summary.txt"
+  local p
+  [[ -n "$PUBLISHER_PID" ]] && { kill "$PUBLISHER_PID" 2>/dev/null; wait "$PUBLISHER_PID" 2>/dev/null; }
+  # The steps still under way (a signal stopped the phase): their timeouts pass the
+  # signal on to the commands.
+  for p in $STEP_PID ${POOL_PIDS:-}; do kill -TERM "$p" 2>/dev/null; done
+  for p in $STEP_PID ${POOL_PIDS:-}; do wait "$p" 2>/dev/null; done
+  find "$WORK" -type f -empty ! -name '*.tsv' -delete
+  publish final
+  rm -f "$OUT"/.*.[0-9]*  # a temporary file a killed publisher left
   echo
-  cat "$summary"
-  echo "[$PHASE] wrote $OUT/summary.txt and $tarball ($(du -k "$tarball" | cut -f1) KiB) in $SECONDS s"
+  cat "$WORK/summary_brief.txt"
+  echo "[$PHASE] wrote $(cd "$OUT" && ls | paste -sd' ' -) to $OUT ($(du -sk "$OUT" | cut -f1) KiB) in $SECONDS s"
+  touch "$WORK/.finished"
   [[ -n "${PACKTRAIN_KEEP_WORK:-}" ]] || rm -rf "$WORK"  # all of it is in the tarball
 }
 

@@ -3,10 +3,12 @@
 value, the threshold and PASS / FAIL, or "not run (why)" when its benchmark is absent
 (a CPU run, a family filtered out, a counter this build does not have).
 
-Usage: scripts/device/targets.py FILE...  [--strict]
+Usage: scripts/device/targets.py FILE...  [--strict] [--no-gpu REASON]
 FILEs: Google Benchmark JSON from packtrain_bench (--benchmark_out, several are
 merged; medians are used where repetitions ran) and/or benchmarks/peers results.json,
-told apart by their content. --strict: exit 1 when a target fails.
+told apart by their content. --strict: exit 1 when a target fails. --no-gpu: this
+machine has no GPU (the dry run): every target "not run (REASON)".
+summarize.py imports evaluate() for the summary's table.
 
 Targets:
   1. PackedGraphUnrolled host_us_per_step <= 15 at every K
@@ -26,6 +28,17 @@ import sys
 
 MAIN = "hidden:64/batch:128/depth:1"  # the main workload's width, batch and depth (the targets' shape)
 UNIT_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+TITLES = {
+    1: "PackedGraphUnrolled host_us_per_step <= 15 at every K",
+    2: "PackedGraphUnrolled >= 50x NaiveLoop member-steps/s at K=64 (hidden 64, batch 128)",
+    3: "K=4096 PackedGraphUnrolled device_us_per_step <= 2 x copy_bound_us_per_step",
+    4: "PackedGraphUnrolled device_us_per_step at K=2048 <= 2 x at K=1",
+    5: "MultiTaskGraph real_time <= MultiTaskTwoForward real_time / 2",
+    6: "DecodeGraph >= 3x faster than DecodeEager (batch 1)",
+    7: "peers: packtrain leads every peer at every K >= 8",
+}
 
 
 def k_of(rest):
@@ -77,7 +90,7 @@ def result(number, title, verdict, detail):
 
 
 def target_1(bench):
-    title = "PackedGraphUnrolled host_us_per_step <= 15 at every K"
+    title = TITLES[1]
     rows = bench.family("PackedGraphUnrolled")
     values = sorted(((k_of(r), r, b.get("host_us_per_step")) for r, b in rows.items()), key=lambda x: (x[0] or 0, x[1]))
     values = [v for v in values if v[2] is not None]
@@ -89,7 +102,7 @@ def target_1(bench):
 
 
 def target_2(bench):
-    title = "PackedGraphUnrolled >= 50x NaiveLoop member-steps/s at K=64 (hidden 64, batch 128)"
+    title = TITLES[2]
     key = f"members:64/{MAIN}"
     g = bench.rows.get(("PackedGraphUnrolled", key))
     n = bench.rows.get(("NaiveLoop", key))
@@ -101,7 +114,7 @@ def target_2(bench):
 
 
 def target_3(bench):
-    title = "K=4096 PackedGraphUnrolled device_us_per_step <= 2 x copy_bound_us_per_step"
+    title = TITLES[3]
     g = bench.rows.get(("PackedGraphUnrolled", f"members:4096/{MAIN}"))
     if g is None:
         return result(3, title, bench.why_absent("PackedGraphUnrolled/members:4096"), "")
@@ -116,7 +129,7 @@ def target_3(bench):
 
 
 def target_4(bench):
-    title = "PackedGraphUnrolled device_us_per_step at K=2048 <= 2 x at K=1"
+    title = TITLES[4]
     g1 = bench.rows.get(("PackedGraphUnrolled", f"members:1/{MAIN}"))
     g2 = bench.rows.get(("PackedGraphUnrolled", f"members:2048/{MAIN}"))
     if g1 is None or g2 is None:
@@ -126,7 +139,7 @@ def target_4(bench):
 
 
 def target_5(bench):
-    title = "MultiTaskGraph real_time <= MultiTaskTwoForward real_time / 2"
+    title = TITLES[5]
     g, t = bench.rows.get(("MultiTaskGraph", "")), bench.rows.get(("MultiTaskTwoForward", ""))
     if g is None or t is None:
         return result(5, title, bench.why_absent("MultiTaskGraph" if g is None else "MultiTaskTwoForward"), "")
@@ -136,7 +149,7 @@ def target_5(bench):
 
 
 def target_6(bench):
-    title = "DecodeGraph >= 3x faster than DecodeEager (batch 1)"
+    title = TITLES[6]
     g, e = bench.rows.get(("DecodeGraph", "")), bench.rows.get(("DecodeEager", ""))
     if g is None or e is None:
         return result(6, title, bench.why_absent("DecodeGraph" if g is None else "DecodeEager"), "")
@@ -146,7 +159,7 @@ def target_6(bench):
 
 
 def target_7(peers, path):
-    title = "peers: packtrain leads every peer at every K >= 8"
+    title = TITLES[7]
     if peers is None:
         return result(7, title, "not run (no peers results.json given)", "")
     rows = [r for r in peers.get("rows", []) if r["workload"]["members"] >= 8]
@@ -176,13 +189,11 @@ def target_7(peers, path):
     return result(7, title, "PASS", ("among the peers measured: " if unmeasured else "") + detail)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="*")
-    ap.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
-    args = ap.parse_args()
+def evaluate(paths, no_gpu=None):
+    """(header, the seven target lines, notes) from the given JSON files. no_gpu: the
+    reason this machine has no GPU; every target is then "not run (no GPU: ...)"."""
     bench, peers, peers_path, unread = Bench(), None, None, []
-    for path in args.files:
+    for path in paths:
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -195,18 +206,35 @@ def main():
             peers, peers_path = data, path
         else:
             unread.append(f"{path}: neither Google Benchmark JSON nor peers results.json")
-    print(f"# bench: {', '.join(bench.files) or 'none'} ({'medians of repetitions' if bench.medians else 'single runs'}, "
-          f"device {', '.join(sorted(bench.devices)) or '?'}); peers: {peers_path or 'none'}")
+    header = (f"# bench: {', '.join(bench.files) or 'none'} ({'medians of repetitions' if bench.medians else 'single runs'}, "
+              f"device {', '.join(sorted(bench.devices)) or '?'}); peers: {peers_path or 'none'}")
     lines = [target_1(bench), target_2(bench), target_3(bench), target_4(bench), target_5(bench), target_6(bench),
              target_7(peers, peers_path)]
-    print("\n".join(lines))
-    for note in bench.notes:
-        print(f"# benchmark not measured: {note}")
-    for u in unread:
-        print(f"# not read: {u}")
+    if no_gpu:
+        lines = [result(n, title, f"not run ({no_gpu})", "") for n, title in TITLES.items()]
+    notes = [f"# benchmark not measured: {note}" for note in bench.notes] + [f"# not read: {u}" for u in unread]
+    return header, lines, notes
+
+
+def tally(lines):
     passed = sum(" PASS " in l for l in lines)
     failed = sum(" FAIL " in l for l in lines)
-    print(f"# {passed} PASS, {failed} FAIL, {len(lines) - passed - failed} not run")
+    return passed, failed, len(lines) - passed - failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    ap.add_argument("--no-gpu", metavar="REASON", help="this machine has no GPU (why): every target is not run")
+    args = ap.parse_args()
+    header, lines, notes = evaluate(args.files, args.no_gpu)
+    print(header)
+    print("\n".join(lines))
+    for note in notes:
+        print(note)
+    passed, failed, not_run = tally(lines)
+    print(f"# {passed} PASS, {failed} FAIL, {not_run} not run")
     return 1 if args.strict and failed else 0
 
 
