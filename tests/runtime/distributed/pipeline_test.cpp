@@ -36,6 +36,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 #include <thread>
@@ -520,65 +521,95 @@ TEST(PipelineTest, AStageThatStopsEndsItsNeighbourNamingStagesAndStep) {
   EXPECT_LT(seconds, 30.0);
 }
 
-// A pipeline's static stage steps on one device, two stages in this process (no
+// A pipeline's static stage steps on one device, S stages in this process (no
 // transfers: the tensors are handed over directly, the tied embedding's gradients
 // summed by hand): the same parameters as one process after every step. On a GPU
-// the three steps (stage 0's forward and backward, stage 1's last) are captured
-// after their warm-up and replayed — the code a GPU pipeline runs on each rank.
-class PipelineStageStepsTest : public packtrain::testing::DeviceTest {};
-
-TEST_P(PipelineStageStepsTest, TwoStagesInOneProcessTrainTheSameModel) {
-  const PackedTransformerOptions options = model_options(at::kDouble).device(device());
+// every step (each earlier stage's forward and backward — a middle stage's take and
+// return activations — and the last stage's step) is captured after its warm-up and
+// replayed: the code a GPU pipeline runs on each rank.
+void expect_stages_in_one_process_train_the_same_model(c10::Device device, int64_t S) {
+  const PackedTransformerOptions options = model_options(at::kDouble).device(device);
   const int64_t M = 2, steps = 6;  // 3 warm-up calls, the capture, replays
   std::vector<Batch> batches;
   for (uint64_t s = 0; s < steps; ++s) {
     Batch b = random_batch(8, 12, 200 + s);
-    batches.push_back({{b.text.tokens.to(device()), b.text.lengths.to(device())}, b.labels.to(device())});
+    batches.push_back({{b.text.tokens.to(device), b.text.lengths.to(device)}, b.labels.to(device)});
   }
   const Trace reference = one_process(options, batches);
-  const auto placement = distributed::place_pipeline(options, 2, 8 / M, 12);
-  PackedTransformer first(options, placement[0].blocks), last(options, placement[1].blocks);
-  ensemble::PackedAdam first_adam(first.parameters(), adam()), last_adam(last.parameters(), adam());
+  const auto placement = distributed::place_pipeline(options, S, 8 / M, 12);
+  std::vector<std::unique_ptr<PackedTransformer>> stages;
+  std::vector<std::unique_ptr<ensemble::PackedAdam>> adams;
+  std::vector<std::unique_ptr<PipelineStageSteps>> stage_steps;
   const graphs::CaptureOptions capture = graphs::CaptureOptions().log(ignore_log);
-  PipelineStageSteps first_steps(first, kWeights, capture), last_steps(last, kWeights, capture);
+  for (int64_t s = 0; s < S; ++s) {
+    stages.push_back(std::make_unique<PackedTransformer>(options, placement[static_cast<size_t>(s)].blocks));
+    adams.push_back(std::make_unique<ensemble::PackedAdam>(stages.back()->parameters(), adam()));
+    stage_steps.push_back(std::make_unique<PipelineStageSteps>(*stages.back(), kWeights, capture));
+  }
+  PipelineStageSteps& last_steps = *stage_steps.back();
   const auto tied = [](PackedTransformer& m) {
     for (size_t i = 0; i < m.parameters().size(); ++i) {
       if (m.parameters().spec(i).name == "tok_emb.weight") return m.parameters().blocks(m.parameters().flat_grad())[i];
     }
     return at::Tensor();
   };
-  const auto real = first.parameters().flat().options();
+  const auto real = stages.front()->parameters().flat().options();
   for (int64_t step = 0; step < steps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const Batch& b = batches[static_cast<size_t>(step)];
-    first.parameters().zero_grad();
-    last.parameters().zero_grad();
+    for (auto& stage : stages) stage->parameters().zero_grad();
     last_steps.zero_losses();
     const at::Tensor lm_total = ensemble::lm_target_count(b.text).to(at::kDouble).reshape({1});
     const at::Tensor share = at::full({1}, 1.0 / M, real);
     for (int64_t i = 0; i < M; ++i) {
       const int64_t rows = 8 / M;
       const ensemble::TextBatch micro{b.text.tokens.narrow(0, i * rows, rows), b.text.lengths.narrow(0, i * rows, rows)};
-      const at::Tensor y = first_steps.forward(micro.tokens).clone();
-      const at::Tensor dx = last_steps.last(y, micro, b.labels.narrow(0, i * rows, rows), share, lm_total).clone();
-      EXPECT_FALSE(first_steps.backward(micro.tokens, dx).defined()) << "stage 0 has no input gradient";
+      std::vector<at::Tensor> inputs{micro.tokens};  // each stage's input: tokens, then activations
+      for (int64_t s = 0; s + 1 < S; ++s) inputs.push_back(stage_steps[static_cast<size_t>(s)]->forward(inputs.back()).clone());
+      at::Tensor grad = last_steps.last(inputs.back(), micro, b.labels.narrow(0, i * rows, rows), share, lm_total).clone();
+      for (int64_t s = S - 2; s >= 0; --s) {
+        const at::Tensor dx = stage_steps[static_cast<size_t>(s)]->backward(inputs[static_cast<size_t>(s)], grad);
+        if (s == 0) {
+          EXPECT_FALSE(dx.defined()) << "stage 0 has no input gradient";
+        } else {
+          ASSERT_TRUE(dx.defined()) << "stage " << s << " returns its input's gradient";
+          grad = dx.clone();
+        }
+      }
     }
-    at::Tensor a = tied(first), c = tied(last);
+    at::Tensor a = tied(*stages.front()), c = tied(*stages.back());
     const at::Tensor sum = a + c;
     a.copy_(sum);
     c.copy_(sum);
-    first_adam.step();
-    last_adam.step();
+    for (auto& optimizer : adams) optimizer->step();
     const Snapshot& expected = reference.parameters[static_cast<size_t>(step)];
-    for (const Snapshot& stage : {snapshot(first.parameters()), snapshot(last.parameters())}) {
-      for (const auto& [name, value] : stage) EXPECT_TRUE(all_close(value, expected.at(name), 1e-9)) << name;
+    for (auto& stage : stages) {
+      for (const auto& [name, value] : snapshot(stage->parameters())) {
+        EXPECT_TRUE(all_close(value, expected.at(name), 1e-9)) << name;
+      }
     }
     EXPECT_TRUE(all_close(last_steps.classification_loss(), reference.losses[static_cast<size_t>(step)].classification,
                           1e-9));
     EXPECT_TRUE(all_close(last_steps.lm_loss(), reference.losses[static_cast<size_t>(step)].language_model, 1e-9));
   }
-  EXPECT_EQ(first_steps.steps() + last_steps.steps(), 3);
-  EXPECT_EQ(first_steps.captured() + last_steps.captured(), device().is_cuda() ? 3 : 0);
+  int64_t step_kinds = 0, captured = 0;
+  for (auto& st : stage_steps) {
+    step_kinds += st->steps();
+    captured += st->captured();
+  }
+  EXPECT_EQ(step_kinds, 2 * (S - 1) + 1) << "a forward and a backward per earlier stage, one step for the last";
+  EXPECT_EQ(captured, device.is_cuda() ? 2 * (S - 1) + 1 : 0);
+}
+
+class PipelineStageStepsTest : public packtrain::testing::DeviceTest {};
+
+TEST_P(PipelineStageStepsTest, TwoStagesInOneProcessTrainTheSameModel) {
+  expect_stages_in_one_process_train_the_same_model(device(), 2);
+}
+
+// A middle stage: activations in, activations out, its input's gradient returned.
+TEST_P(PipelineStageStepsTest, ThreeStagesWithAMiddleStageInOneProcessTrainTheSameModel) {
+  expect_stages_in_one_process_train_the_same_model(device(), 3);
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PipelineStageStepsTest);
