@@ -7,6 +7,7 @@
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -135,6 +136,29 @@ TEST_P(CapturedStepTest, AStepThatSynchronizesTheHostRunsEagerlyOneStepPerCall) 
   EXPECT_TRUE(contains(log[0], "'syncing' runs eagerly")) << log[0];
   EXPECT_TRUE(contains(log[0], "synchronizes the host")) << log[0];
   EXPECT_EQ(acc.add(1).sum().item<float>(), 21.0f) << "the device and the allocator remain usable";
+}
+
+// Graphs of one pool warm up and capture on the pool's one stream, so the second
+// graph reuses the block the first one's temporary left in the pool (the caching
+// allocator hands a freed block only to its own stream): the memory estimate's
+// largest-graph budget holds.
+TEST_P(CapturedStepTest, GraphsOfOnePoolReuseEachOthersTemporaries) {
+  if (!device().is_cuda()) GTEST_SKIP() << "a CPU step captures no graph and reserves no pool";
+  const auto reserved = [&] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device().index()).reserved_bytes[0].current;
+  };
+  const int64_t n = int64_t{16} << 20;  // 64 MiB of float32 per temporary
+  at::Tensor total = at::zeros({}, at::TensorOptions().device(device()));
+  const auto pool = std::make_shared<GraphPool>(device());
+  const StepFunction step = [&](const std::vector<at::Tensor>& in) { total.add_((in[0] * 2).sum()); };
+  CapturedStep a("a", device(), {{"x", {n}}}, step, CaptureOptions().log([](auto&) {}), pool);
+  CapturedStep b("b", device(), {{"x", {n}}}, step, CaptureOptions().log([](auto&) {}), pool);
+  for (int i = 0; i < 5; ++i) a.run();
+  ASSERT_EQ(a.mode(), StepMode::kGraph);
+  const int64_t after_a = reserved();
+  for (int i = 0; i < 5; ++i) b.run();
+  ASSERT_EQ(b.mode(), StepMode::kGraph);
+  EXPECT_LT(reserved() - after_a, n * 4 / 2) << "the second graph took a new block for its temporary";
 }
 
 TEST_P(CapturedStepTest, WarmupStepsMustBePositive) {
