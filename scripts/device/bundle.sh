@@ -80,6 +80,21 @@ rule_misses=$(python3 scripts/device/gpu_tests.py lint tests || true)
   done
 } >"$tmp/tests.txt"
 
+# The C and C++ runtime the binaries need: the newest GLIBC_, GLIBCXX_ and CXXABI_
+# symbol versions they import. glibc cannot travel (an older image cannot run them:
+# the phase says so); this machine's libstdc++ and libgcc_s do, in lib-runtime/, which
+# the phase puts first only when the image's libstdc++ lacks the GLIBCXX version.
+newest() {  # PREFIX: the newest symbol version with that prefix over bin/ and lib/
+  for f in "$tmp"/bin/* "$tmp"/lib/*; do is_elf "$f" && objdump -T "$f" 2>/dev/null; done \
+    | grep -o "$1[0-9.]*[0-9]" | sort -uV | tail -1
+}
+needs="$(newest GLIBC_) $(newest GLIBCXX_) $(newest CXXABI_)"
+mkdir -p "$tmp/lib-runtime"
+for soname in libstdc++.so.6 libgcc_s.so.1; do
+  path=$(ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ { print $NF; exit }')
+  [[ -n "$path" ]] && cp -L "$path" "$tmp/lib-runtime/$soname"
+done
+
 cache() { sed -n "s/^$1:[A-Z]*=//p" build/CMakeCache.txt; }
 python="$venv_site/../../../bin/python"
 {
@@ -92,6 +107,7 @@ python="$venv_site/../../../bin/python"
     "torch kernels for TORCH_CUDA_ARCH_LIST $(cache TORCH_CUDA_ARCH_LIST)"
   echo "torch: $("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo unknown) ($torch_lib)"
   echo "bundled_libs: $(cd "$tmp/lib" && ls | paste -sd' ' -)"
+  echo "runtime_needs: $needs (lib-runtime/: $(cd "$tmp/lib-runtime" && ls | paste -sd' ' -), from $(. /etc/os-release && echo "$PRETTY_NAME"))"
   echo "gpu_tests: $(awk '!/^#/ { n += $3 } END { print n + 0 }' "$tmp/tests.txt") (names matching /cuda|gpu/i)${rule_misses:+; WARNING, tests the rule misses: $(echo "$rule_misses" | sed 's/ uses a CUDA.*//' | paste -sd' ' -)}"
   echo "sizes_kib: bin $(du -sk "$tmp/bin" | cut -f1), lib $(du -sk "$tmp/lib" | cut -f1) (data: the working tree's data/)"
 } >"$tmp/manifest.txt"

@@ -229,6 +229,27 @@ EOF
 source "$(dirname "${BASH_SOURCE[0]}")/source_hash.sh"
 
 STALE=""
+# The bundle's C/C++ runtime against the image's (manifest's runtime_needs): an
+# older libstdc++ is replaced by the one carried in lib-runtime/ (said in the
+# notes); an older glibc cannot be, and is said as the reason binaries may not start.
+check_runtime_versions() {
+  local needs glibc glibcxx have_glibc have_cxx
+  needs=$(sed -n 's/^runtime_needs: //p' "$BUNDLE/manifest.txt" 2>/dev/null)
+  [[ -n "$needs" ]] || return 0
+  glibc=$(echo "$needs" | grep -o 'GLIBC_[0-9.]*' | head -1 | sed 's/GLIBC_//')
+  glibcxx=$(echo "$needs" | grep -o 'GLIBCXX_[0-9.]*' | head -1)
+  have_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+  if [[ -n "$glibc" && -n "$have_glibc" ]] &&
+     [[ "$(printf '%s\n%s\n' "$glibc" "$have_glibc" | sort -V | head -1)" != "$glibc" ]]; then
+    echo "the bundle needs glibc >= $glibc, this image has $have_glibc: its binaries cannot start here (phase build)" \
+      >>"$WORK/notes.txt"
+  fi
+  have_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && /x86-64/ { print $NF; exit }')
+  if [[ -n "$glibcxx" && -d "$BUNDLE/lib-runtime" ]] && { [[ -z "$have_cxx" ]] || ! grep -aq "$glibcxx" "$have_cxx"; }; then
+    LD_LIBRARY_PATH="$BUNDLE/lib-runtime:$LD_LIBRARY_PATH"
+    echo "the image's libstdc++ (${have_cxx:-none}) lacks $glibcxx: using the bundle's lib-runtime/" >>"$WORK/notes.txt"
+  fi
+}
 # use_binaries TARGET...: the carried bundle, else build-device/ (a build made on this
 # machine earlier), else build/ (this machine's own build: the dry run), else builds
 # TARGETs on this machine (the fallback: carried .debs, the image's torch).
@@ -239,6 +260,7 @@ use_binaries() {
     BIN_FROM="bundle"
     LD_LIBRARY_PATH="$BUNDLE/lib:$(torch_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
+    check_runtime_versions
     # The data sets: the working tree's (they travel with it), or an older bundle's copy.
     PACKTRAIN_DATA_DIR="$root/data"
     [[ -d "$BUNDLE/share/packtrain/data" ]] && PACKTRAIN_DATA_DIR="$BUNDLE/share/packtrain/data"
