@@ -26,7 +26,8 @@ def data(n, seed=0, features=3):
 
 
 def train_help_defaults():
-    """--flag: the default `packtrain train --help` shows ("--lr TEXT=0.003 ..."), or
+    """--flag: the default `packtrain train --help` shows ("--members INT=16 ..."; a
+    sweepable flag's one-element list "--lr FLOAT=[0.003] ..." as its element), or
     None for a flag without a value (--layer-norm)."""
     if not CLI:
         pytest.skip("PACKTRAIN_BINARY is not set (run through ctest)")
@@ -35,7 +36,10 @@ def train_help_defaults():
     for line in text.splitlines():
         m = re.match(r"^\s+(--[a-z][\w-]*)(?:\s+[A-Z][A-Z:]*(?:=(\S+))?)?", line)
         if m:
-            defaults[m.group(1)] = m.group(2)
+            shown = m.group(2)
+            if shown is not None and re.fullmatch(r"\[[^,\]]*\]", shown):
+                shown = shown[1:-1]
+            defaults[m.group(1)] = shown
     return defaults
 
 
