@@ -61,8 +61,10 @@ TEST_F(Cli, CtrlCStopsTrainAndMultitaskTheSameWayAndTheirResumeContinues) {
   // train: an ensemble on the bundled data, far more epochs than the test waits for.
   const fs::path ckpt = path("train.ckpt"), log = path("train.log");
   const Interrupted train =
-      interrupt({"train", "--epochs", "100000", "--members", "2", "--device", "cpu", "--checkpoint", ckpt.string(),
-                 "--log", log.string()},
+      // --patience 0: early stopping would end the run (epoch 77, 0.3 s on an idle
+      // machine) before the signal lands.
+      interrupt({"train", "--epochs", "100000", "--patience", "0", "--members", "2", "--device", "cpu", "--checkpoint",
+                 ckpt.string(), "--log", log.string()},
                 log, path("train.err"), "epoch    2/");
   expect_stopped_after_an_epoch(train, "packtrain resume", ckpt);
   const nlohmann::json resumed =
