@@ -4,6 +4,7 @@
 #include "packtrain/ensemble/dropout_mask_math.h"
 
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -59,9 +60,11 @@ void fill_dropout_mask_cpu(const at::Tensor& noise, const std::vector<double>& k
   for (int64_t k = 0; k < K; ++k) limits[static_cast<size_t>(k)] = dropout_keep_limit(keep[static_cast<size_t>(k)]);
   const MaskRows rows{seed, draw, first_member, row_offset, B, H, limits.data()};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, noise.scalar_type(), "dropout_mask", [&] {
-    // 1 / keep rounded in the mask's type, as the CUDA kernel does.
+    // 1 / keep in the mask's type or float32 for the half types (their CUDA masks are
+    // float32's, cast), then rounded to the mask's type: the devices agree to the bit.
+    using opmath_t = at::opmath_type<scalar_t>;
     std::vector<scalar_t> scales;
-    for (const double kr : keep) scales.push_back(static_cast<scalar_t>(scalar_t(1) / static_cast<scalar_t>(kr)));
+    for (const double kr : keep) scales.push_back(static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(kr)));
     scalar_t* out = noise.data_ptr<scalar_t>();
     at::parallel_for(0, K * B, grain, [&](int64_t begin, int64_t end) {
       mask_rows_cloned(rows, scales.data(), out, begin, end);

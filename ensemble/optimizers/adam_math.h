@@ -49,13 +49,13 @@ PACKTRAIN_HOST_DEVICE inline T adam_sqrt(T x) {
 
 // One parameter's update. Scalars arrive already cast to T, as ATen casts a
 // tensor-scalar op's scalar, so float32 rounds as torch::optim does.
-template <typename T, bool kDecay, bool kL2>
+template <typename T, bool kWithDecay, bool kWithL2>
 PACKTRAIN_HOST_DEVICE inline void adam_element(T& p, T grad, T& m, T& v, T neg_step, T sqrt_bc2, T decay_factor,
                                                T l2, T beta1, T beta2, T one_minus_beta1, T one_minus_beta2,
                                                T eps) {
   T w = p;
-  if constexpr (kDecay) w = w * decay_factor;
-  if constexpr (kL2) grad = grad + w * l2;
+  if constexpr (kWithDecay) w = w * decay_factor;
+  if constexpr (kWithL2) grad = grad + w * l2;
   const T mj = m * beta1 + grad * one_minus_beta1;
   const T vj = v * beta2 + one_minus_beta2 * grad * grad;
   m = mj;

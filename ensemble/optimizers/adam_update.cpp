@@ -21,14 +21,14 @@ namespace {
 // branch-free in the inner loop so it vectorizes (built with -fopenmp
 // -fno-math-errno). Scalars are cast to scalar_t first, as ATen does for a
 // tensor-scalar op, so float32 rounds as torch::optim does.
-template <typename scalar_t, bool kDecay, bool kL2>
+template <typename scalar_t, bool kWithDecay, bool kWithL2>
 [[gnu::always_inline]] inline void adam_rows(scalar_t* P, const scalar_t* G, scalar_t* M, scalar_t* V, int64_t n, int64_t begin, int64_t end,
                const AdamCoefficients& c, double beta1, double beta2, double eps) {
   const double* active = c.active.data_ptr<double>();
   const double* neg_step = c.neg_step_size.data_ptr<double>();
   const double* sqrt_bc2 = c.sqrt_bias_correction2.data_ptr<double>();
-  const double* decay = kDecay ? c.decay_factor.data_ptr<double>() : nullptr;
-  const double* l2 = kL2 ? c.l2.data_ptr<double>() : nullptr;
+  const double* decay = kWithDecay ? c.decay_factor.data_ptr<double>() : nullptr;
+  const double* l2 = kWithL2 ? c.l2.data_ptr<double>() : nullptr;
   const auto b1 = static_cast<scalar_t>(beta1), b2 = static_cast<scalar_t>(beta2);
   const auto one_minus_b1 = static_cast<scalar_t>(1 - beta1), one_minus_b2 = static_cast<scalar_t>(1 - beta2);
   const auto epsilon = static_cast<scalar_t>(eps);
@@ -36,15 +36,15 @@ template <typename scalar_t, bool kDecay, bool kL2>
     if (active[k] == 0) continue;  // frozen: untouched
     const auto step = static_cast<scalar_t>(neg_step[k]);
     const auto bc2 = static_cast<scalar_t>(sqrt_bc2[k]);
-    const auto dec = kDecay ? static_cast<scalar_t>(decay[k]) : scalar_t(1);
-    const auto wd = kL2 ? static_cast<scalar_t>(l2[k]) : scalar_t(0);
+    const auto dec = kWithDecay ? static_cast<scalar_t>(decay[k]) : scalar_t(1);
+    const auto wd = kWithL2 ? static_cast<scalar_t>(l2[k]) : scalar_t(0);
     scalar_t* __restrict__ pk = P + k * n;
     const scalar_t* __restrict__ gk = G + k * n;
     scalar_t* __restrict__ mk = M + k * n;
     scalar_t* __restrict__ vk = V + k * n;
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
-      adam_element<scalar_t, kDecay, kL2>(pk[j], gk[j], mk[j], vk[j], step, bc2, dec, wd, b1, b2, one_minus_b1,
+      adam_element<scalar_t, kWithDecay, kWithL2>(pk[j], gk[j], mk[j], vk[j], step, bc2, dec, wd, b1, b2, one_minus_b1,
                                           one_minus_b2, epsilon);
     }
   }

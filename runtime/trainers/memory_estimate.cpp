@@ -311,6 +311,9 @@ AvailableMemory available_memory(c10::Device device) {
   a.device = a.host;
   if (device.is_cuda()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+    // The caching allocator knows no device until CUDA is initialised, which in a
+    // C++ process happens at the first CUDA tensor: this check runs before any.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     auto* allocator = c10::cuda::CUDACachingAllocator::get();
     const auto [free, total] = allocator->getMemoryInfo(index);
     // What the driver has free, and what the caching allocator holds unused.
