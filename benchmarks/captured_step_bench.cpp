@@ -19,7 +19,9 @@
 #include "packtrain/profiling/step_timer.h"
 #include "packtrain/runtime/profile/synthetic_workload.h"
 
+#include <ATen/Context.h>
 #include <benchmark/benchmark.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -90,8 +92,23 @@ double copy_bandwidth(int device) {
   return measured;
 }
 
+// Bytes the caching allocator has handed out on the device now, and at most since
+// the last reset.
+int64_t allocated_bytes(int index, bool peak) {
+  const c10::CachingDeviceAllocator::DeviceStats stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  return peak ? stats.allocated_bytes[0].peak : stats.allocated_bytes[0].current;
+}
+
 void run_captured(benchmark::State& state, c10::Device device, int64_t unroll) {
   const int64_t members = state.range(0), hidden = state.range(1), batch = state.range(2), depth = state.range(3);
+  const int index = device.index() < 0 ? 0 : device.index();
+  // Each run starts from an empty cache: the pools of the runs before (their graphs
+  // destroyed) are returned to the driver, so a large shape's capture does not fail
+  // in one repetition and succeed in the next (Google Benchmark aborts on that).
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // the allocator knows no device before
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  state.counters["allocated_mib_before"] = static_cast<double>(allocated_bytes(index, false)) / (1 << 20);
   runtime::SyntheticWorkload w(runtime::WorkloadOptions()
                                    .members(members)
                                    .hidden(hidden)
@@ -129,8 +146,11 @@ void run_captured(benchmark::State& state, c10::Device device, int64_t unroll) {
   for (const auto& [kind, n] : step.graph_nodes_by_kind()) {
     state.counters[kind + "_nodes_per_step"] = static_cast<double>(n) / static_cast<double>(unroll);
   }
+  // The device memory the workload and its graphs hold (peak: during warm-up and
+  // capture): an unrolled graph should need about one step's, not U steps'.
+  state.counters["allocated_mib"] = static_cast<double>(allocated_bytes(index, false)) / (1 << 20);
+  state.counters["peak_allocated_mib"] = static_cast<double>(allocated_bytes(index, true)) / (1 << 20);
   const double bytes = bytes_per_step(members, batch, 8, hidden, depth);
-  const int index = device.index() < 0 ? 0 : device.index();
   const double peak = peak_bandwidth(index), copy = copy_bandwidth(index);
   const double step_us = device_us / steps;
   state.counters["bytes_per_step"] = bytes;
