@@ -17,7 +17,7 @@
 
 #include "packtrain/graphs/captured_step.h"
 #include "packtrain/profiling/step_timer.h"
-#include "packtrain/runtime/profile/synthetic_workload.h"
+#include "packtrain/runtime/measure/synthetic_workload.h"
 
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>

@@ -28,7 +28,7 @@
 #include "packtrain/ensemble/pack.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_step.h"
-#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
 
 #include <ATen/Context.h>

@@ -16,7 +16,7 @@
 // (S - 1) / (M + S - 1), the idle fraction the schedule implies on S devices, and
 // slowest_stage_ms_{parameters,time}: the slowest stage's forward + backward per
 // micro-batch under each placement, from the pieces' times measured on this machine
-// (runtime/profile/layer_timing.h) — what placing by time gains where it differs;
+// (runtime/measure/layer_timing.h) — what placing by time gains where it differs;
 // last_stage_first_block says where the placement put the last boundary.
 //
 // MultiTaskPipelinePlacement/by_time:0|1 — the same step for a large-vocabulary

@@ -8,7 +8,7 @@
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/cli/range_checks.h"
-#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/active_learning.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 

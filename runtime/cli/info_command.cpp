@@ -6,8 +6,8 @@
 #include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/distributed/nccl_communicator.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/profile/cpu_memory.h"
-#include "packtrain/runtime/profile/launch_profile.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
+#include "packtrain/runtime/measure/launch_profile.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>

@@ -16,7 +16,7 @@
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"

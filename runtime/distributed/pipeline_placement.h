@@ -1,6 +1,6 @@
 // Pipeline placement: which contiguous blocks of a PackedTransformer each of S
 // pipeline stages holds (stage s on rank s), balanced by parameter count or by
-// measured time (runtime/profile/layer_timing.h) — the first stage also holds the
+// measured time (runtime/measure/layer_timing.h) — the first stage also holds the
 // embeddings, the last the final norm, the heads and, with a tied LM head, a copy
 // of the token embedding — and what each rank holds in bytes, for the placement
 // table a pipeline run prints.
@@ -8,7 +8,7 @@
 
 #include "packtrain/base/enum_names.h"
 #include "packtrain/ensemble/packed_transformer.h"
-#include "packtrain/runtime/profile/layer_timing.h"
+#include "packtrain/runtime/measure/layer_timing.h"
 
 #include <cstdint>
 #include <string>

@@ -2,7 +2,7 @@
 // to tests/profiling/nvtx_recorder.cpp's library (as Nsight Systems injects its
 // own), which records pushes and pops in the `packtrain` domain.
 #include "packtrain/profiling/nvtx.h"
-#include "packtrain/runtime/profile/synthetic_workload.h"
+#include "packtrain/runtime/measure/synthetic_workload.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

@@ -16,7 +16,7 @@
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/profile/layer_timing.h"
+#include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/io/checkpoint_file.h"

@@ -1,4 +1,4 @@
-#include "packtrain/runtime/profile/layer_timing.h"
+#include "packtrain/runtime/measure/layer_timing.h"
 
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/packed_loss.h"

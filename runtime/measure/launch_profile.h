@@ -4,7 +4,7 @@
 #pragma once
 
 #include "packtrain/profiling/launch_report.h"
-#include "packtrain/runtime/profile/synthetic_workload.h"
+#include "packtrain/runtime/measure/synthetic_workload.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "packtrain/runtime/profile/synthetic_workload.h"
+#include "packtrain/runtime/measure/synthetic_workload.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

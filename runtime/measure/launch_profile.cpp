@@ -1,4 +1,4 @@
-#include "packtrain/runtime/profile/launch_profile.h"
+#include "packtrain/runtime/measure/launch_profile.h"
 
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/profiling/trace.h"

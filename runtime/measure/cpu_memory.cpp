@@ -1,4 +1,4 @@
-#include "packtrain/runtime/profile/cpu_memory.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
