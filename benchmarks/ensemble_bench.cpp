@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Both families run in this process with freed CPU memory retained, as the CLI
-  // trains (runtime/cpu_memory.h).
+  // trains (runtime/measure/cpu_memory.h).
   packtrain::runtime::retain_freed_cpu_memory();
   benchmark::AddCustomContext("device", bench_device().str());
   std::string depths;

@@ -39,7 +39,7 @@ namespace packtrain::ensemble {
 struct PackedTransformerOptions {
   /// Example: PackedTransformerOptions().width(256).layers(4).heads(8).max_length(64)
   TORCH_ARG(int64_t, members) = 1;       // K
-  TORCH_ARG(int64_t, vocab) = 259;       // V: bytes and three special tokens (runtime/byte_tokenizer.h)
+  TORCH_ARG(int64_t, vocab) = 259;       // V: bytes and three special tokens (runtime/data/byte_tokenizer.h)
   TORCH_ARG(int64_t, width) = 128;       // d
   TORCH_ARG(int64_t, layers) = 2;        // blocks
   TORCH_ARG(int64_t, heads) = 4;         // d % heads == 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load a packtrain export (runtime/model_export.h) in plain PyTorch and predict.
+"""Load a packtrain export (runtime/io/model_export.h) in plain PyTorch and predict.
 
 The export is one file that ``torch.load(path)`` reads with its default
 ``weights_only=True``: a dict of plain containers and tensors, with each member's

@@ -37,7 +37,7 @@ Compile time (the first call, warm-up steps excluded) is reported apart from the
 Timing: after --warmup steps, --repeats runs of --steps steps each; a run's ms/step is
 its wall time / steps; the figure is the median over runs.
 
-Like packtrain_bench's main (runtime/cpu_memory.h), the process first raises glibc's
+Like packtrain_bench's main (runtime/measure/cpu_memory.h), the process first raises glibc's
 M_MMAP_THRESHOLD (32 MiB) and M_TRIM_THRESHOLD (1 GiB) so freed activation buffers
 are reused rather than returned to the kernel (--no-retain-memory: leave malloc as is).
 

@@ -1,4 +1,4 @@
-// `packtrain active-learn`: the pool-based active-learning loop (runtime/active_learning.h)
+// `packtrain active-learn`: the pool-based active-learning loop (runtime/trainers/active_learning.h)
 // with acquisition by a strategy (runtime/trainers/acquisition.h) against random
 // acquisition, on one pack, for regression and classification; writes the
 // learning curve as CSV and SVG.

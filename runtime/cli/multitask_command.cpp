@@ -1,5 +1,5 @@
 // packtrain multitask train | resume | score | generate: one transformer trunk with an
-// acceptability classifier and a causal-LM head (runtime/multitask_trainer.h).
+// acceptability classifier and a causal-LM head (runtime/trainers/multitask_trainer.h).
 //
 //   train     with no arguments: the bundled language-identification task (fortune
 //             cookies in 5 languages; --task cola: CoLA acceptability), both tasks

@@ -22,7 +22,7 @@ struct LabelledTexts {
 LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t classes = 2);
 
 // The bundled CoLA directory (PACKTRAIN_DATA_DIR or the source tree's data/, as
-// runtime/dataset.h finds bundled data).
+// runtime/data/dataset.h finds bundled data).
 std::filesystem::path bundled_cola_dir();
 
 // A labelled-text task bundled in data/ (its README gives provenance and licence).

@@ -3,7 +3,7 @@
 // — with one trunk forward per distinct input and one backward per step
 // (ensemble/multitask_step.h), then scores texts and generates continuations.
 //
-// Static shapes: sentences are tokenized once (runtime/byte_tokenizer.h), grouped
+// Static shapes: sentences are tokenized once (runtime/data/byte_tokenizer.h), grouped
 // into length buckets and uploaded to the device; every batch is one bucket's
 // padded length, so each bucket has one captured training graph and one eval graph
 // (MultiTaskSteps, runtime/trainers/multitask_steps.h). Texts longer than the
@@ -201,7 +201,7 @@ class MultiTaskTrainer {
   size_t evaluation_graphs() const;
 
   // Checkpoint: options, parameters, optimizer state, epochs and steps, and the
-  // caller's `extra` JSON; atomic and checksummed (runtime/checkpoint_file.h).
+  // caller's `extra` JSON; atomic and checksummed (runtime/io/checkpoint_file.h).
   // load() rebuilds the trainer on `device`, its graph decisions going to `log` (the
   // log is not stored).
   //

@@ -290,7 +290,7 @@ use_binaries() {
   return 0
 }
 
-# The fallback: the old scripts/device/build_and_test.sh recipe, for TARGETs only.
+# The fallback: the recipe of the former build_and_test.sh, for TARGETs only.
 build_on_device() {
   BIN_DIR="$DEVICE_BUILD/bin"
   BIN_FROM="build-device (built by this phase; fallback)"

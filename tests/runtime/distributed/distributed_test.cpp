@@ -2,7 +2,7 @@
 // group's collectives; the collective deadline (watchdog); a trainer in a world of
 // one (Gloo on CPU, NCCL captured inside the step on a GPU) equals a trainer with no
 // group. Multi-process runs are tested through `packtrain launch`
-// (tests/runtime/cli_test.cpp).
+// (tests/runtime/cli/distributed_cli_test.cpp).
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/distributed/collective_watchdog.h"
 #include "packtrain/runtime/distributed/process_group.h"
