@@ -184,7 +184,7 @@ def stale_paths(root, skip=(SELF,)):
                 found.append((source, line, token))
         if source.endswith(".md"):
             found += [(source, line, target) for line, target in broken_links(source, text, file_set, dirs)]
-    return found
+    return sorted(set(found), key=lambda f: (f[0], f[1], f[2]))  # a link's text and target may name one path
 
 
 MARKDOWN_LINK = re.compile(r"\]\(([^()\s#]+)(?:#[^()\s]*)?\)")

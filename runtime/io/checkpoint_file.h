@@ -24,8 +24,8 @@ class WriteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What an output's path names decides how it is written (the policy README's
-// "Errors and input" states). Symbolic links are followed.
+// What an output's path names decides how it is written (the policy docs/errors.md
+// states). Symbolic links are followed.
 enum class OutputKind {
   kFile,     // nothing, or a regular file: a temporary beside it, renamed over it
   kStream,   // a character device (/dev/null, a terminal) or a FIFO: written in place,
