@@ -22,7 +22,8 @@ such folder and are not checked. A path is found when it exists relative to the
 repository root, to the file's own folder or one above it, or to a layer's folder
 (`packtrain/<layer>/...` is the include spelling of `<layer>/...`). Placeholders
 (`<layer>`, `*`, `{a,b}`) end a token, so `include/packtrain/<layer>/` is not read.
-Registered as the CTest test StalePaths (and StalePathsSelfTest).
+Tracked means in git's index: a new file counts once it is `git add`ed. Registered
+as the CTest test StalePaths (and StalePathsSelfTest).
 """
 
 import argparse
