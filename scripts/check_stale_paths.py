@@ -8,7 +8,8 @@ the repository tracks, takes every token that looks like a repository path
 (`runtime/trainers/ensemble_steps.h`, `ensemble/optimizers/`,
 `packtrain/graphs/captured_step.h`, `optimizers/adam_math.h` beside its
 folder) and reports those that name no tracked file or folder, and every
-relative Markdown link that leads nowhere from its own file's folder:
+relative Markdown link that leads nowhere from its own file's folder (or to a
+heading the file does not have):
 
     scripts/check_stale_paths.py [--root DIR]   # exit 1 and one line per stale path
     scripts/check_stale_paths.py --self-test    # the check itself, on a made-up tree
@@ -184,26 +185,46 @@ def stale_paths(root, skip=(SELF,)):
             if not exists(token, source, file_set, dirs):
                 found.append((source, line, token))
         if source.endswith(".md"):
-            found += [(source, line, target) for line, target in broken_links(source, text, file_set, dirs)]
+            found += [(source, line, target) for line, target in broken_links(source, text, file_set, dirs, root)]
     return sorted(set(found), key=lambda f: (f[0], f[1], f[2]))  # a link's text and target may name one path
 
 
-MARKDOWN_LINK = re.compile(r"\]\(([^()\s#]+)(?:#[^()\s]*)?\)")
+MARKDOWN_LINK = re.compile(r"\]\(([^()\s#]*)(?:#([^()\s]*))?\)")
 
 
-def broken_links(source, text, files, dirs):
+def heading_anchors(text):
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation
+    dropped, spaces to dashes; a repeated heading gets -1, -2, ..."""
+    anchors, seen, fenced = set(), {}, False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not re.match(r"^#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def broken_links(source, text, files, dirs, root):
     """(line, target) for every relative Markdown link that leads nowhere: a link
     is read relative to its own file's folder, so a section moved into docs/ must
-    have its links rewritten."""
+    have its links rewritten; a link to a heading (`guide.md#checkpoints`) must
+    name one of that file's headings."""
     folder = os.path.dirname(source)
     for number, line in enumerate(text.split("\n"), start=1):
         for match in MARKDOWN_LINK.finditer(line):
-            target = match.group(1)
+            target, anchor = match.group(1), match.group(2)
             if re.match(r"^[a-z]+:", target) or target.startswith("/"):
                 continue  # https:, mailto:, an absolute path: not the repository's
-            full = os.path.normpath(os.path.join(folder, target)).replace(os.sep, "/")
+            full = os.path.normpath(os.path.join(folder, target)).replace(os.sep, "/") if target else source
             if full not in files and full not in dirs:
                 yield number, target
+            elif anchor and full.endswith(".md") and full in files:
+                with open(os.path.join(root, full), encoding="utf-8") as f:
+                    if anchor not in heading_anchors(f.read()):
+                        yield number, f"{target}#{anchor}"
 
 
 def self_test():
@@ -218,14 +239,17 @@ def self_test():
         "scripts/tool.py": "\"\"\"Reads scripts/missing_tool.sh.\"\"\"\nx = 'runtime/in_code.h'  # runtime/trainers/steps.cpp\n",
         "docs/guide.md": "See [it](../ensemble/packed_mlp.h), ensemble/packed_mlp.h and docs/gone.md;\n"
                          "`packtrain/`, `trainers/` and peers/results.json are not checked.\n"
-                         "A [link](ensemble/packed_mlp.h) is read from docs/, [this one](../ensemble/) too.\n",
+                         "A [link](ensemble/packed_mlp.h) is read from docs/, [this one](../ensemble/) too.\n"
+                         "Links to [a heading](#a-heading-here) and [none](#no-heading).\n"
+                         "## A heading, here\n",
     }
     expected = {("ensemble/packed_mlp.h", 2, "ensemble/packed_gone.h"),
                 ("ensemble/packed_linear.h", 2, "runtime/old_trainer.h"),
                 ("runtime/trainers/steps.cpp", 1, "runtime/profile/"),
                 ("scripts/tool.py", 1, "scripts/missing_tool.sh"),
                 ("docs/guide.md", 1, "docs/gone.md"),
-                ("docs/guide.md", 3, "ensemble/packed_mlp.h")}
+                ("docs/guide.md", 3, "ensemble/packed_mlp.h"),
+                ("docs/guide.md", 4, "#no-heading")}
     with tempfile.TemporaryDirectory() as root:
         for path, text in files.items():
             os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
