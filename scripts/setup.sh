@@ -11,8 +11,13 @@
 #  - The CUDA toolkit (nvcc, NCCL, NVTX) is expected on the machine already; its
 #    absence is reported, not installed.
 #
+# Each long step (only when something is missing) prints a line before it, with about
+# how long it takes here, and one after, with the seconds it took; pip shows its
+# download bars. --quiet silences only the lines saying that something is present.
+#
 # Usage: scripts/setup.sh [--quiet]
 set -euo pipefail
+source "$(dirname "$0")/progress.sh"
 
 quiet=0
 [[ "${1:-}" == "--quiet" ]] && quiet=1
@@ -30,11 +35,11 @@ for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  say "installing Debian packages: ${missing[*]}"
   sudo_cmd=""
   [[ $(id -u) == 0 ]] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+  step "setup: apt-get update" "under a minute" $sudo_cmd apt-get update -qq
+  apt_install() { DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null; }
+  step "setup: installing Debian packages: ${missing[*]}" "1-3 min for all of them" apt_install
 else
   say "Debian packages present"
 fi
@@ -51,10 +56,12 @@ PY
 if torch_ok; then
   say "torch $TORCH_VERSION present in $venv"
 else
-  say "installing torch==$TORCH_VERSION (CUDA 13.0 build, with its CUDA libraries) into $venv"
   mkdir -p "$cache"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+  # Not --quiet: pip's lines name each wheel and its size, and its bars show the download.
+  step "setup: downloading and installing torch==$TORCH_VERSION (the CUDA 13.0 build, with its CUDA libraries, about 4.7 GB) into $venv" \
+       "minutes, at your network's speed" \
+    "$venv/bin/pip" install --disable-pip-version-check --progress-bar on "torch==$TORCH_VERSION" numpy
   torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $venv" >&2; exit 1; }
 fi
 
@@ -66,8 +73,8 @@ fi
 # against this torch).
 py_tools=(pytest scikit-learn scikit-build-core botorch baal properscoring uncertainty-toolbox torchmetrics)
 if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal, properscoring, uncertainty_toolbox, torchmetrics" 2>/dev/null; then
-  say "installing ${py_tools[*]} into $venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}" "torch==$TORCH_VERSION"
+  step "setup: installing ${py_tools[*]} into $venv" "a minute or two" \
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}" "torch==$TORCH_VERSION"
 else
   say "${py_tools[*]} present"
 fi
