@@ -4,9 +4,11 @@
 // empty element, nan or inf is an error naming its position).
 //
 //   parse_integer<int64_t>("9223372036854775808")  // error: "must be an integer between ... and ..."
-//   parse_number_list("1e-3,,2", "--lr")           // invalid_argument: "--lr: element 2 of '1e-3,,2' is empty"
-//   check_distinct({1e-3, 1e-3}, "--lr")           // invalid_argument: "--lr: 0.001 is given twice (elements 1 and 2)"
+//   parse_number_list("1e-3,,2", "--lr")           // UserError: "--lr: element 2 of '1e-3,,2' is empty"
+//   check_distinct({1e-3, 1e-3}, "--lr")           // UserError: "--lr: 0.001 is given twice (elements 1 and 2)"
 #pragma once
+
+#include "packtrain/base/user_error.h"
 
 #include <charconv>
 #include <cmath>
@@ -16,7 +18,6 @@
 #include <map>
 #include <optional>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -75,10 +76,10 @@ inline std::optional<double> parse_double(const std::string& text) {
 }
 
 // A comma-separated list of finite numbers ("1e-3,3e-3"; spaces around an element
-// are allowed). std::invalid_argument, prefixed with `what` (the flag or key), for
+// are allowed). UserError, prefixed with `what` (the flag or key), for
 // an empty list or element, text that is not a number, nan and inf.
 inline std::vector<double> parse_number_list(const std::string& text, const std::string& what) {
-  const auto fail = [&](const std::string& problem) { return std::invalid_argument(what + ": " + problem); };
+  const auto fail = [&](const std::string& problem) { return UserError(what + ": " + problem); };
   if (text.find_first_not_of(" \t") == std::string::npos) throw fail("needs at least one number, got ''");
   std::vector<double> out;
   size_t begin = 0;
@@ -110,18 +111,18 @@ inline std::string number_text(double value) {
   return std::to_string(value);
 }
 
-// std::invalid_argument, prefixed with `what`, naming a value that is not finite or
+// UserError, prefixed with `what`, naming a value that is not finite or
 // is given twice, with its 1-based positions.
 inline void check_distinct(const std::vector<double>& values, const std::string& what) {
   std::map<double, size_t> first_at;
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
-      throw std::invalid_argument(what + ": element " + std::to_string(i + 1) + " (" + number_text(values[i]) +
-                                  ") is not a finite number");
+      throw UserError(what + ": element " + std::to_string(i + 1) + " (" + number_text(values[i]) +
+                      ") is not a finite number");
     }
     if (const auto [at, added] = first_at.emplace(values[i], i); !added) {
-      throw std::invalid_argument(what + ": " + number_text(values[i]) + " is given twice (elements " +
-                                  std::to_string(at->second + 1) + " and " + std::to_string(i + 1) + ")");
+      throw UserError(what + ": " + number_text(values[i]) + " is given twice (elements " +
+                      std::to_string(at->second + 1) + " and " + std::to_string(i + 1) + ")");
     }
   }
 }

@@ -3,6 +3,7 @@
 // defaults are the CLI's), tensors cross without copies through torch's pybind11
 // casters, the GIL is released while C++ trains, and the epoch callback (which
 // holds it again) is where Ctrl-C is seen, as the CLI sees it between epochs.
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/trainers/acquisition.h"
@@ -97,8 +98,6 @@ packtrain::runtime::EnsembleTrainerOptions options_from(const std::string& overr
     return options;
   } catch (const c10::Error& e) {
     throw py::value_error(e.what_without_backtrace());
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
   }
 }
 
@@ -310,6 +309,15 @@ py::dict task_metrics_dict(const packtrain::runtime::TaskMetrics& m) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "packtrain's C++ runtime (use the estimators in packtrain, not this module)";
   m.attr("torch_version") = TORCH_VERSION;  // the torch this module was built against
+  // Bad input (packtrain::UserError: DataError, a bad sweep, acquisition or
+  // generation option) is the caller's to fix: ValueError, as for Python's own checks.
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const packtrain::UserError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
   m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::train_defaults()); },
         "The trainer's default options as JSON: `packtrain train`'s (runtime::train_defaults).");
   m.def("check_fit_memory", &check_fit_memory, py::arg("options_json"), py::arg("rows"), py::arg("features"),
@@ -605,12 +613,7 @@ PYBIND11_MODULE(_core, m) {
               out.append(d);
             }
             if (select_best) {
-              size_t best = 0;
-              try {
-                best = packtrain::runtime::best_configuration(reports);
-              } catch (const std::invalid_argument& e) {
-                throw py::value_error(e.what());
-              }
+              const size_t best = packtrain::runtime::best_configuration(reports);  // UserError: ValueError
               t.keep_members(reports[best].configuration.first_member, reports[best].configuration.members);
               py::dict chosen = out[best];
               chosen["selected"] = true;

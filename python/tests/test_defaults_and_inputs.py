@@ -158,6 +158,18 @@ def test_bad_parameters_raise_a_clear_error(params, error, message):
         packtrain.EnsembleRegressor(**{**TINY, **params}).fit(x, y)
 
 
+def test_bad_input_the_runtime_finds_raises_value_error(tmp_path):
+    """What the runtime refuses as bad input (a packtrain::UserError: unreadable data, a
+    file that is not a checkpoint, a bad generation option) is ValueError, as it is
+    exit status 2 for the CLI, never RuntimeError."""
+    with pytest.raises(ValueError, match="no_such_set: no such file or directory, nor a bundled data set"):
+        packtrain.load_dataset("no_such_set")
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.ckpt"):
+        packtrain.load(junk)
+
+
 def test_a_pack_larger_than_memory_is_refused_before_it_is_allocated():
     """members=10**9 is refused by the runtime's estimate (as `train` refuses it), at
     once and without allocating, naming what to lower; a sweep counts its configurations."""

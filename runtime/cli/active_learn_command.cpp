@@ -49,7 +49,7 @@ int run_active_learn(ActiveLearnCommand c) {
   const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.loop.acquisition().strategy));
   try {  // before any round is trained
     runtime::check_acquisition_options(c.loop.acquisition(), cls);
-  } catch (const std::invalid_argument& e) {
+  } catch (const UserError& e) {
     throw UsageError(fmt::format("--strategy {}: {}", strategy, e.what()));
   }
   const char* metric = cls ? "accuracy" : "RMSE";

@@ -3,6 +3,7 @@
 // writes that fail without taking the run's results with them.
 #pragma once
 
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 
 #include <c10/core/Device.h>
@@ -22,10 +23,10 @@ class ProcessGroup;
 
 namespace packtrain::cli {
 
-// A bad argument the parser could not catch (exit status 2, like DataError).
-class UsageError : public std::runtime_error {
+// A bad argument the parser could not catch: a UserError (exit status 2, like DataError).
+class UsageError : public UserError {
  public:
-  using std::runtime_error::runtime_error;
+  using UserError::UserError;
 };
 
 // Whether `e` is an allocation that failed: c10::OutOfMemoryError (a GPU), or the

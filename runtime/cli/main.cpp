@@ -8,8 +8,11 @@
 // `key = value` lines (the flag's name without dashes); flags on the command line
 // win; an unknown key is an error.
 //
-// Exit status: 0 success, 2 bad input (arguments, data, checkpoints, config),
-// 130 interrupted (after saving a checkpoint when asked), 1 internal error.
+// Exit status: 0 success; 2 bad input (arguments, data, checkpoints, config: a
+// packtrain::UserError, or a flag CLI11 rejects); 130 interrupted (after saving a
+// checkpoint when asked); 1 a failed write (a full disk), a failed collective (a
+// peer died or hangs), or an internal error (a bug: any other exception).
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/config_file.h"
@@ -32,9 +35,14 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
+
+// One catch maps every user error to status 2 (below): the CLI's own must be one.
+static_assert(std::is_base_of_v<packtrain::UserError, packtrain::cli::UsageError>);
+static_assert(std::is_base_of_v<packtrain::UserError, packtrain::runtime::DataError>);
 
 // Config keys outside any [section] belong to the subcommand being run, so a file
 // of `members = 8` lines works for `packtrain train --config f.toml` (and `epochs = 2`
@@ -163,9 +171,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     return fail(2, "error: " + packtrain::cli::config_location(config_lines, e.what(), command_line) + e.what());
-  } catch (const packtrain::runtime::DataError& e) {
-    return fail(2, std::string("error: ") + e.what());
-  } catch (const packtrain::cli::UsageError& e) {
+  } catch (const packtrain::UserError& e) {  // DataError, UsageError and every other bad input
     return fail(2, std::string("error: ") + e.what());
   } catch (const packtrain::runtime::WriteError& e) {
     return fail(1, std::string("error: ") + e.what());  // a full disk: not bad input, not a bug

@@ -343,7 +343,7 @@ int run_acquire(AcquireCommand c) {
   if (!c.strategy_given) c.options.strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
   try {  // before the pool is read and scored
     runtime::check_acquisition_options(c.options, cls);
-  } catch (const std::invalid_argument& e) {
+  } catch (const UserError& e) {
     throw UsageError(fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy),
                                  e.what()));
   }
@@ -360,7 +360,7 @@ int run_acquire(AcquireCommand c) {
   const std::vector<int64_t> chosen = [&] {
     try {
       return runtime::select_batch(scores, c.count, c.options);
-    } catch (const std::invalid_argument& e) {  // --selection power on negative scores (ucb)
+    } catch (const UserError& e) {  // --selection power on negative scores (ucb)
       throw UsageError(fmt::format("--selection {}: {}", runtime::kBatchSelectionNames.name(c.options.selection), e.what()));
     }
   }();

@@ -29,7 +29,7 @@ CLI::Option* add_number_list_option(CLI::App* app, const std::string& flag, std:
         try {
           values = parse_number_list(joined, flag);
           check_distinct(values, flag);
-        } catch (const std::invalid_argument& e) {
+        } catch (const UserError& e) {
           throw CLI::ValidationError(e.what());
         }
       },
@@ -131,7 +131,7 @@ runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
     o.validate();
   } catch (const c10::Error& e) {
     throw UsageError(e.what_without_backtrace());
-  } catch (const std::invalid_argument& e) {
+  } catch (const UserError& e) {
     throw UsageError(e.what());
   }
   return o;

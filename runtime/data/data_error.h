@@ -1,15 +1,15 @@
 // The error bad input data raises: names the file, and the line and column where
-// that applies, so the CLI can print one line and exit with status 2.
+// that applies, so the CLI can print one line and exit with status 2. A UserError
+// (base/user_error.h): Python sees ValueError.
 #pragma once
 
-#include <stdexcept>
-#include <string>
+#include "packtrain/base/user_error.h"
 
 namespace packtrain::runtime {
 
-class DataError : public std::runtime_error {
+class DataError : public UserError {
  public:
-  using std::runtime_error::runtime_error;
+  using UserError::UserError;
 };
 
 }  // namespace packtrain::runtime

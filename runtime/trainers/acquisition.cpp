@@ -1,6 +1,7 @@
 // Acquisition scores and batch selection (runtime/trainers/acquisition.h).
 #include "packtrain/runtime/trainers/acquisition.h"
 
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/trainers/ensemble_predictions.h"
 #include "packtrain/runtime/trainers/predictive_distribution.h"
 
@@ -44,7 +45,7 @@ at::Tensor included_probabilities(const EnsemblePrediction& p) {
 
 void check_power(const AcquisitionOptions& o) {
   if (!(o.power >= 0 && std::isfinite(o.power))) {
-    throw std::invalid_argument("the sampling power must be finite and >= 0, got " + std::to_string(o.power));
+    throw UserError("the sampling power must be finite and >= 0, got " + std::to_string(o.power));
   }
 }
 
@@ -52,10 +53,10 @@ void check_power(const AcquisitionOptions& o) {
 
 void check_acquisition_options(const AcquisitionOptions& o, bool classification) {
   if (o.strategy != AcquisitionStrategy::kRandom && strategy_for_classification(o.strategy) != classification) {
-    throw std::invalid_argument(fit_error(o.strategy, classification));
+    throw UserError(fit_error(o.strategy, classification));
   }
   if (o.strategy == AcquisitionStrategy::kUcb && !(std::abs(o.ucb_beta) <= kMaxUcbBeta)) {
-    throw std::invalid_argument(fmt::format("the UCB beta must be finite and between {:g} and {:g}, got {}",
+    throw UserError(fmt::format("the UCB beta must be finite and between {:g} and {:g}, got {}",
                                             -kMaxUcbBeta, kMaxUcbBeta, o.ucb_beta));
   }
   if (o.selection != BatchSelection::kTop) check_power(o);
@@ -114,19 +115,19 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
   const at::Tensor s = scores.reshape({-1}).to(at::kDouble).cpu();
   const int64_t N = s.size(0);
   if (count < 1 || count > N) {
-    throw std::invalid_argument("cannot choose " + std::to_string(count) + " rows from a pool of " + std::to_string(N) +
-                                " (1 to " + std::to_string(N) + ")");
+    throw UserError("cannot choose " + std::to_string(count) + " rows from a pool of " + std::to_string(N) +
+                    " (1 to " + std::to_string(N) + ")");
   }
-  if (!at::isfinite(s).all().item<bool>()) throw std::invalid_argument("acquisition scores must be finite");
+  if (!at::isfinite(s).all().item<bool>()) throw UserError("acquisition scores must be finite");
   if (o.selection == BatchSelection::kTop) {
     const at::Tensor chosen = std::get<1>(s.topk(count, 0, /*largest=*/true, /*sorted=*/true)).contiguous();
     return {chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + count};
   }
   check_power(o);
   if (o.selection == BatchSelection::kPower && (s < 0).any().item<bool>()) {
-    throw std::invalid_argument("power sampling needs scores >= 0 (" +
-                                std::string(kAcquisitionStrategyNames.name(o.strategy)) +
-                                " gave negative ones): use softmax sampling");
+    throw UserError("power sampling needs scores >= 0 (" +
+                    std::string(kAcquisitionStrategyNames.name(o.strategy)) +
+                    " gave negative ones): use softmax sampling");
   }
   // Gumbel top-k: the top `count` of log-weight + Gumbel noise are a draw without
   // replacement with probabilities proportional to the weights.

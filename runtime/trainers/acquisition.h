@@ -66,7 +66,7 @@ struct AcquisitionOptions {
 // "by the std alone" long before.
 inline constexpr double kMaxUcbBeta = 1e6;
 
-// std::invalid_argument, saying what to use instead, when `options` cannot score
+// UserError, saying what to use instead, when `options` cannot score
 // the predictions of a classifier (or a regressor): a strategy of the other head, a
 // UCB beta that is not finite or beyond +-kMaxUcbBeta, a sampling power that is not
 // finite and >= 0. Check before the work that ends in scoring (a pool read, rounds
@@ -74,7 +74,7 @@ inline constexpr double kMaxUcbBeta = 1e6;
 void check_acquisition_options(const AcquisitionOptions& options, bool classification);
 
 // Scores (N, float64) of the prediction's rows under `options.strategy`; throws
-// std::invalid_argument as check_acquisition_options.
+// UserError as check_acquisition_options.
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& options);
 
 // The scores of every row of a pool x (N, I), predicted by `predict` `chunk_rows` rows

@@ -1,5 +1,6 @@
 #include "packtrain/runtime/trainers/active_learning.h"
 
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/io/svg_plot.h"
@@ -36,7 +37,7 @@ constexpr uint64_t kRandomStream = 0x2B00;
 constexpr uint64_t kRoundStream = 0x3C00;
 
 void require(bool ok, const std::string& message) {
-  if (!ok) throw std::invalid_argument("active learning: " + message);
+  if (!ok) throw UserError("active learning: " + message);
 }
 
 // Partial Fisher-Yates: the first `count` of `items` become a uniform sample.
@@ -62,7 +63,7 @@ std::vector<int64_t> initial_rows(int64_t pool_rows, int64_t count, uint64_t see
 EnsembleTrainerOptions pack_options(EnsembleTrainerOptions o, int64_t runs, const AcquisitionOptions& acquisition) {
   try {
     check_acquisition_options(acquisition, o.head() == Head::kClassification);
-  } catch (const std::invalid_argument& e) {
+  } catch (const UserError& e) {
     require(false, e.what());
   }
   require(o.patience() == 0, "there is no validation data to stop early on: patience must be 0, got " +

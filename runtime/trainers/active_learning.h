@@ -42,7 +42,7 @@ struct ActiveLearningOptions {
   TORCH_ARG(AcquisitionOptions, acquisition) = {};
 
  public:
-  // Throws std::invalid_argument naming the field and value.
+  // Throws UserError naming the field and value.
   void validate() const;
 };
 
@@ -73,7 +73,7 @@ using RoundCallback = std::function<void(const LearningCurvePoint&)>;
 // One run's pool, split into labelled and unlabelled rows; a row is in exactly one.
 class PoolPartition {
  public:
-  // Throws std::invalid_argument on a repeated or out-of-range initial row.
+  // Throws UserError on a repeated or out-of-range initial row.
   PoolPartition(int64_t pool_rows, const std::vector<int64_t>& initial);
 
   const std::vector<int64_t>& labelled() const { return labelled_; }  // in acquisition order
@@ -138,7 +138,7 @@ class ActiveLearningLoop {
 // Each run's batches come from its own labelled rows, so the order must be
 // per-member or bootstrap: a shared order is switched to per-member, with a log
 // line. Any head, with a strategy for it; no validation data: patience must be 0. Throws
-// std::invalid_argument on such options, DataError (one line) on sizes that do not
+// UserError on such options, DataError (one line) on sizes that do not
 // fit: initial < batch size, or initial + (rounds - 1) * acquire > pool rows.
 ActiveLearningResult run_active_learning(const EnsembleTrainerOptions& trainer_options, const at::Tensor& pool_x,
                                          const at::Tensor& pool_y, const at::Tensor& test_x,

@@ -2,6 +2,7 @@
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 
 #include "packtrain/base/number_text.h"
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 #include <string>
 
 namespace packtrain::runtime {
@@ -18,7 +18,7 @@ namespace packtrain::runtime {
 namespace {
 // Non-empty, finite and without repeats (a NaN is named as such, never as a repeat).
 void check_axis(const std::vector<double>& values, const char* name) {
-  if (values.empty()) throw std::invalid_argument(std::string("a sweep needs at least one ") + name);
+  if (values.empty()) throw UserError(std::string("a sweep needs at least one ") + name);
   check_distinct(values, std::string("a sweep's ") + name + " values");
 }
 }  // namespace
@@ -28,11 +28,11 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
   check_axis(grid.weight_decay, "weight decay");
   const std::vector<double> rates = grid.dropout.empty() ? std::vector<double>{base.dropout()} : grid.dropout;
   check_axis(rates, "dropout rate");
-  if (grid.seeds < 1) throw std::invalid_argument("a sweep needs at least one member per configuration");
+  if (grid.seeds < 1) throw UserError("a sweep needs at least one member per configuration");
   const auto configurations = static_cast<int64_t>(grid.lr.size() * grid.weight_decay.size() * rates.size());
   if (grid.seeds > std::numeric_limits<int64_t>::max() / configurations) {
-    throw std::invalid_argument("a sweep of " + std::to_string(configurations) + " configurations x " +
-                                std::to_string(grid.seeds) + " members each has more members than can be counted");
+    throw UserError("a sweep of " + std::to_string(configurations) + " configurations x " +
+                    std::to_string(grid.seeds) + " members each has more members than can be counted");
   }
   const int64_t members = configurations * grid.seeds;
   // Before any per-member value exists (three doubles a member, copied with the
@@ -131,7 +131,7 @@ size_t best_configuration(const std::vector<ConfigurationReport>& reports) {
     }
   }
   if (best == reports.size()) {
-    throw std::invalid_argument("choosing a configuration needs validation rows (--val-fraction > 0 or --val-index)");
+    throw UserError("choosing a configuration needs validation rows (--val-fraction > 0 or --val-index)");
   }
   return best;
 }

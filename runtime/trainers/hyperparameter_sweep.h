@@ -30,7 +30,7 @@ struct SweepGrid {
 };
 
 // `base` with members = configurations x seeds and the per-member values set;
-// throws std::invalid_argument on an empty or repeated axis or seeds < 1, and
+// throws UserError on an empty or repeated axis or seeds < 1, and
 // DataError (memory_estimate.h's check_memory, before any per-member value is
 // built) when even the least run of that many members (one feature, no rows) needs
 // more memory than is available.
@@ -60,7 +60,7 @@ std::vector<ConfigurationReport> report_configurations(const EnsembleTrainer& tr
                                                        const at::Tensor& test_y);
 
 // The index of the configuration with the lowest validation loss; throws
-// std::invalid_argument when no configuration has one (no validation rows).
+// UserError when no configuration has one (no validation rows).
 size_t best_configuration(const std::vector<ConfigurationReport>& reports);
 
 }  // namespace packtrain::runtime

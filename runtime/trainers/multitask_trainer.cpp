@@ -1,5 +1,6 @@
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 
+#include "packtrain/base/user_error.h"
 #include "packtrain/graphs/captured_step.h"
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
@@ -649,16 +650,16 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
     throw DataError("score and generate need the whole model: load the pipeline run's checkpoint in one process "
                     "(packtrain multitask generate CHECKPOINT assembles its stages)");
   }
-  if (g.max_new_tokens < 1) throw std::invalid_argument("generate: max_new_tokens must be >= 1");
-  if (!(g.temperature >= 0)) throw std::invalid_argument("generate: temperature must be >= 0");
-  if (g.top_k < 0) throw std::invalid_argument("generate: top_k must be >= 0");
+  if (g.max_new_tokens < 1) throw UserError("generate: max_new_tokens must be >= 1");
+  if (!(g.temperature >= 0)) throw UserError("generate: temperature must be >= 0");
+  if (g.top_k < 0) throw UserError("generate: top_k must be >= 0");
   const ByteTokenizer tokenizer;
   const int64_t max_length = options_.model().max_length(), V = options_.model().vocab(), K = model_->members();
   std::vector<int64_t> ids;
   try {
     ids = tokenizer.encode_prompt(prompt, max_length);
   } catch (const c10::Error& e) {
-    throw std::invalid_argument(e.what_without_backtrace());
+    throw UserError(e.what_without_backtrace());
   }
   const auto n = static_cast<int64_t>(ids.size());
   const int64_t steps = std::min(g.max_new_tokens, max_length - n + 1);

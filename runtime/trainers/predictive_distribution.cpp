@@ -1,6 +1,7 @@
 // The regression ensemble's predictive mixture (runtime/trainers/predictive_distribution.h).
 #include "packtrain/runtime/trainers/predictive_distribution.h"
 
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/trainers/ensemble_predictions.h"
 
 #include <ATen/ATen.h>
@@ -8,7 +9,6 @@
 
 #include <cmath>
 #include <numbers>
-#include <stdexcept>
 #include <string>
 
 namespace packtrain::runtime {
@@ -78,8 +78,8 @@ at::Tensor mixture_cdf(const EnsemblePrediction& p, const at::Tensor& y) {
 at::Tensor mixture_log_density(const EnsemblePrediction& p, const at::Tensor& y) {
   const Components c = components(p);
   if (c.points) {
-    throw std::invalid_argument("a mean head predicts no variance: its mixture of point masses has no density "
-                                "(train with --head gaussian for a likelihood)");
+    throw UserError("a mean head predicts no variance: its mixture of point masses has no density "
+                    "(train with --head gaussian for a likelihood)");
   }
   const at::Tensor target = as_rows(y, c.mean.size(1));
   const at::Tensor var = c.sd.square().clamp_min(1e-300);
@@ -91,7 +91,7 @@ at::Tensor mixture_quantiles(const EnsemblePrediction& p, const std::vector<doub
   const Components c = components(p);
   for (double q : probabilities) {
     if (!(q > 0 && q < 1)) {
-      throw std::invalid_argument("quantile probabilities must lie strictly between 0 and 1, got " + std::to_string(q));
+      throw UserError("quantile probabilities must lie strictly between 0 and 1, got " + std::to_string(q));
     }
   }
   const int64_t N = c.mean.size(1);
@@ -121,8 +121,8 @@ std::vector<PredictionInterval> central_intervals(const EnsemblePrediction& p, c
   std::vector<double> probabilities;
   for (double level : levels) {
     if (!(level > 0 && level < 1)) {
-      throw std::invalid_argument("interval levels must lie strictly between 0 and 1 (0.9 for a 90% interval), got " +
-                                  std::to_string(level));
+      throw UserError("interval levels must lie strictly between 0 and 1 (0.9 for a 90% interval), got " +
+                      std::to_string(level));
     }
     probabilities.push_back((1 - level) / 2);
     probabilities.push_back((1 + level) / 2);

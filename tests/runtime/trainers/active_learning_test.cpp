@@ -111,8 +111,8 @@ TEST(PoolPartition, AcquireRandomIsSeededAndKeepsThePartition) {
     expect_partition(first, 100, 3 + 10 * (round + 1));
   }
   EXPECT_EQ(first.labelled(), second.labelled());
-  EXPECT_THROW(PoolPartition(10, {3, 3}), std::invalid_argument);
-  EXPECT_THROW(PoolPartition(10, {10}), std::invalid_argument);
+  EXPECT_THROW(PoolPartition(10, {3, 3}), UserError);
+  EXPECT_THROW(PoolPartition(10, {10}), UserError);
 }
 
 // Tiny tensors: intra-op threads only add synchronization, and on a loaded 2-core
@@ -239,18 +239,18 @@ TEST(ActiveLearning, BadOptions_InvalidArgument) {
     run_active_learning(t, d.pool_x, d.pool_y, d.test_x, d.test_y, o);
   };
   const EnsembleTrainerOptions t = small_trainer(c10::kCPU);
-  EXPECT_THROW(run(EnsembleTrainerOptions(t).patience(5), small_loop()), std::invalid_argument);
-  EXPECT_THROW(run(EnsembleTrainerOptions(t).members(1), small_loop()), std::invalid_argument);
+  EXPECT_THROW(run(EnsembleTrainerOptions(t).patience(5), small_loop()), UserError);
+  EXPECT_THROW(run(EnsembleTrainerOptions(t).members(1), small_loop()), UserError);
   // A classifier with a regression strategy (the options' default, epistemic), and the reverse.
-  EXPECT_THROW(run(EnsembleTrainerOptions(t).head(Head::kClassification), small_loop()), std::invalid_argument);
+  EXPECT_THROW(run(EnsembleTrainerOptions(t).head(Head::kClassification), small_loop()), UserError);
   AcquisitionOptions bald;
   bald.strategy = AcquisitionStrategy::kBald;
-  EXPECT_THROW(run(t, small_loop().acquisition(bald)), std::invalid_argument);
+  EXPECT_THROW(run(t, small_loop().acquisition(bald)), UserError);
   EXPECT_THROW(run(EnsembleTrainerOptions(t).schedule(ensemble::LrScheduleKind::kCosine), small_loop()),
-               std::invalid_argument);
-  EXPECT_THROW(run(t, small_loop().rounds(0)), std::invalid_argument);
-  EXPECT_THROW(run(t, small_loop().acquire(0)), std::invalid_argument);
-  EXPECT_THROW(run(t, small_loop().ensembles(0)), std::invalid_argument);
+               UserError);
+  EXPECT_THROW(run(t, small_loop().rounds(0)), UserError);
+  EXPECT_THROW(run(t, small_loop().acquire(0)), UserError);
+  EXPECT_THROW(run(t, small_loop().ensembles(0)), UserError);
 }
 
 TEST(ActiveLearning, SharedOrder_SwitchedToPerMemberWithALogLine) {

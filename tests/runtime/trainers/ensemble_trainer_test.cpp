@@ -349,7 +349,7 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   EXPECT_EQ(sweep.member_states()[(kept.first_member + 2) % 8].status, MemberStatus::kDeselected);
   // The options carry the sweep through a checkpoint's JSON.
   EXPECT_EQ(sweep_configurations(options_from_json(to_json(sweep.options()))).size(), 4u);
-  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2, 1e-2}, {0.0}, 2}), std::invalid_argument);
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2, 1e-2}, {0.0}, 2}), UserError);
   EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_lr({1e-2})), c10::Error);  // 1 value, 2 members
 }
 
@@ -390,7 +390,7 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
   EXPECT_EQ(options_from_json(to_json(sweep.options())).member_dropout(), sweep.options().member_dropout());
   // One rate is no sweep axis: the model's own dropout, no per-member rates.
   EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2, 3e-3}, {1e-4}, 2, {0.1}}).member_dropout().empty());
-  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.1}}), std::invalid_argument);
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.1}}), UserError);
 }
 
 // Dropout's masks follow from the run's seed, not from the process: two runs with
