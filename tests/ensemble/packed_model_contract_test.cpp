@@ -1,0 +1,170 @@
+// The contract every member architecture behind the PackedModel seam meets, one
+// test template instantiated per architecture (add a line to kArchitectures for a
+// new one): member i equals its standalone module at initialization, bit for bit,
+// and after training each member equals its standalone module trained alone with
+// torch::optim::AdamW on the same batches (float64); reinitializing some members
+// restores exactly those.
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/pack.h"
+#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_model.h"
+#include "packtrain/ensemble/packed_step.h"
+#include "packtrain/ensemble/residual_mlp.h"
+#include "tests/support/test_support.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace packtrain::ensemble {
+namespace {
+
+constexpr int64_t kMembers = 4, kIn = 5, kOut = 3, kBatch = 16, kSteps = 30;
+constexpr uint64_t kSeed = 7;
+
+// What the template needs of an architecture: the pack, and member k's standalone
+// module built independently (not unpacked from the pack).
+struct Architecture {
+  std::string name;
+  std::function<std::unique_ptr<PackedModel>(c10::Device, uint64_t seed)> pack;
+  std::function<StandaloneMember(c10::Device, uint64_t seed, int64_t member)> standalone;
+};
+
+const std::vector<Architecture>& architectures() {
+  static const std::vector<Architecture> all{
+      {"mlp",
+       [](c10::Device d, uint64_t seed) {
+         return std::make_unique<PackedMLP>(
+             PackedMLPOptions(kIn, kOut).members(kMembers).hidden(12).depth(2).seed(seed).dtype(at::kDouble).device(d));
+       },
+       [](c10::Device d, uint64_t seed, int64_t k) {
+         torch::nn::Sequential seq = make_standalone_mlp(
+             PackedMLPOptions(kIn, kOut).members(kMembers).hidden(12).depth(2).seed(seed).dtype(at::kDouble).device(d),
+             k);
+         return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
+       }},
+      {"residual_mlp",
+       [](c10::Device d, uint64_t seed) {
+         return std::make_unique<ResidualMLP>(
+             ResidualMLPOptions(kIn, kOut).members(kMembers).hidden(12).blocks(2).seed(seed).dtype(at::kDouble).device(d));
+       },
+       [](c10::Device d, uint64_t seed, int64_t k) {
+         return make_standalone_residual_mlp(
+             ResidualMLPOptions(kIn, kOut).members(kMembers).hidden(12).blocks(2).seed(seed).dtype(at::kDouble).device(d),
+             k);
+       }},
+  };
+  return all;
+}
+
+std::vector<at::Tensor> parameters_of(const StandaloneMember& m) { return m.module->parameters(); }
+
+double max_parameter_diff(const StandaloneMember& a, const StandaloneMember& b) {
+  const auto pa = parameters_of(a), pb = parameters_of(b);
+  EXPECT_EQ(pa.size(), pb.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(pa.size(), pb.size()); ++i) {
+    EXPECT_EQ(pa[i].sizes(), pb[i].sizes()) << "parameter " << i;
+    if (pa[i].sizes() == pb[i].sizes()) worst = std::max(worst, packtrain::testing::max_abs_diff(pa[i], pb[i]));
+  }
+  return worst;
+}
+
+struct Case {
+  size_t architecture;
+  c10::Device device;
+};
+
+class PackedModelContract : public ::testing::TestWithParam<Case> {
+ protected:
+  const Architecture& arch() const { return architectures()[GetParam().architecture]; }
+  c10::Device device() const { return GetParam().device; }
+  void SetUp() override {
+    if (const std::string why = packtrain::testing::device_unavailable_reason(device()); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+  }
+};
+
+TEST_P(PackedModelContract, EachMemberIsItsStandaloneModuleAtInitialization) {
+  const auto pack = arch().pack(device(), kSeed);
+  EXPECT_EQ(pack->members(), kMembers);
+  const at::Tensor x = at::randn({kBatch, kIn}, at::TensorOptions().dtype(at::kDouble)).to(device());
+  const at::Tensor packed_out = pack->forward(x);
+  ASSERT_EQ(packed_out.sizes(), (std::vector<int64_t>{kMembers, kBatch, kOut}));
+  for (int64_t k = 0; k < kMembers; ++k) {
+    const StandaloneMember alone = arch().standalone(device(), kSeed, k);
+    EXPECT_EQ(max_parameter_diff(pack->standalone_member(k), alone), 0.0) << "member " << k;
+    EXPECT_TRUE(torch::equal(packed_out[k], alone.forward(x))) << "member " << k;
+  }
+  // Members differ from one another (each draws from its own seed).
+  EXPECT_FALSE(torch::equal(packed_out[0], packed_out[1]));
+}
+
+TEST_P(PackedModelContract, TrainingEqualsEachMemberTrainedAloneWithAdamW) {
+  const auto pack = arch().pack(device(), kSeed);
+  PackedAdam optimizer(pack->parameters(), AdamOptions().lr(1e-2).weight_decay(0.05).decoupled_weight_decay(true));
+  std::vector<StandaloneMember> alone;
+  std::vector<std::unique_ptr<torch::optim::AdamW>> optimizers;
+  for (int64_t k = 0; k < kMembers; ++k) {
+    alone.push_back(arch().standalone(device(), kSeed, k));
+    optimizers.push_back(std::make_unique<torch::optim::AdamW>(
+        alone.back().module->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.05)));
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const at::Tensor x = at::randn({kMembers, kBatch, kIn}, gen, f64).to(device());
+    const at::Tensor y = at::randn({kMembers, kBatch, kOut}, gen, f64).to(device());
+    packed_train_step(*pack, optimizer, x, y, LossKind::kMSE);
+    for (int64_t k = 0; k < kMembers; ++k) {
+      optimizers[k]->zero_grad();
+      torch::mse_loss(alone[k].forward(x[k]), y[k]).backward();
+      optimizers[k]->step();
+    }
+  }
+  for (int64_t k = 0; k < kMembers; ++k) {
+    EXPECT_LE(max_parameter_diff(pack->standalone_member(k), alone[k]), 1e-9) << "member " << k;
+    // Training moved the member (a pack that never trained would match nothing).
+    EXPECT_GT(max_parameter_diff(alone[k], arch().standalone(device(), kSeed, k)), 1e-3) << "member " << k;
+  }
+}
+
+TEST_P(PackedModelContract, ReinitializingSomeMembersRestoresExactlyThose) {
+  const auto pack = arch().pack(device(), kSeed);
+  {
+    at::NoGradGuard no_grad;
+    pack->parameters().flat().add_(1.0);
+  }
+  const at::Tensor which = at::tensor({1, 0, 1, 0}, at::kLong).to(at::kBool);
+  pack->reinitialize(kSeed, which);
+  for (int64_t k = 0; k < kMembers; ++k) {
+    const at::Tensor row = pack->parameters().member_row(k).cpu();
+    const at::Tensor fresh = arch().pack(c10::Device(c10::kCPU), kSeed)->parameters().member_row(k);
+    if (k % 2 == 0) {
+      EXPECT_TRUE(torch::equal(row, fresh)) << "member " << k << " was not restored";
+    } else {
+      EXPECT_TRUE(torch::equal(row, fresh + 1.0)) << "member " << k << " was touched";
+    }
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (size_t a = 0; a < architectures().size(); ++a) {
+    for (const c10::Device d : {c10::Device(c10::kCPU), c10::Device("cuda:0")}) out.push_back({a, d});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, PackedModelContract, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return architectures()[info.param.architecture].name + "_" +
+                                  (info.param.device.is_cuda() ? "cuda" : "cpu");
+                         });
+
+}  // namespace
+}  // namespace packtrain::ensemble
