@@ -8,6 +8,7 @@
 // gradients) and gemm_gflops (CpuGemmRate's measurement, made once in the same
 // process): their ratio is how far the row is from the machine's limit.
 #include "benchmarks/bench_workload.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_step.h"
 

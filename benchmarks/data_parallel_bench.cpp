@@ -11,6 +11,7 @@
 #include "benchmarks/data_parallel_bench.h"
 
 #include "benchmarks/bench_workload.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_step.h"
 #include "packtrain/graphs/captured_step.h"

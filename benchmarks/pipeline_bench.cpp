@@ -34,6 +34,7 @@
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/trainers/multitask_pipeline.h"
 
 #include <ATen/ATen.h>

@@ -3,14 +3,51 @@
 # The include tree: sources include "packtrain/<layer>/<file>.h", as an installed
 # project does. In the build tree, include/packtrain/<layer> links to the layer's
 # source folder, so there is no generic runtime/ or graphs/ at the include root.
+# runtime/ is not in it: each of its rooms has a tree of its own (packtrain_room),
+# so a room sees only the rooms it depends on.
 function(packtrain_include_tree)
   set(_root "${PROJECT_BINARY_DIR}/include/packtrain")
   file(MAKE_DIRECTORY "${_root}")
-  foreach(layer base profiling ensemble graphs runtime)
+  if(IS_SYMLINK "${_root}/runtime")  # from a build before the rooms
+    file(REMOVE "${_root}/runtime")
+  endif()
+  foreach(layer base profiling ensemble graphs)
     if(NOT EXISTS "${_root}/${layer}")
       file(CREATE_LINK "${PROJECT_SOURCE_DIR}/${layer}" "${_root}/${layer}" SYMBOLIC)
     endif()
   endforeach()
+endfunction()
+
+# packtrain_room(<room> SOURCES ... DEPS ...): runtime/<room> as the library
+# packtrain_runtime_<room> (alias packtrain::runtime_<room>). Its headers are
+# "packtrain/runtime/<room>/..." through include/rooms/<room>, a tree holding that
+# room alone: a room sees another room's headers only by depending on it (DEPS), so
+# an upward include does not compile (tests/layering checks one).
+function(packtrain_room room)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  set(_tree "${PROJECT_BINARY_DIR}/include/rooms/${room}")
+  file(MAKE_DIRECTORY "${_tree}/packtrain/runtime")
+  if(NOT EXISTS "${_tree}/packtrain/runtime/${room}")
+    file(CREATE_LINK "${PROJECT_SOURCE_DIR}/runtime/${room}" "${_tree}/packtrain/runtime/${room}" SYMBOLIC)
+  endif()
+  set(_name runtime_${room})
+  if(ARG_SOURCES)
+    add_library(packtrain_${_name} ${ARG_SOURCES})
+    set(_scope PUBLIC)
+  else()
+    add_library(packtrain_${_name} INTERFACE)
+    set(_scope INTERFACE)
+  endif()
+  add_library(packtrain::${_name} ALIAS packtrain_${_name})
+  set_target_properties(packtrain_${_name} PROPERTIES EXPORT_NAME ${_name})
+  if(ARG_SOURCES)
+    set_target_properties(packtrain_${_name} PROPERTIES OUTPUT_NAME packtrain_${_name})
+  endif()
+  target_include_directories(packtrain_${_name} ${_scope}
+    $<BUILD_INTERFACE:${_tree}>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+    $<INSTALL_INTERFACE:include>)
+  target_link_libraries(packtrain_${_name} ${_scope} ${ARG_DEPS})
 endfunction()
 
 # packtrain_layer(<name> SOURCES ... DEPS ...): the library packtrain_<name> with

@@ -5,6 +5,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS packtrain_base packtrain_profiling packtrain_ensemble packtrain_graphs packtrain_runtime
+                packtrain_runtime_data packtrain_runtime_io packtrain_runtime_distributed
+                packtrain_runtime_trainers packtrain_runtime_measure
         EXPORT packtrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

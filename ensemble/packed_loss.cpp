@@ -81,4 +81,13 @@ at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor&
   return -(picked * class_weights.index_select(0, t.reshape({-1})).view({K, B})).mean(1);
 }
 
+at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance) {
+  switch (kind) {
+    case LossKind::kMSE: return packed_mse_loss(pred, target);
+    case LossKind::kGaussianNLL: return packed_gaussian_nll_loss(pred, target, min_variance);
+    case LossKind::kCrossEntropy: return packed_cross_entropy_loss(pred, target);
+  }
+  TORCH_CHECK(false, "unknown loss kind");
+}
+
 }  // namespace packtrain::ensemble

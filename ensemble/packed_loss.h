@@ -2,9 +2,28 @@
 // A step backpropagates their sum, so each member's gradient is exactly its own.
 #pragma once
 
+#include "packtrain/base/enum_names.h"
+
 #include <ATen/core/Tensor.h>
 
+#include <string_view>
+
 namespace packtrain::ensemble {
+
+enum class LossKind {
+  kMSE,            // pred (K, B, O) against target (B, O) or (K, B, O)
+  kGaussianNLL,    // pred (K, B, 2*O): mean and raw variance per output (gaussian_head)
+  kCrossEntropy,   // logits (K, B, C) against class indices (B) or (K, B), int64
+};
+
+inline constexpr EnumNames<LossKind, 3> kLossKindNames{
+    "loss", {{{LossKind::kMSE, "mse"}, {LossKind::kGaussianNLL, "gaussian-nll"}, {LossKind::kCrossEntropy, "cross-entropy"}}}};
+inline std::string_view to_string(LossKind kind) { return kLossKindNames.name(kind); }
+// Throws naming the value and the accepted names.
+inline LossKind parse_loss_kind(std::string_view name) { return kLossKindNames.parse(name); }
+
+// (K) per-member mean losses of `kind`.
+at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance = 1e-6);
 
 // pred (K, B, O); target (B, O) shared or (K, B, O) per member. Returns (K).
 at::Tensor packed_mse_loss(const at::Tensor& pred, const at::Tensor& target);

@@ -1,7 +1,10 @@
 #include "packtrain/ensemble/packed_mlp.h"
 
+#include "packtrain/ensemble/cpu_fused_step.h"
 #include "packtrain/ensemble/dropout_mask.h"
 #include "packtrain/ensemble/member_seed.h"
+#include "packtrain/ensemble/pack.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -199,26 +202,25 @@ at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {
 
 void PackedMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
   at::NoGradGuard no_grad;
-  const int64_t K = members();
-  std::vector<int64_t> selected;
-  if (which.defined()) {
-    TORCH_CHECK(which.dim() == 1 && which.size(0) == K && which.scalar_type() == at::kBool,
-                "reinitialize: the member selection must be a bool tensor of shape [", K, "], got ",
-                which.scalar_type(), " ", which.sizes());
-    const at::Tensor host = which.cpu().contiguous();
-    const bool* flags = host.data_ptr<bool>();
-    for (int64_t i = 0; i < K; ++i) {
-      if (flags[i]) selected.push_back(i);
-    }
-    if (selected.empty()) return;
-  } else {
-    for (int64_t i = 0; i < K; ++i) selected.push_back(i);
-    options_.seed(seed);
-  }
+  const std::vector<int64_t> selected = members_to_reinitialize(which, members());
+  if (selected.empty()) return;
+  if (!which.defined()) options_.seed(seed);
   std::vector<at::Tensor> rows;
   rows.reserve(selected.size());
   for (int64_t i : selected) rows.push_back(initial_member_row(seed, i));
   parameters_.write_member_rows(at::stack(rows), selected);
+}
+
+StandaloneMember PackedMLP::standalone_member(int64_t member) const {
+  torch::nn::Sequential seq = unpack(*this, member);
+  return {seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
+}
+
+std::optional<at::Tensor> PackedMLP::fused_gradients(const at::Tensor& x, const at::Tensor& y, LossKind kind,
+                                                     double min_variance) {
+  if (!cpu_fused_step_applies(*this, x, y, kind)) return std::nullopt;
+  PACKTRAIN_NVTX_RANGE("forward+backward");  // fused, member by member
+  return cpu_fused_gradients(*this, x, y, kind, min_variance);
 }
 
 }  // namespace packtrain::ensemble

@@ -8,6 +8,7 @@
 #include "packtrain/base/enum_names.h"
 
 #include "packtrain/ensemble/packed_linear.h"
+#include "packtrain/ensemble/packed_model.h"
 #include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
@@ -62,22 +63,18 @@ struct PackedMLPOptions {
 // rates, `dropout` above 0 (per-member rates replace the one rate).
 bool drops_units(double dropout, const std::vector<double>& member_dropout);
 
-class PackedMLP {
+class PackedMLP : public PackedModel {
  public:
   explicit PackedMLP(PackedMLPOptions options);
 
+  std::string_view kind() const override { return "mlp"; }
   const PackedMLPOptions& options() const { return options_; }
-  int64_t members() const { return options_.members(); }
-  PackedParameters& parameters() { return parameters_; }
-  const PackedParameters& parameters() const { return parameters_; }
+  PackedParameters& parameters() override { return parameters_; }
+  const PackedParameters& parameters() const override { return parameters_; }
   const std::vector<PackedLinear>& linears() const { return linears_; }
 
   // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O).
-  at::Tensor forward(const at::Tensor& x) const;
-
-  // Training mode enables dropout (each member at its own rate with member_dropout).
-  void train(bool on = true) { training_ = on; }
-  bool is_training() const { return training_; }
+  at::Tensor forward(const at::Tensor& x) const override;
 
   // The multiplier training applies to a hidden activation h (K, B, H): 0 where a
   // unit is dropped, 1 / keep where it is kept; undefined when no member drops
@@ -97,17 +94,24 @@ class PackedMLP {
   // construction; the trainer reseeds every epoch, so a resumed run drops what an
   // uninterrupted one would. Safe between replays of a captured step (it writes the
   // state tensor in place).
-  void seed_dropout(uint64_t seed);
+  void seed_dropout(uint64_t seed) override;
   // Data parallel: this rank's batch is rows [offset, offset + B) of a global batch
   // of `rows`; its masks are those rows' masks, so the ranks together drop what one
   // process would.
-  void dropout_rows(int64_t offset, int64_t rows);
+  void dropout_rows(int64_t offset, int64_t rows) override;
 
   // Re-initializes members in place from `seed` (member i from member_seed(seed, i)),
   // all members, or those where `which` (K, bool) is true. No tensor is reallocated,
   // so captured graphs stay valid. Afterwards the model equals a fresh pack with
   // that seed on the re-initialized members.
-  void reinitialize(uint64_t seed, const at::Tensor& which = {});
+  void reinitialize(uint64_t seed, const at::Tensor& which = {}) override;
+
+  // Member `member` as a standalone torch::nn::Sequential (pack.h's unpack).
+  StandaloneMember standalone_member(int64_t member) const override;
+
+  // The fused CPU step (cpu_fused_step.h) where it applies to this batch.
+  std::optional<at::Tensor> fused_gradients(const at::Tensor& x, const at::Tensor& y, LossKind kind,
+                                            double min_variance) override;
 
  private:
   // Member i's initial parameters as one row of P scalars (CPU, float32 draws cast
@@ -124,7 +128,6 @@ class PackedMLP {
   at::Tensor keep_;                          // (K) float64 keep_rates_ on the pack's device, with dropout
   at::Tensor dropout_state_;                 // (2) int64 {seed, draw count} on the pack's device, with dropout
   int64_t dropout_row_offset_ = 0, dropout_rows_ = 0;  // data parallel (0 rows: the batch is all of them)
-  bool training_ = true;
 };
 
 }  // namespace packtrain::ensemble

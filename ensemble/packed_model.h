@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace torch::nn {
 class Module;
@@ -41,18 +42,18 @@ class PackedModel {
 
   // The architecture's name ("mlp", "residual-mlp").
   virtual std::string_view kind() const = 0;
-  virtual int64_t members() const = 0;  // K
-  virtual c10::Device device() const = 0;
-  virtual c10::ScalarType dtype() const = 0;
   virtual PackedParameters& parameters() = 0;
   virtual const PackedParameters& parameters() const = 0;
+  int64_t members() const { return parameters().members(); }  // K
+  c10::Device device() const { return parameters().flat().device(); }
+  c10::ScalarType dtype() const { return parameters().flat().scalar_type(); }
 
   // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O).
   virtual at::Tensor forward(const at::Tensor& x) const = 0;
 
   // Training mode enables dropout where the architecture has it.
-  virtual void train(bool on = true) = 0;
-  virtual bool is_training() const = 0;
+  void train(bool on = true) { training_ = on; }
+  bool is_training() const { return training_; }
   // Dropout's seed (restarting its draw count) and this rank's rows of a global
   // batch (data parallel); no-ops for a model that drops nothing.
   virtual void seed_dropout(uint64_t seed) = 0;
@@ -75,6 +76,13 @@ class PackedModel {
     (void)x, (void)y, (void)kind, (void)min_variance;
     return std::nullopt;
   }
+
+ protected:
+  bool training_ = true;
 };
+
+// The members reinitialize(seed, which) re-draws: those where `which` (K, bool) is
+// true, or all K when it is undefined. Throws naming a selection of another shape.
+std::vector<int64_t> members_to_reinitialize(const at::Tensor& which, int64_t members);
 
 }  // namespace packtrain::ensemble

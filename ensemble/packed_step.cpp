@@ -1,6 +1,5 @@
 #include "packtrain/ensemble/packed_step.h"
 
-#include "packtrain/ensemble/cpu_fused_step.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/profiling/nvtx.h"
 
@@ -9,19 +8,11 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace packtrain::ensemble {
-
-at::Tensor packed_loss(LossKind kind, const at::Tensor& pred, const at::Tensor& target, double min_variance) {
-  switch (kind) {
-    case LossKind::kMSE: return packed_mse_loss(pred, target);
-    case LossKind::kGaussianNLL: return packed_gaussian_nll_loss(pred, target, min_variance);
-    case LossKind::kCrossEntropy: return packed_cross_entropy_loss(pred, target);
-  }
-  TORCH_CHECK(false, "unknown loss kind");
-}
 
 void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& loss) {
   const std::vector<at::Tensor>& params = parameters.tensors();
@@ -38,22 +29,19 @@ void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& los
   at::cat_out(out, pieces);
 }
 
-at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const at::Tensor& x,
+at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, const at::Tensor& x,
                              const at::Tensor& y, LossKind kind, double min_variance,
                              const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "packed_train_step: the optimizer does not hold this model's parameters");
-  at::Tensor losses;
-  if (cpu_fused_step_applies(model, x, y, kind)) {
-    {
-      PACKTRAIN_NVTX_RANGE("forward+backward");  // fused, member by member
-      losses = cpu_fused_gradients(model, x, y, kind, min_variance);
-    }
+  // The model's own forward + backward, where it offers one for this batch.
+  if (const std::optional<at::Tensor> fused = model.fused_gradients(x, y, kind, min_variance)) {
     if (after_backward) after_backward();
     PACKTRAIN_NVTX_RANGE("optimizer");
     optimizer.step();
-    return losses;
+    return *fused;
   }
+  at::Tensor losses;
   {
     PACKTRAIN_NVTX_RANGE("forward");
     losses = packed_loss(kind, model.forward(x), y, min_variance);
@@ -70,7 +58,7 @@ at::Tensor packed_train_step(PackedMLP& model, PackedOptimizer& optimizer, const
   return losses.detach();
 }
 
-at::Tensor packed_eval_losses(const PackedMLP& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,
+at::Tensor packed_eval_losses(const PackedModel& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,
                               double min_variance) {
   at::NoGradGuard no_grad;
   PACKTRAIN_NVTX_RANGE("eval");

@@ -98,21 +98,9 @@ at::Tensor ResidualMLP::forward(const at::Tensor& x) const {
 
 void ResidualMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
   at::NoGradGuard no_grad;
-  const int64_t K = members();
-  std::vector<int64_t> selected;
-  if (which.defined()) {
-    TORCH_CHECK(which.dim() == 1 && which.size(0) == K && which.scalar_type() == at::kBool,
-                "reinitialize: the member selection must be a bool tensor of shape [", K, "], got ",
-                which.scalar_type(), " ", which.sizes());
-    const at::Tensor host = which.cpu().contiguous();
-    for (int64_t k = 0; k < K; ++k) {
-      if (host.data_ptr<bool>()[k]) selected.push_back(k);
-    }
-    if (selected.empty()) return;
-  } else {
-    for (int64_t k = 0; k < K; ++k) selected.push_back(k);
-    options_.seed(seed);
-  }
+  const std::vector<int64_t> selected = members_to_reinitialize(which, members());
+  if (selected.empty()) return;
+  if (!which.defined()) options_.seed(seed);
   // Each member's draws in torch::nn::Linear::reset_parameters' order: weight (out,
   // in) ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), then bias.
   std::vector<at::Tensor> rows;

@@ -45,16 +45,11 @@ class ResidualMLP : public PackedModel {
 
   std::string_view kind() const override { return "residual-mlp"; }
   const ResidualMLPOptions& options() const { return options_; }
-  int64_t members() const override { return options_.members(); }
-  c10::Device device() const override { return options_.device(); }
-  c10::ScalarType dtype() const override { return options_.dtype(); }
   PackedParameters& parameters() override { return parameters_; }
   const PackedParameters& parameters() const override { return parameters_; }
 
   at::Tensor forward(const at::Tensor& x) const override;
 
-  void train(bool on = true) override { training_ = on; }
-  bool is_training() const override { return training_; }
   void seed_dropout(uint64_t) override {}         // no dropout
   void dropout_rows(int64_t, int64_t) override {}  // no dropout
   void reinitialize(uint64_t seed, const at::Tensor& which = {}) override;
@@ -65,7 +60,6 @@ class ResidualMLP : public PackedModel {
   PackedParameters parameters_;
   PackedLinear input_, output_;
   std::vector<PackedLinear> fc1_, fc2_;  // one of each per block
-  bool training_ = true;
 };
 
 // The standalone module member `member` of ResidualMLP(options) equals, built with

@@ -14,6 +14,7 @@
 // little-endian, C order): x (B, 8), y (B, 1), linear<i>.weight (K, I, O),
 // linear<i>.bias (K, 1, O).
 #include "benchmarks/bench_workload.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/io/svg_plot.h"

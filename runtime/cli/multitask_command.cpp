@@ -20,6 +20,7 @@
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
+#include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 
@@ -315,6 +316,9 @@ int run_train(const MultiTaskTrainArgs& a) {
   files.train_fingerprint = runtime::fingerprint_hex(runtime::fingerprint(train));
   files.dev_fingerprint = runtime::fingerprint_hex(runtime::fingerprint(dev));
   runtime::MultiTaskTrainerOptions options = a.options;
+  options.layer_timer([](const ensemble::PackedTransformerOptions& model, int64_t rows, int64_t tokens) {
+    return runtime::measure_layer_times(model, rows, tokens);
+  });
   options.model().classes(classes);
   options.model().device(pick_device(a.device));
   check_pipeline_flags(options);

@@ -1,6 +1,6 @@
 // Pipeline placement: which contiguous blocks of a PackedTransformer each of S
 // pipeline stages holds (stage s on rank s), balanced by parameter count or by
-// measured time (runtime/measure/layer_timing.h) — the first stage also holds the
+// measured time (LayerTimes below, as runtime/measure/layer_timing.h measures them) — the first stage also holds the
 // embeddings, the last the final norm, the heads and, with a tied LM head, a copy
 // of the token embedding — and what each rank holds in bytes, for the placement
 // table a pipeline run prints.
@@ -8,7 +8,6 @@
 
 #include "packtrain/base/enum_names.h"
 #include "packtrain/ensemble/packed_transformer.h"
-#include "packtrain/runtime/measure/layer_timing.h"
 
 #include <cstdint>
 #include <string>
@@ -21,6 +20,15 @@ namespace packtrain::runtime::distributed {
 enum class PlacementBalance { kParameters, kTime };
 inline constexpr EnumNames<PlacementBalance, 2> kPlacementBalanceNames{
     "pipeline balance", {{{PlacementBalance::kParameters, "parameters"}, {PlacementBalance::kTime, "time"}}}};
+
+// Seconds per micro-batch, the median of the repeats: forward + backward of each
+// piece, and the forward alone of the embeddings and of a block (what a stage whose
+// backward recomputes its forward runs once more: trainers/pipeline_stage_steps.h).
+// Plain data: runtime/measure/layer_timing.h measures them, a caller passes them.
+struct LayerTimes {
+  double embedding = 0, block = 0, heads = 0;
+  double embedding_forward = 0, block_forward = 0;
+};
 
 struct StagePlacement {
   ensemble::TransformerStage blocks;  // [first_layer, end_layer)

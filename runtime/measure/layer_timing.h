@@ -8,18 +8,15 @@
 #pragma once
 
 #include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/runtime/distributed/pipeline_placement.h"
 
 #include <cstdint>
 
 namespace packtrain::runtime {
 
-// Seconds per micro-batch, the median of the repeats: forward + backward of each
-// piece, and the forward alone of the embeddings and of a block (what a stage whose
-// backward recomputes its forward runs once more: pipeline_stage_steps.h).
-struct LayerTimes {
-  double embedding = 0, block = 0, heads = 0;
-  double embedding_forward = 0, block_forward = 0;
-};
+// The times as plain data are distributed::LayerTimes (pipeline_placement.h): the
+// placement takes them without depending on this room.
+using distributed::LayerTimes;
 
 // Times the pieces of a one-block model shaped as `model` (its members, width,
 // heads, vocabulary, classes, dtype and device) on micro-batches of `rows` x

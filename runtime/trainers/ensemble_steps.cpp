@@ -19,12 +19,12 @@ void EnsembleStepsOptions::validate() const {
   TORCH_CHECK(min_variance() >= 0, "min variance must be >= 0, got ", min_variance());
 }
 
-EnsembleSteps::EnsembleSteps(ensemble::PackedMLP& model, ensemble::PackedOptimizer& optimizer,
+EnsembleSteps::EnsembleSteps(ensemble::PackedModel& model, ensemble::PackedOptimizer& optimizer,
                              std::vector<at::Tensor> data, EnsembleStepsOptions options)
     : model_(&model),
       optimizer_(&optimizer),
       options_((options.validate(), options)),
-      batcher_(std::move(data), model.options().device(), model.members(), options.batch_size(), options.order(),
+      batcher_(std::move(data), model.device(), model.members(), options.batch_size(), options.order(),
                options.seed()),
       pool_(std::make_shared<graphs::GraphPool>(batcher_.device())) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),

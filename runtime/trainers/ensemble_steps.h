@@ -13,7 +13,7 @@
 #pragma once
 
 #include "packtrain/ensemble/optimizers/packed_optimizer.h"
-#include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_model.h"
 #include "packtrain/ensemble/packed_step.h"
 #include "packtrain/graphs/async_readback.h"
 #include "packtrain/graphs/captured_step.h"
@@ -70,7 +70,7 @@ struct LossReport {
 class EnsembleSteps {
  public:
   // `data`: {x (N, I), y (N, ...)} (any device; copied to the model's device once).
-  EnsembleSteps(ensemble::PackedMLP& model, ensemble::PackedOptimizer& optimizer, std::vector<at::Tensor> data,
+  EnsembleSteps(ensemble::PackedModel& model, ensemble::PackedOptimizer& optimizer, std::vector<at::Tensor> data,
                 EnsembleStepsOptions options);
   ~EnsembleSteps();
 
@@ -109,7 +109,7 @@ class EnsembleSteps {
   void train_steps(int64_t count);  // the body of a captured train step
   void after_steps(int64_t count);  // readback bookkeeping
 
-  ensemble::PackedMLP* model_;
+  ensemble::PackedModel* model_;
   ensemble::PackedOptimizer* optimizer_;
   EnsembleStepsOptions options_;
   graphs::DeviceBatcher batcher_;

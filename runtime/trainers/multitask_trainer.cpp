@@ -281,7 +281,12 @@ std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(
     std::string failure;
     if (run.rank() == 0) {
       try {
-        const LayerTimes t = measure_layer_times(model, rows, tokens);
+        if (!options_.layer_timer()) {
+          throw std::invalid_argument(
+              "pipeline balance 'time' needs MultiTaskTrainerOptions::layer_timer "
+              "(runtime/measure/layer_timing.h: measure_layer_times)");
+        }
+        const distributed::LayerTimes t = options_.layer_timer()(model, rows, tokens);
         seconds = at::tensor({t.embedding, t.block, t.heads, t.embedding_forward, t.block_forward}, at::kDouble);
       } catch (const std::exception& e) {
         failure = e.what();
@@ -293,7 +298,7 @@ std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(
       throw DataError("--pipeline-balance time: rank 0 could not time the layers" +
                       (failure.empty() ? std::string(" (see its error)") : ": " + failure));
     }
-    const LayerTimes t{value(0), value(1), value(2), value(3), value(4)};
+    const distributed::LayerTimes t{value(0), value(1), value(2), value(3), value(4)};
     // A GPU runs static stage steps, whose backward recomputes the forward (as built below).
     placement = distributed::place_pipeline_by_time(model, S, rows, tokens, t, /*recompute=*/device_.is_cuda());
   } else {

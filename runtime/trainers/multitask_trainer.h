@@ -26,6 +26,7 @@
 #include <torch/arg.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -80,6 +81,13 @@ struct MultiTaskTrainerOptions {
   // pipeline_balance. A pipeline trainer records its placement here, so a checkpoint
   // resumes onto the blocks its stage files hold.
   TORCH_ARG(std::vector<int64_t>, pipeline_boundaries) = {};
+  // What times the layers for pipeline_balance "time", on rank 0 when a run starts
+  // (runtime/measure/layer_timing.h's measure_layer_times; the CLI passes it):
+  // the trainers do not depend on the room that times them. Not serialized; a
+  // resumed run has its boundaries and times nothing.
+  using LayerTimer = std::function<distributed::LayerTimes(const ensemble::PackedTransformerOptions& model,
+                                                           int64_t rows, int64_t tokens)>;
+  TORCH_ARG(LayerTimer, layer_timer) = nullptr;
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
 
  public:

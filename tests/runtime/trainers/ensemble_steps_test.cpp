@@ -3,6 +3,7 @@
 // with Adam's bias correction advancing, a mask change mid-run, a cosine schedule
 // and U=4 unrolled replays plus single-step remainders. Re-initializing in place
 // replays the same graphs and equals a fresh run.
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_step.h"
 #include "packtrain/runtime/trainers/ensemble_steps.h"
