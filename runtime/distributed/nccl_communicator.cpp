@@ -1,6 +1,6 @@
 #include "packtrain/runtime/distributed/nccl_communicator.h"
 
-#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/distributed/collective_error.h"
 
 #include <fmt/format.h>
@@ -93,7 +93,7 @@ NcclCommunicator::~NcclCommunicator() {
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(int64_t rank, int64_t world_size, c10::Device device,
                                                            const ShareId& share_id) {
   if (!device.is_cuda() || device.index() < 0) {
-    throw DataError("an NCCL communicator needs a CUDA device with an index, got " + device.str());
+    throw UserError("an NCCL communicator needs a CUDA device with an index, got " + device.str());
   }
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
@@ -193,7 +193,7 @@ struct NcclCommunicator::Impl {};
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NcclCommunicator::~NcclCommunicator() = default;
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(int64_t, int64_t, c10::Device, const ShareId&) {
-  throw DataError("this packtrain was built without NCCL: no collectives on CUDA tensors");
+  throw UserError("this packtrain was built without NCCL: no collectives on CUDA tensors");
 }
 void NcclCommunicator::all_reduce_(at::Tensor&, DeviceReduceOp, const char*) {}
 void NcclCommunicator::broadcast_(at::Tensor&, int64_t, const char*) {}

@@ -27,7 +27,7 @@ class NcclCommunicator {
 
   // Blocks until all `world_size` ranks have joined (NCCL's own rendezvous): the
   // caller bounds it with a deadline. Throws CollectiveError when NCCL refuses, and
-  // DataError when this build has no NCCL or `device` is not a CUDA device.
+  // packtrain::UserError when this build has no NCCL or `device` is not a CUDA device.
   static std::unique_ptr<NcclCommunicator> create(int64_t rank, int64_t world_size, c10::Device device,
                                                   const ShareId& share_id);
   // Destroys the communicator; NCCL waits for every CUDA graph holding its kernels,

@@ -26,7 +26,7 @@ struct PipelineGroups {
 };
 
 // Collective over `run` (all its ranks call it): splits its S x R ranks as above.
-// Throws DataError when the run's size is not a multiple of `stages`, naming both.
+// Throws packtrain::UserError when the run's size is not a multiple of `stages`, naming both.
 PipelineGroups split_pipeline_groups(ProcessGroup& run, int64_t stages);
 
 }  // namespace packtrain::runtime::distributed

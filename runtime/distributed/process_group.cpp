@@ -1,7 +1,7 @@
 #include "packtrain/runtime/distributed/process_group.h"
 
 #include "packtrain/profiling/nvtx.h"
-#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/distributed/collective_watchdog.h"
 #include "packtrain/runtime/distributed/nccl_communicator.h"
 
@@ -189,7 +189,7 @@ using Clock = std::chrono::steady_clock;
 // "10 s", "2.5 s".
 std::string in_seconds(std::chrono::milliseconds t) { return fmt::format("{} s", t.count() / 1000.0); }
 
-// MASTER_ADDR:MASTER_PORT resolved (a name or a numeric address); DataError naming
+// MASTER_ADDR:MASTER_PORT resolved (a name or a numeric address); UserError naming
 // the address when it does not resolve.
 std::unique_ptr<addrinfo, void (*)(addrinfo*)> resolve(const std::string& address, int64_t port) {
   addrinfo hints{};
@@ -197,7 +197,7 @@ std::unique_ptr<addrinfo, void (*)(addrinfo*)> resolve(const std::string& addres
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (const int rc = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
-    throw DataError(fmt::format("MASTER_ADDR={}: cannot resolve it: {}", address, ::gai_strerror(rc)));
+    throw UserError(fmt::format("MASTER_ADDR={}: cannot resolve it: {}", address, ::gai_strerror(rc)));
   }
   return {found, ::freeaddrinfo};
 }
@@ -216,7 +216,7 @@ int listen_on(const std::string& address, int64_t port) {
     why = std::strerror(errno);
     ::close(fd);
   }
-  throw DataError(fmt::format("rank 0 cannot serve the store on {}:{}: {} (MASTER_ADDR must name an address of "
+  throw UserError(fmt::format("rank 0 cannot serve the store on {}:{}: {} (MASTER_ADDR must name an address of "
                               "rank 0's host, MASTER_PORT a free port)",
                               address, port, why));
 }
@@ -245,7 +245,7 @@ bool connects(const addrinfo& a, Clock::time_point deadline, std::string& why) {
 }
 
 // Ranks other than 0: waits until the store's address accepts connections (rank 0
-// may start later), trying every 100 ms; DataError naming the address, the port and
+// may start later), trying every 100 ms; UserError naming the address, the port and
 // the last cause once `deadline` passes. (c10d's own client would wait the timeout
 // once per retry, with a backoff between, and log each try.)
 void wait_for_store(const RankInfo& info, std::chrono::milliseconds timeout, Clock::time_point deadline) {
@@ -259,7 +259,7 @@ void wait_for_store(const RankInfo& info, std::chrono::milliseconds timeout, Clo
     if (now >= deadline) break;
     std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - now));
   }
-  throw DataError(fmt::format("rank {} of {} could not reach the store at {}:{} within {}: {} (rank 0 serves it: "
+  throw UserError(fmt::format("rank {} of {} could not reach the store at {}:{} within {}: {} (rank 0 serves it: "
                               "is it running, with the same MASTER_ADDR and MASTER_PORT?)",
                               info.rank, info.world_size, info.master_addr, info.master_port, in_seconds(timeout),
                               why));
@@ -268,7 +268,7 @@ void wait_for_store(const RankInfo& info, std::chrono::milliseconds timeout, Clo
 // Waits until every rank has reached the store, at most until `deadline`: each adds
 // itself to a count; rank 0 waits for the whole count and posts the outcome, which
 // the others poll (every 10 ms: c10d's blocking wait logs its timeout, and so does
-// a read from a store that went away). A rank that never comes is a DataError on
+// a read from a store that went away). A rank that never comes is a UserError on
 // each rank naming the store and how many came; rank 0 keeps the store until the
 // others have read that or left (at most a second more).
 void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milliseconds timeout,
@@ -284,7 +284,7 @@ void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milli
     return true;
   };
   const auto too_few = [&](int64_t came) {
-    return DataError(fmt::format("rank {} of {}: {} of {} ranks reached the store at {}:{} within {} (start every "
+    return UserError(fmt::format("rank {} of {}: {} of {} ranks reached the store at {}:{} within {} (start every "
                                  "rank, each with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT)",
                                  info.rank, info.world_size, came, info.world_size, info.master_addr,
                                  info.master_port, in_seconds(timeout)));
@@ -305,12 +305,12 @@ void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milli
     poll_until(deadline, [&] { return (result = store.add(outcome, 0)) != 0; });
     if (result <= 0) store.add(told, 1);  // read the failure, or leaving: rank 0 need not wait
   } catch (const std::exception& e) {
-    throw DataError(fmt::format("rank {} of {}: lost the store at {}:{} before all {} ranks reached it: {}", info.rank,
+    throw UserError(fmt::format("rank {} of {}: lost the store at {}:{} before all {} ranks reached it: {}", info.rank,
                                 info.world_size, info.master_addr, info.master_port, info.world_size, first_line(e)));
   }
   if (result < 0) throw too_few(-result);
   if (result == 0) {
-    throw DataError(fmt::format("rank {} of {}: not all {} ranks reached the store at {}:{} within {} (rank 0 "
+    throw UserError(fmt::format("rank {} of {}: not all {} ranks reached the store at {}:{} within {} (rank 0 "
                                 "says how many did)",
                                 info.rank, info.world_size, info.world_size, info.master_addr, info.master_port,
                                 in_seconds(timeout)));
@@ -320,7 +320,7 @@ void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milli
 // The store of a run of several processes, once every rank has reached it: rank 0
 // serves it at MASTER_ADDR:MASTER_PORT (on that address only, not on every interface
 // as c10d's own socket would), the others connect. Ends within `timeout` with one
-// line (DataError) naming the address, the port and the cause.
+// line (UserError) naming the address, the port and the cause.
 c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, std::chrono::milliseconds timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
   c10d::TCPStoreOptions options;
@@ -340,7 +340,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, std::chrono::mi
   try {
     store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
   } catch (const std::exception& e) {
-    throw DataError(fmt::format("rank {} of {}: cannot {} the store at {}:{}: {}", info.rank, info.world_size,
+    throw UserError(fmt::format("rank {} of {}: cannot {} the store at {}:{}: {}", info.rank, info.world_size,
                                 options.isServer ? "start" : "connect to", info.master_addr, info.master_port,
                                 first_line(e)));
   }
@@ -376,11 +376,11 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
   impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
       impl->store, static_cast<int>(info.rank), static_cast<int>(info.world_size), gloo_options(info, timeout));
 #else
-  throw DataError("this packtrain was built without Gloo's headers (Debian's libgloo-dev): no CPU collectives");
+  throw UserError("this packtrain was built without Gloo's headers (Debian's libgloo-dev): no CPU collectives");
 #endif
   if (device.is_cuda()) {
     if (!NcclCommunicator::available()) {
-      throw DataError("training on " + device.str() + " across processes needs NCCL, and this packtrain was built "
+      throw UserError("training on " + device.str() + " across processes needs NCCL, and this packtrain was built "
                       "without it");
     }
     impl->join_nccl(device);

@@ -29,7 +29,7 @@ class ProcessGroup {
  public:
   // Connects to (rank 0: serves) the store, waits until every rank has reached it,
   // and joins the collective backends: Gloo, and NCCL on `device` when it is a CUDA
-  // device. Throws DataError, one line naming MASTER_ADDR:MASTER_PORT and the cause,
+  // device. Throws packtrain::UserError, one line naming MASTER_ADDR:MASTER_PORT and the cause,
   // when rank 0 cannot listen there, the store cannot be reached or not every rank
   // reaches it within `timeout` (the whole rendezvous takes at most that); and when
   // this build has no Gloo (built without its headers) or, for a CUDA device, no NCCL.

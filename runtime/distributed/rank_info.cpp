@@ -1,6 +1,6 @@
 #include "packtrain/runtime/distributed/rank_info.h"
 
-#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/base/user_error.h"
 
 #include <fmt/format.h>
 
@@ -18,7 +18,7 @@ int64_t integer(const Environment& env, const std::string& name, int64_t fallbac
   int64_t out = 0;
   const auto [end, error] = std::from_chars(value->data(), value->data() + value->size(), out);
   if (error != std::errc() || end != value->data() + value->size()) {
-    throw DataError(fmt::format("environment variable {}='{}' is not an integer", name, *value));
+    throw UserError(fmt::format("environment variable {}='{}' is not an integer", name, *value));
   }
   return out;
 }
@@ -43,7 +43,7 @@ RankInfo rank_info_from_environment(const Environment& env) {
   const bool slurm = !torchrun && env("SLURM_PROCID").has_value() && env("SLURM_NTASKS").has_value();
   if (torchrun) {
     if (!env("RANK") || !env("WORLD_SIZE")) {
-      throw DataError("RANK and WORLD_SIZE must be set together (torchrun sets both; so does packtrain launch)");
+      throw UserError("RANK and WORLD_SIZE must be set together (torchrun sets both; so does packtrain launch)");
     }
     info.source = "torchrun variables";
     info.rank = integer(env, "RANK", 0);
@@ -59,24 +59,24 @@ RankInfo rank_info_from_environment(const Environment& env) {
   } else {
     return info;
   }
-  if (info.world_size < 1) throw DataError(fmt::format("world size must be >= 1, got {}", info.world_size));
+  if (info.world_size < 1) throw UserError(fmt::format("world size must be >= 1, got {}", info.world_size));
   if (info.rank < 0 || info.rank >= info.world_size) {
-    throw DataError(fmt::format("rank {} is outside [0, {}) (the world size)", info.rank, info.world_size));
+    throw UserError(fmt::format("rank {} is outside [0, {}) (the world size)", info.rank, info.world_size));
   }
   if (info.local_world_size < 1 || info.local_rank < 0 || info.local_rank >= info.local_world_size) {
-    throw DataError(fmt::format("local rank {} is outside [0, {}) (the local world size)", info.local_rank,
+    throw UserError(fmt::format("local rank {} is outside [0, {}) (the local world size)", info.local_rank,
                                 info.local_world_size));
   }
   if (const auto addr = env("MASTER_ADDR")) {
     info.master_addr = *addr;
   } else if (info.world_size > 1) {
-    throw DataError("MASTER_ADDR is not set: a run of " + std::to_string(info.world_size) +
+    throw UserError("MASTER_ADDR is not set: a run of " + std::to_string(info.world_size) +
                     " processes needs the address of rank 0's store (torchrun and packtrain launch set it; under "
                     "Slurm export it from the job script)");
   }
   info.master_port = integer(env, "MASTER_PORT", info.master_port);
   if (info.master_port < 1 || info.master_port > 65535) {
-    throw DataError(fmt::format("MASTER_PORT={} is not a port (1-65535)", info.master_port));
+    throw UserError(fmt::format("MASTER_PORT={} is not a port (1-65535)", info.master_port));
   }
   return info;
 }
@@ -92,7 +92,7 @@ std::chrono::milliseconds collective_timeout(const Environment& env) {
   } catch (const std::exception&) {  // not a number, or out of double's range
   }
   if (!(seconds >= kMinTimeoutSeconds && seconds <= kMaxTimeoutSeconds)) {
-    throw DataError(fmt::format("PACKTRAIN_COLLECTIVE_TIMEOUT='{}': must be seconds between {} and {}", *value,
+    throw UserError(fmt::format("PACKTRAIN_COLLECTIVE_TIMEOUT='{}': must be seconds between {} and {}", *value,
                                 kMinTimeoutSeconds, kMaxTimeoutSeconds));
   }
   return std::chrono::milliseconds(std::llround(seconds * 1000));

@@ -31,7 +31,7 @@ struct RankInfo {
 using Environment = std::function<std::optional<std::string>(const std::string& name)>;
 Environment process_environment();
 
-// Throws DataError naming the variable for a malformed or inconsistent value: a
+// Throws packtrain::UserError naming the variable for a malformed or inconsistent value: a
 // non-integer, RANK outside [0, WORLD_SIZE), LOCAL_RANK outside [0, LOCAL_WORLD_SIZE),
 // a port outside 1..65535, RANK without WORLD_SIZE, or WORLD_SIZE > 1 without MASTER_ADDR.
 RankInfo rank_info_from_environment(const Environment& environment = process_environment());
@@ -45,7 +45,7 @@ inline constexpr double kMaxTimeoutSeconds = 86400;
 // How long a collective (and the rendezvous at the store) may take before every rank
 // fails with an error instead of waiting on a dead or stuck peer:
 // PACKTRAIN_COLLECTIVE_TIMEOUT (seconds; `packtrain launch --timeout` sets it),
-// default 60. Throws DataError for a value that is not a number of seconds in
+// default 60. Throws packtrain::UserError for a value that is not a number of seconds in
 // [kMinTimeoutSeconds, kMaxTimeoutSeconds] (nan, inf, 0.0001, 1e10), naming it.
 std::chrono::milliseconds collective_timeout(const Environment& environment = process_environment());
 

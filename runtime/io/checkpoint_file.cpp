@@ -1,7 +1,7 @@
 #include "packtrain/runtime/io/checkpoint_file.h"
 
 #include "packtrain/base/fnv1a.h"
-#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/base/user_error.h"
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -157,7 +157,7 @@ std::string hex(uint64_t value) {
 // ---- Loading -------------------------------------------------------------------
 
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& problem) {
-  throw DataError("checkpoint '" + path.string() + "': " + problem);
+  throw UserError("checkpoint '" + path.string() + "': " + problem);
 }
 
 std::ifstream open_regular_file(const std::filesystem::path& path) {

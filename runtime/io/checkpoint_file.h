@@ -62,7 +62,7 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view b
 //   M bytes   payload = torch::pickle_save(payload)
 void save_checkpoint(const std::filesystem::path& path, const c10::IValue& payload, int64_t crash_after_bytes = -1);
 
-// Loads a checkpoint back, tensors on CPU. Throws DataError, one line naming the
+// Loads a checkpoint back, tensors on CPU. Throws packtrain::UserError, one line naming the
 // file, when it is missing, not a packtrain checkpoint (bad magic), of an
 // unsupported version, truncated, corrupted (checksum mismatch or trailing bytes),
 // or its payload cannot be decoded.

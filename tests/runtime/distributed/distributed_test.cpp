@@ -3,7 +3,7 @@
 // one (Gloo on CPU, NCCL captured inside the step on a GPU) equals a trainer with no
 // group. Multi-process runs are tested through `packtrain launch`
 // (tests/runtime/cli/distributed_cli_test.cpp).
-#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/base/user_error.h"
 #include "packtrain/runtime/distributed/collective_watchdog.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
@@ -36,7 +36,7 @@ Environment env(std::map<std::string, std::string> vars) {
 std::string error_of(std::map<std::string, std::string> vars) {
   try {
     rank_info_from_environment(env(std::move(vars)));
-  } catch (const DataError& e) {
+  } catch (const UserError& e) {
     return e.what();
   }
   return "no error";
@@ -102,7 +102,7 @@ TEST(RankInfo, CollectiveTimeoutIsBetweenASecondAndADay) {
     try {
       collective_timeout(env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", t}}));
       ADD_FAILURE() << t << ": accepted";
-    } catch (const DataError& e) {
+    } catch (const UserError& e) {
       EXPECT_THAT(e.what(), HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='" + t + "': must be seconds between 1 and 86400"));
     }
   }

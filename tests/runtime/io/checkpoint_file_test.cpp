@@ -2,7 +2,7 @@
 // save interrupted by a crash leaves the previous checkpoint in place.
 #include "packtrain/runtime/io/checkpoint_file.h"
 
-#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/base/user_error.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -115,14 +115,14 @@ class CheckpointFile : public ::testing::Test {
     std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
   }
 
-  // The DataError message load_checkpoint gives, or why there was none.
+  // The UserError message load_checkpoint gives, or why there was none.
   static std::string load_error(const fs::path& p) {
     try {
       load_checkpoint(p);
-    } catch (const DataError& e) {
+    } catch (const UserError& e) {
       return e.what();
     } catch (const std::exception& e) {
-      return std::string("not a DataError: ") + e.what();
+      return std::string("not a UserError: ") + e.what();
     }
     return "no error";
   }
