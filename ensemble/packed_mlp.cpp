@@ -2,6 +2,7 @@
 
 #include "packtrain/ensemble/cpu_fused_step.h"
 #include "packtrain/ensemble/dropout_mask.h"
+#include "packtrain/ensemble/linear_init.h"
 #include "packtrain/ensemble/member_seed.h"
 #include "packtrain/ensemble/pack.h"
 #include "packtrain/profiling/nvtx.h"
@@ -185,16 +186,9 @@ at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {
       slot.fill_(is_weight ? 1.0 : 0.0);
       continue;
     }
-    const int64_t fan_in = is_weight ? spec.shape[0] : parameters_.spec(i - 1).shape[0];
-    if (is_weight) {
-      const double gain = std::sqrt(2.0 / (1 + std::pow(std::sqrt(5.0), 2)));
-      const double bound = std::sqrt(3.0) * (gain / std::sqrt(static_cast<double>(fan_in)));
-      at::Tensor w = at::empty({spec.shape[1], spec.shape[0]}, at::kFloat);  // (O, I)
-      w.uniform_(-bound, bound, generator);
-      slot.view({spec.shape[0], spec.shape[1]}).copy_(w.t());  // stored (I, O)
-    } else {
-      const double bound = 1 / std::sqrt(static_cast<double>(fan_in));
-      slot.uniform_(-bound, bound, generator);
+    if (is_weight) {  // the Linear's weight, then its bias (the next spec)
+      draw_linear_init(slot.view({spec.shape[0], spec.shape[1]}),
+                       row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1)), generator);
     }
   }
   return row;

@@ -1,5 +1,6 @@
 #include "packtrain/ensemble/residual_mlp.h"
 
+#include "packtrain/ensemble/linear_init.h"
 #include "packtrain/ensemble/member_seed.h"
 
 #include <ATen/ATen.h>
@@ -101,18 +102,15 @@ void ResidualMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
   const std::vector<int64_t> selected = members_to_reinitialize(which, members());
   if (selected.empty()) return;
   if (!which.defined()) options_.seed(seed);
-  // Each member's draws in torch::nn::Linear::reset_parameters' order: weight (out,
-  // in) ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), then bias.
+  // Each member's draws in torch::nn::Linear::reset_parameters' order (linear_init.h).
   std::vector<at::Tensor> rows;
   for (const int64_t k : selected) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + k));
     at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
-    for (size_t i = 0; i < parameters_.size(); i += 2) {
+    for (size_t i = 0; i < parameters_.size(); i += 2) {  // weight, bias of each layer
       const std::vector<int64_t>& shape = parameters_.spec(i).shape;  // (in, out)
-      const double bound = 1 / std::sqrt(static_cast<double>(shape[0]));
-      at::Tensor w = at::empty({shape[1], shape[0]}, at::kFloat).uniform_(-bound, bound, generator);
-      row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view({shape[0], shape[1]}).copy_(w.t());
-      row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1)).uniform_(-bound, bound, generator);
+      draw_linear_init(row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view({shape[0], shape[1]}),
+                       row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1)), generator);
     }
     rows.push_back(row);
   }
