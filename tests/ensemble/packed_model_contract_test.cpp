@@ -98,7 +98,10 @@ TEST_P(PackedModelContract, EachMemberIsItsStandaloneModuleAtInitialization) {
   for (int64_t k = 0; k < kMembers; ++k) {
     const StandaloneMember alone = arch().standalone(device(), kSeed, k);
     EXPECT_EQ(max_parameter_diff(pack->standalone_member(k), alone), 0.0) << "member " << k;
-    EXPECT_TRUE(torch::equal(packed_out[k], alone.forward(x))) << "member " << k;
+    // Bit-equal on the CPU; cuBLAS's batched and single GEMMs may sum in different
+    // orders (measured on an H100: not bit-equal), so CUDA gets double rounding room.
+    EXPECT_LE(packtrain::testing::max_abs_diff(packed_out[k], alone.forward(x)), device().is_cpu() ? 0.0 : 1e-12)
+        << "member " << k;
   }
   // Members differ from one another (each draws from its own seed).
   EXPECT_FALSE(torch::equal(packed_out[0], packed_out[1]));
