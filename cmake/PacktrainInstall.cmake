@@ -12,10 +12,11 @@ install(TARGETS packtrain_base packtrain_profiling packtrain_ensemble packtrain_
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS packtrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-# Headers as include/packtrain/<layer>/...; the CLI's headers are not an API.
+# Headers as include/packtrain/<layer>/...; the CLI's headers are not an API, nor
+# are a class's private headers (*_internal.h, shared by the .cpp files beside them).
 foreach(layer base profiling ensemble graphs runtime)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/packtrain/${layer}
-          FILES_MATCHING PATTERN "*.h" PATTERN "cli" EXCLUDE)
+          FILES_MATCHING PATTERN "*.h" PATTERN "cli" EXCLUDE PATTERN "*_internal.h" EXCLUDE)
 endforeach()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/packtrain/data)
 install(EXPORT packtrainTargets NAMESPACE packtrain:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/packtrain)

@@ -1,0 +1,344 @@
+// MultiTaskTrainer's checkpoints: save (one file, or a pipeline's stage files and
+// their manifest), MultiTaskCheckpoint::read, and load (a stage per rank, or the
+// stages assembled into the whole model in one process).
+#include "packtrain/runtime/trainers/multitask_trainer.h"
+
+#include "multitask_trainer_internal.h"
+#include "packtrain/profiling/nvtx.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/distributed/pipeline_groups.h"
+#include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask_steps.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace packtrain::runtime {
+
+namespace {
+
+constexpr const char* kMultiTaskFormat = "packtrain-multitask-1";
+constexpr const char* kPipelineManifestFormat = "packtrain-multitask-pipeline-manifest-1";
+
+// A trainer's checkpoint payload (the whole model's, or one pipeline stage's).
+c10::impl::GenericDict trainer_payload(const MultiTaskTrainerOptions& options, const std::string& extra,
+                                       const ensemble::PackedTransformer& model, const ensemble::PackedAdam& optimizer,
+                                       int64_t epochs, int64_t steps) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kMultiTaskFormat));
+  d.insert("options", to_json(options));
+  d.insert("extra", extra);
+  d.insert("params", model.parameters().flat().to(at::kCPU).clone());
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, tensor] : optimizer.state()) state.insert(name, tensor.to(at::kCPU).clone());
+  d.insert("optimizer", state);
+  d.insert("epochs", epochs);
+  d.insert("steps", steps);
+  d.insert("first_layer", model.stage().first_layer);
+  d.insert("end_layer", model.stage().end_layer);
+  return d;
+}
+
+c10::impl::GenericDict checkpoint_dict(const std::filesystem::path& path, const char* what) {
+  const c10::IValue payload = load_checkpoint(path);
+  if (!payload.isGenericDict() || !payload.toGenericDict().contains("format") ||
+      !payload.toGenericDict().at("format").isString()) {
+    throw DataError(path.string() + ": not a packtrain " + what);
+  }
+  return payload.toGenericDict();
+}
+
+MultiTaskTrainerOptions options_of(const c10::impl::GenericDict& d, const std::filesystem::path& path) {
+  try {
+    return multitask_options_from_json(d.at("options").toStringRef());
+  } catch (const c10::Error& e) {
+    throw DataError(path.string() + ": unreadable options: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw DataError(path.string() + ": unreadable options: " + e.what());
+  }
+}
+
+// Copies the tensors of `from` (laid out as `layout`) into `to` by parameter name.
+void copy_by_name(const ensemble::PackedParameters& layout, const at::Tensor& from,
+                  const ensemble::PackedParameters& target, at::Tensor to) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < target.size(); ++i) index[target.spec(i).name] = i;
+  const std::vector<at::Tensor> sources = layout.blocks(from), targets = target.blocks(to);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    at::Tensor destination = targets.at(index.at(layout.spec(i).name));
+    destination.copy_(sources[i]);
+  }
+}
+
+// A pipeline stage's file, beside its manifest: "<manifest>.stage<s>-of-<S>.step<N>".
+std::string stage_file_name(const std::filesystem::path& manifest, int64_t stage, int64_t stages, int64_t steps) {
+  return fmt::format("{}.stage{}-of-{}.step{}", manifest.filename().string(), stage, stages, steps);
+}
+
+// The 16 hex digits a manifest records of a stage file's checksum.
+std::string checksum_hex(uint64_t checksum) { return fmt::format("{:016x}", checksum); }
+}  // namespace
+
+MultiTaskCheckpoint MultiTaskCheckpoint::read(const std::filesystem::path& path) {
+  MultiTaskCheckpoint checkpoint;
+  checkpoint.path_ = path;
+  const c10::impl::GenericDict top = checkpoint_dict(path, "multi-task checkpoint");
+  checkpoint.payload_ = std::make_shared<const c10::IValue>(top);
+  const std::string format = top.at("format").toStringRef();
+  if (format == kMultiTaskFormat) return checkpoint;
+  if (format != kPipelineManifestFormat) throw DataError(path.string() + ": not a packtrain multi-task checkpoint");
+
+  const auto bad = [&](const std::string& problem) {
+    return DataError(path.string() + ": bad pipeline checkpoint manifest: " + problem);
+  };
+  int64_t S = 0;
+  std::vector<std::string> names, checksums;  // checksums: none in manifests of earlier versions
+  try {
+    S = top.at("stages").toInt();
+    names = nlohmann::json::parse(top.at("files").toStringRef()).get<std::vector<std::string>>();
+    if (top.contains("checksums")) {
+      checksums = nlohmann::json::parse(top.at("checksums").toStringRef()).get<std::vector<std::string>>();
+    }
+  } catch (const c10::Error& e) {
+    throw bad(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw bad(e.what());
+  }
+  if (S < 1 || static_cast<int64_t>(names.size()) != S || (!checksums.empty() && checksums.size() != names.size())) {
+    throw bad(fmt::format("{} stages, {} stage files and {} checksums", S, names.size(), checksums.size()));
+  }
+  const std::filesystem::path dir = path.parent_path();
+  for (int64_t s = 0; s < S; ++s) {
+    const std::string& name = names[static_cast<size_t>(s)];
+    // Stage files are written beside their manifest: a manifest never points elsewhere.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        std::count(names.begin(), names.end(), name) != 1) {
+      throw bad(fmt::format("stage {}'s file '{}' is not a file name of its own in the manifest's directory", s, name));
+    }
+    const std::filesystem::path file = dir / name;
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) {
+      throw DataError(fmt::format("{}: stage {}'s file {} is missing (a pipeline checkpoint is the manifest and its "
+                                  "{} stage files, side by side)",
+                                  path.string(), s, file.string(), S));
+    }
+    if (!checksums.empty()) {
+      const std::string actual = checksum_hex(checkpoint_checksum(file));
+      if (actual != checksums[static_cast<size_t>(s)]) {
+        throw DataError(fmt::format("{}: not the stage {} file that {} committed (its checksum is {}, the manifest's "
+                                    "{}): was it replaced, or another stage's file copied over it?",
+                                    file.string(), s, path.string(), actual, checksums[static_cast<size_t>(s)]));
+      }
+    }
+    checkpoint.stage_files_.push_back(file);
+  }
+  return checkpoint;
+}
+
+std::string MultiTaskCheckpoint::extra() const {
+  const c10::impl::GenericDict top = payload_->toGenericDict();
+  if (top.contains("extra")) return top.at("extra").toStringRef();
+  const c10::impl::GenericDict first = checkpoint_dict(stage_files_.at(0), "multi-task stage checkpoint");
+  if (!first.contains("extra")) throw DataError(stage_files_.at(0).string() + ": no run description");
+  return first.at("extra").toStringRef();
+}
+
+void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string& extra) const {
+  PACKTRAIN_NVTX_RANGE("checkpoint");
+  if (pipeline_) {
+    save_stage(path, extra);
+    return;
+  }
+  save_checkpoint(path, trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_));
+}
+
+void MultiTaskTrainer::save_stage(const std::filesystem::path& path, const std::string& extra) const {
+  // A stage's replicas hold the same weights (checked every epoch): replica 0's stages save them.
+  if (pipeline_groups_->replica != 0) return;
+  const int64_t s = pipeline_group_->rank(), S = pipeline_group_->world_size();
+  const auto name = [&](int64_t stage) { return stage_file_name(path, stage, S, steps_done_); };
+  const std::filesystem::path file = path.parent_path() / name(s);
+  c10::impl::GenericDict d = trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_);
+  d.insert("stage", s);
+  d.insert("stages", S);
+  save_checkpoint(file, d);
+  pipeline_group_->barrier();  // every stage's file is committed
+  if (s == 0) {
+    std::vector<std::string> files, checksums;
+    for (int64_t t = 0; t < S; ++t) {
+      files.push_back(name(t));
+      checksums.push_back(checksum_hex(checkpoint_checksum(path.parent_path() / name(t))));
+    }
+    c10::impl::GenericDict m(c10::StringType::get(), c10::AnyType::get());
+    m.insert("format", std::string(kPipelineManifestFormat));
+    m.insert("stages", S);
+    m.insert("files", nlohmann::json(files).dump());
+    m.insert("checksums", nlohmann::json(checksums).dump());
+    m.insert("extra", extra);
+    m.insert("epochs", epochs_done_);
+    m.insert("steps", steps_done_);
+    save_checkpoint(path, m);
+  }
+  pipeline_group_->barrier();  // the manifest names the new files: the old ones can go
+  // The stage file this run committed last under this manifest (a run resumed into
+  // another file leaves the one it resumed whole).
+  if (!committed_stage_file_.empty() && committed_stage_file_ != file && committed_manifest_ == path) {
+    std::error_code ignored;
+    std::filesystem::remove(committed_stage_file_, ignored);
+  }
+  committed_stage_file_ = file;
+  committed_manifest_ = path;
+}
+
+std::vector<std::filesystem::path> MultiTaskTrainer::stage_files_to_write(const std::filesystem::path& path,
+                                                                          int64_t epochs) const {
+  const int64_t per_epoch = steps_per_epoch();
+  if (pipeline_ == nullptr || per_epoch <= 0 || epochs <= epochs_done_) return {};
+  const int64_t S = pipeline_group_->world_size();
+  const std::string prefix = path.filename().string() + ".stage";
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  // The directory, not every save's names: a run of many epochs lists no more than is there.
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    long long stage = -1, stages = -1, steps = -1;
+    if (std::sscanf(name.c_str() + prefix.size(), "%lld-of-%lld.step%lld", &stage, &stages, &steps) != 3) continue;
+    if (stages != S || stage < 0 || stage >= S || name != stage_file_name(path, stage, S, steps)) continue;
+    const int64_t after = steps - steps_done_;  // saves come after each epoch, per_epoch steps apart
+    if (after > 0 && after % per_epoch == 0 && after / per_epoch <= epochs - epochs_done_) {
+      out.push_back(path.parent_path() / name);
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::path& path, c10::Device device,
+                                                         std::string* extra, graphs::GraphLog log,
+                                                         distributed::ProcessGroup* pipeline) {
+  return load(MultiTaskCheckpoint::read(path), device, extra, std::move(log), pipeline);
+}
+
+std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const MultiTaskCheckpoint& checkpoint, c10::Device device,
+                                                         std::string* extra, graphs::GraphLog log,
+                                                         distributed::ProcessGroup* pipeline) {
+  const std::filesystem::path& path = checkpoint.path();
+  const c10::impl::GenericDict top = checkpoint.payload_->toGenericDict();
+  const std::string format = top.at("format").toStringRef();
+  const auto with_device = [&](MultiTaskTrainerOptions options) {
+    options.model(ensemble::PackedTransformerOptions(options.model()).device(device)).log(log);
+    return options;
+  };
+  // Parameters and optimizer state of `d` into `trainer`, whose layout must match.
+  const auto restore = [&](MultiTaskTrainer& trainer, const c10::impl::GenericDict& d,
+                           const std::filesystem::path& file) {
+    at::NoGradGuard no_grad;
+    const at::Tensor params = d.at("params").toTensor();
+    if (params.numel() != trainer.model_->parameters().flat().numel()) {
+      throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", file.string(),
+                                  params.numel(), trainer.model_->parameters().flat().numel()));
+    }
+    trainer.model_->parameters().flat().copy_(params);
+    const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+    for (const auto& [name, tensor] : trainer.optimizer_->state()) {
+      if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
+      const at::Tensor stored = optimizer.at(name).toTensor();
+      if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+      at::Tensor target = tensor;
+      target.copy_(stored);
+    }
+    trainer.epochs_done_ = d.at("epochs").toInt();
+    trainer.steps_done_ = d.at("steps").toInt();
+    if (extra != nullptr) *extra = d.at("extra").toStringRef();
+  };
+  if (format == kMultiTaskFormat) {
+    auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(top, path)));
+    restore(*trainer, top, path);
+    return trainer;
+  }
+
+  // A pipeline run's manifest: its stage files, all of the save it names.
+  // Its stage files, each found (and matched with its checksum) by MultiTaskCheckpoint::read.
+  const int64_t S = static_cast<int64_t>(checkpoint.stage_files().size()), steps = top.at("steps").toInt();
+  const auto stage_dict = [&](int64_t s) {
+    const std::filesystem::path& file = checkpoint.stage_files().at(static_cast<size_t>(s));
+    c10::impl::GenericDict d = checkpoint_dict(file, "multi-task stage checkpoint");
+    if (d.at("format").toStringRef() != kMultiTaskFormat || d.at("steps").toInt() != steps) {
+      throw DataError(fmt::format("{}: not stage {} of the save at step {} that {} names", file.string(), s, steps,
+                                  path.string()));
+    }
+    // The file's own record: a stage file renamed, or copied over another, holds another stage.
+    if (!d.contains("stage") || !d.contains("stages")) {
+      throw DataError(fmt::format("{}: not a pipeline stage file (it records no stage), yet {} names it as stage {}",
+                                  file.string(), path.string(), s));
+    }
+    if (d.at("stage").toInt() != s || d.at("stages").toInt() != S) {
+      throw DataError(fmt::format("{}: holds stage {} of {}, but {} names it as stage {} of {}: was it renamed, or "
+                                  "copied over another stage's file?",
+                                  file.string(), d.at("stage").toInt(), d.at("stages").toInt(), path.string(), s, S));
+    }
+    return std::make_pair(file, d);
+  };
+  if (pipeline != nullptr) {
+    if (pipeline->world_size() % S != 0) {
+      throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks (or a multiple: stages x "
+                                  "replicas), not {} (or in one process, which assembles the stages)",
+                                  path.string(), S, S, pipeline->world_size()));
+    }
+    const auto [file, d] = stage_dict(pipeline->rank() % S);
+    auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(d, file)), pipeline);
+    restore(*trainer, d, file);
+    trainer->committed_stage_file_ = file;
+    trainer->committed_manifest_ = path;
+    return trainer;
+  }
+  // One process: the whole model, each stage's parameters and optimizer state copied in by name.
+  const auto [first_file, first] = stage_dict(0);
+  const MultiTaskTrainerOptions options =
+      with_device(options_of(first, first_file)).pipeline_stages(1).pipeline_boundaries({});
+  auto trainer = std::make_unique<MultiTaskTrainer>(options);
+  at::NoGradGuard no_grad;
+  ensemble::PackedParameters& whole = trainer->model_->parameters();
+  const std::vector<std::pair<std::string, at::Tensor>> state = trainer->optimizer_->state();
+  for (int64_t s = 0; s < S; ++s) {
+    const auto [file, d] = stage_dict(s);
+    const ensemble::TransformerStage blocks{d.at("first_layer").toInt(), d.at("end_layer").toInt()};
+    const ensemble::PackedParameters layout(options.model().members(),
+                                            ensemble::transformer_parameters(options.model(), blocks),
+                                            c10::TensorOptions().dtype(options.model().dtype()));
+    const at::Tensor params = d.at("params").toTensor();
+    if (params.numel() != layout.flat().numel()) {
+      throw DataError(fmt::format("{}: {} parameters stored, stage {} of the model described has {}", file.string(),
+                                  params.numel(), s, layout.flat().numel()));
+    }
+    copy_by_name(layout, params.to(layout.flat().dtype()), whole, whole.flat());
+    const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+    for (const auto& [name, tensor] : state) {
+      if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
+      const at::Tensor stored = optimizer.at(name).toTensor();
+      at::Tensor target = tensor;
+      if (stored.numel() == layout.flat().numel() && tensor.numel() == whole.flat().numel()) {
+        copy_by_name(layout, stored.to(tensor.scalar_type()), whole, target);  // in the parameters' layout
+      } else if (s == 0) {
+        if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+        target.copy_(stored);  // per member: the same on every stage
+      }
+    }
+  }
+  trainer->epochs_done_ = first.at("epochs").toInt();
+  trainer->steps_done_ = first.at("steps").toInt();
+  if (extra != nullptr) *extra = first.at("extra").toStringRef();
+  return trainer;
+}
+
+}  // namespace packtrain::runtime
