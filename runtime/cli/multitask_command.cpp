@@ -22,6 +22,7 @@
 #include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
+#include "packtrain/runtime/trainers/multitask_resume.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 
 #include <ATen/ATen.h>
@@ -57,51 +58,7 @@ nlohmann::json metrics_json(const runtime::TaskMetrics& m) {
           {"examples", m.examples}, {"tokens", m.tokens}};
 }
 
-// Where a run's sentences come from and how long it trains: the checkpoint's
-// `extra`, so `multitask resume` reloads the same files.
-// With each file's fingerprint (of its sentences and labels), so a resume on
-// files edited since is refused.
-// With the class names, so `score` can name what it predicts.
-struct RunFiles {
-  std::filesystem::path train, dev;
-  int64_t epochs = 0;
-  std::string train_fingerprint, dev_fingerprint;  // empty in checkpoints from earlier versions
-  std::vector<std::string> class_names;            // empty: classes are numbered
-
-  std::string to_json() const {
-    return nlohmann::json{{"train", train.string()}, {"dev", dev.string()}, {"epochs", epochs},
-                          {"train_fingerprint", train_fingerprint}, {"dev_fingerprint", dev_fingerprint},
-                          {"class_names", class_names}}
-        .dump();
-  }
-  static RunFiles from_json(const std::string& text, const std::string& checkpoint) {
-    try {
-      const nlohmann::json j = nlohmann::json::parse(text);
-      return {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>(),
-              j.value("train_fingerprint", ""), j.value("dev_fingerprint", ""),
-              j.value("class_names", std::vector<std::string>{})};
-    } catch (const std::exception& e) {
-      throw runtime::DataError(checkpoint + ": no run description to resume from (" + e.what() + ")");
-    }
-  }
-};
-
-// The sentences a resumed run reads must be the ones it was trained on: DataError
-// naming the file that changed; a note when the checkpoint records no fingerprint.
-void check_same_texts(const std::string& recorded, const runtime::LabelledTexts& texts, const char* role,
-                      RunDriver& driver) {
-  const std::string now = runtime::fingerprint_hex(runtime::fingerprint(texts));
-  if (recorded.empty()) {
-    driver.note(fmt::format("multitask resume: note: the checkpoint records no fingerprint of its {} file (an "
-                            "earlier version wrote it): cannot check that {} is unchanged",
-                            role, texts.source));
-  } else if (recorded != now) {
-    throw runtime::DataError(fmt::format("{}: the {} sentences changed since this run was trained (fingerprint {}, "
-                                         "now {}; {} sentences now); multitask resume continues a run on its own "
-                                         "data only",
-                                         texts.source, role, recorded, now, texts.size()));
-  }
-}
+using RunFiles = runtime::MultiTaskRunFiles;  // the checkpoint's run description (multitask_resume.h)
 
 // A multitask session: the trainer, its files and dev set, and the driver around it.
 struct Session {
@@ -373,7 +330,7 @@ int run_resume(MultiTaskResumeArgs a) {
   // Every rank reads the checkpoint and checks each stage file (there, the one the
   // manifest committed) before any rendezvous: a damaged one stops every rank alike.
   const runtime::MultiTaskCheckpoint checkpoint = runtime::MultiTaskCheckpoint::read(a.checkpoint);
-  RunFiles files = RunFiles::from_json(checkpoint.extra(), a.checkpoint);
+  const RunFiles files = RunFiles::from_json(checkpoint.extra(), a.checkpoint);
   // The checkpoint itself is replaced by default (resume's policy); its stage files
   // and the sentence files it names are inputs (the config is one for every command).
   std::vector<NamedPath> inputs = {{"training file", files.train.string()}, {"dev file", files.dev.string()}};
@@ -386,23 +343,11 @@ int run_resume(MultiTaskResumeArgs a) {
   const auto group = join_if_launched(device);  // before the trainer: destroyed after it
   RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log
   // A pipeline checkpoint resumes each rank's stage (on as many ranks as stages).
-  auto trainer = runtime::MultiTaskTrainer::load(checkpoint, device, nullptr, driver.graph_log(), group.get());
-  if (a.epochs > 0) files.epochs = a.epochs;
-  if (files.epochs <= trainer->epochs_done()) {
-    throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", a.checkpoint,
-                                 trainer->epochs_done()));
-  }
-  const int64_t classes = trainer->options().model().classes();
-  const runtime::LabelledTexts train = runtime::read_labelled_tsv(files.train, classes);
-  const runtime::LabelledTexts dev = runtime::read_labelled_tsv(files.dev, classes);
-  check_same_texts(files.train_fingerprint, train, "training", driver);
-  check_same_texts(files.dev_fingerprint, dev, "dev", driver);
-  runtime::check_memory(runtime::estimate_multitask_run(trainer->options(), static_cast<int64_t>(train.size()), true),
-                        "resume it where more memory is free");
-  if (!trainer->pipelined()) trainer->set_process_group(group.get());  // every rank loaded the same checkpoint
-  const int64_t truncated = trainer->set_training_data(train);
-  check_stage_outputs(*trainer, a.out.path, files.epochs, inputs);
-  return run_session({*trainer, files, dev, truncated, group.get()}, driver);
+  runtime::ResumedMultiTask run = runtime::resume_multitask(
+      checkpoint, {.epochs = a.epochs, .device = device, .log = driver.graph_log(),
+                   .note = [&driver](const std::string& line) { driver.note(line); }, .group = group.get()});
+  check_stage_outputs(*run.trainer, a.out.path, run.files.epochs, inputs);
+  return run_session({*run.trainer, run.files, run.dev, run.truncated, group.get()}, driver);
 }
 
 // A trained model and the class names its run recorded (none from earlier versions).

@@ -22,6 +22,7 @@
 #include "packtrain/runtime/trainers/hyperparameter_sweep.h"
 #include "packtrain/runtime/trainers/member_parallel.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
+#include "packtrain/runtime/trainers/run_resume.h"
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
@@ -493,91 +494,54 @@ struct ResumeCommand {
   SessionArgs session;
 };
 
-// The checkpoint of this rank's members in a member-parallel run: its own shard on
-// the same number of ranks; on another number, gathered from the shards that hold
-// them (re-sharded).
-std::shared_ptr<const runtime::EnsembleTrainer::Checkpoint> shard_checkpoint(const runtime::ShardManifest& manifest,
-                                                                              runtime::MemberShard mine) {
-  using runtime::EnsembleTrainer;
-  std::vector<EnsembleTrainer::MemberSource> sources;
-  for (auto& [checkpoint, first] : runtime::read_shards(manifest)) {
-    const int64_t count = EnsembleTrainer::checkpoint_options(*checkpoint).members();
-    if (first < mine.first + mine.count && first + count > mine.first) sources.emplace_back(std::move(checkpoint), first);
-  }
-  const bool same_shards = sources.size() == 1 && sources.front().second == mine.first &&
-                           EnsembleTrainer::checkpoint_options(*sources.front().first).members() == mine.count;
-  return same_shards ? sources.front().first : EnsembleTrainer::select_members(sources, mine.first, mine.count);
-}
-
-// The options a checkpoint's run continues with: the checkpoint's own, on the
-// chosen device, to --epochs when given.
-runtime::EnsembleTrainerOptions resumed_options(const runtime::EnsembleTrainer::Checkpoint& checkpoint,
-                                                const ResumeCommand& c) {
-  runtime::EnsembleTrainerOptions options = runtime::EnsembleTrainer::checkpoint_options(checkpoint);
-  options.device(pick_device(c.device));
-  if (c.epochs > 0) options.epochs(c.epochs);
-  return options;
-}
-
-// `resume --epochs N` at or below the checkpoint's epoch would train nothing and
-// rewrite the file: refused, naming the epoch it is at.
-void check_epochs_ahead(const ResumeCommand& c, int64_t at) {
-  if (c.epochs > 0 && c.epochs <= at) {
-    throw UsageError(fmt::format("{} is at epoch {}; give --epochs above it to train further", c.from, at));
-  }
+// The options a resumed run continues with: --epochs and --device, its notes in the
+// driver's log, the group of its ranks.
+runtime::ResumeOptions resume_options(const ResumeCommand& c, c10::Device device, RunDriver& driver,
+                                      runtime::distributed::ProcessGroup* group) {
+  return {.epochs = c.epochs, .device = device, .log = driver.graph_log(), .group = group,
+          .rank_check_every = c.session.rank_check_every};
 }
 
 // Resumes a member-parallel run from its manifest, on any number of ranks.
 int run_resume_member_parallel(ResumeCommand c, const runtime::ShardManifest& manifest) {
   using namespace runtime::distributed;
   const RankInfo rank = member_parallel_rank("resuming the member-parallel run " + c.from);
-  const int64_t K = manifest.members, W = rank.world_size;
-  if (K < W) throw UsageError(fmt::format("{}: {} members cannot be split over {} ranks", c.from, K, W));
-  const runtime::MemberShard mine = runtime::member_shard(K, W, rank.rank);
-  const auto checkpoint = shard_checkpoint(manifest, mine);
-  runtime::EnsembleTrainerOptions options = resumed_options(*checkpoint, c);
-  const runtime::RunDescription run =
-      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint));
-  const DataArgs& data_args = run.data;
+  const runtime::ResumeSource source = runtime::open_resume(manifest, rank.rank, rank.world_size);
+  const c10::Device device = pick_device(c.device);
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;  // in place: the next commit replaces it
-  check_session_outputs(c.session, data_args, /*member_parallel=*/true, &manifest);
+  check_session_outputs(c.session, source.run.data, /*member_parallel=*/true, &manifest);
   auto group = ProcessGroup::join(rank, collective_timeout());
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());  // outlives the trainer's log
-  options.log(driver.graph_log());
-  runtime::EnsembleTrainer trainer(options);
-  const SplitData data = prepare(trainer, data_args);
-  runtime::check_same_data(run, data, "resume continues a run on its own data only");
-  trainer.restore(*checkpoint);
-  check_epochs_ahead(c, trainer.epoch());
+  if (device.is_cpu()) runtime::retain_freed_cpu_memory();
+  runtime::ResumedRun run = runtime::resume(source, resume_options(c, device, driver, group.get()));
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, manifest.members);
-  if (W != manifest.ranks) driver.note(fmt::format("resume: re-sharding {} members from {} ranks to {}", K, manifest.ranks, W));
-  return run_session({trainer, data, data_args, c.session, "resume", Distribution::members_over(*group, sharded, mine, K)}, driver);
+  if (rank.world_size != manifest.ranks) {
+    driver.note(fmt::format("resume: re-sharding {} members from {} ranks to {}", manifest.members, manifest.ranks,
+                            rank.world_size));
+  }
+  return run_session({*run.trainer, run.data, source.run.data, c.session, "resume",
+                      Distribution::members_over(*group, sharded, source.shard, manifest.members)},
+                     driver);
 }
 
 int run_resume(ResumeCommand c) {
   if (const auto manifest = runtime::read_shard_manifest(c.from)) {
     return run_resume_member_parallel(std::move(c), *manifest);
   }
-  const auto checkpoint = runtime::EnsembleTrainer::read_checkpoint(c.from);
-  runtime::EnsembleTrainerOptions options = resumed_options(*checkpoint, c);
-  const runtime::RunDescription run =
-      runtime::run_description_from_json(runtime::EnsembleTrainer::checkpoint_extra(*checkpoint));
-  const DataArgs& data_args = run.data;
+  const runtime::ResumeSource source = runtime::open_resume(c.from);
+  const c10::Device device = pick_device(c.device);
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;
-  check_session_outputs(c.session, data_args);  // the checkpoint resumed may be replaced: it is not an input here
-  const auto group = join_if_launched(options.device());  // before the trainer: destroyed after it
+  check_session_outputs(c.session, source.run.data);  // the checkpoint resumed may be replaced: it is not an input here
+  const auto group = join_if_launched(device);  // before the trainer: destroyed after it
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());
-  options.log(driver.graph_log());
-  runtime::EnsembleTrainer trainer(options);
-  trainer.set_process_group(group.get(), c.session.rank_check_every);  // every rank read the same checkpoint
-  const SplitData data = prepare(trainer, data_args);
-  runtime::check_same_data(run, data, "resume continues a run on its own data only");
-  trainer.restore(*checkpoint);
-  check_epochs_ahead(c, trainer.epoch());
-  if (c.session.select_best && data.split.validation.empty()) {
+  if (device.is_cpu()) runtime::retain_freed_cpu_memory();
+  // Every rank reads the same checkpoint: data parallel resumes as it trained.
+  runtime::ResumedRun run = runtime::resume(source, resume_options(c, device, driver, group.get()));
+  if (c.session.select_best && run.data.split.validation.empty()) {
     throw UsageError("--select best chooses on validation rows, and this run has none");
   }
-  return run_session({trainer, data, data_args, c.session, "resume", Distribution::over(group.get())}, driver);
+  return run_session({*run.trainer, run.data, source.run.data, c.session, "resume", Distribution::over(group.get())},
+                     driver);
 }
 
 }  // namespace
