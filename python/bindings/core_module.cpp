@@ -14,6 +14,7 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/trainers/loaded_ensemble.h"
 #include "packtrain/runtime/trainers/predictive_distribution.h"
+#include "packtrain/runtime/trainers/run_resume.h"
 #include "packtrain/runtime/trainers/variance_calibration.h"
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 #include "packtrain/runtime/data/labelled_texts.h"
@@ -304,6 +305,42 @@ py::dict task_metrics_dict(const packtrain::runtime::TaskMetrics& m) {
   return d;
 }
 
+// Resuming a run (runtime/trainers/run_resume.h): a checkpoint of `packtrain train`
+// (its data reloaded and checked to be the run's) or of an estimator's save() (its
+// training and validation rows given again, checked against the checkpoint's); a
+// member-parallel manifest resumes whole in this process. Returns the trainer,
+// restored and ready to train, with the run's feature and target names.
+void add_resume(py::module_& m) {
+  namespace rt = packtrain::runtime;
+  using Rows = std::optional<at::Tensor>;
+  m.def(
+      "resume",
+      [](const std::string& path, const std::string& device, int64_t epochs, const Rows& x, const Rows& y,
+         const Rows& val_x, const Rows& val_y) {
+        const rt::ResumeOptions options{.epochs = epochs, .device = c10::Device(device), .log = to_python_logging};
+        auto [trainer, run] = without_gil([&] {
+          const rt::ResumeSource source = rt::open_resume(path);
+          if (rt::describes_its_data(source.run)) {
+            if (x || y) {
+              throw packtrain::UserError(path + ": this run reloads its own data (" + source.run.data.data +
+                                         ") and checks them: give no X or y");
+            }
+            return std::pair(std::move(rt::resume(source, options).trainer), source.run);
+          }
+          if (!x || !y) {
+            throw packtrain::UserError(path + ": this run was fitted from Python and its rows are not in the "
+                                              "checkpoint: give X and y (and X_val, y_val), the rows fit() trained on");
+          }
+          return std::pair(rt::resume_with_data(source, options, *x, *y, val_x.value_or(at::Tensor()),
+                                                val_y.value_or(at::Tensor())),
+                           source.run);
+        });
+        return py::make_tuple(py::cast(std::move(trainer)), run.feature_names, run.target_name);
+      },
+      py::arg("path"), py::arg("device") = "cpu", py::arg("epochs") = 0, py::arg("x") = py::none(),
+      py::arg("y") = py::none(), py::arg("val_x") = py::none(), py::arg("val_y") = py::none());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -479,6 +516,7 @@ PYBIND11_MODULE(_core, m) {
         return py::cast(std::make_unique<LoadedEnsemble>(std::move(loaded)));
       },
       py::arg("path"), py::arg("device") = "cpu");
+  add_resume(m);
 
   py::class_<LoadedEnsemble, std::unique_ptr<LoadedEnsemble>>(m, "ShardedEnsemble")
       .def("predict", [](const LoadedEnsemble& e, const at::Tensor& x) {

@@ -613,3 +613,42 @@ def load(path, device="cpu"):
     model.feature_names_in_ = np.asarray([f"x{i}" for i in range(loaded.in_features)], dtype=object)
     model._target_name = "y"
     return model
+
+
+def resume(checkpoint, X=None, y=None, X_val=None, y_val=None, epochs=None, device="auto", callback=None):
+    """Continues a run from its checkpoint exactly as if it had not stopped, and
+    returns the fitted estimator (`packtrain resume` from Python).
+
+    A checkpoint of `packtrain train --checkpoint` (or a member-parallel manifest,
+    resumed whole here) reloads its own data and checks they are the rows it was
+    trained on. A checkpoint of an estimator's save() holds no rows: give X and y
+    (and X_val, y_val) as the trainer saw them — fit(X, y, X_val, y_val), or
+    fit(X, y) with val_fraction=0 — checked against the checkpoint. `epochs`: train
+    until this many epochs in all (default: the run's own); `callback` as in fit()."""
+    path = os.fspath(checkpoint)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint (write one with `packtrain train --checkpoint` or an "
+                                "estimator's save())")
+    epochs = 0 if epochs is None else _checked_integer("epochs", epochs, 1, 2**63 - 1)
+    if (X is None) != (y is None) or (X_val is None) != (y_val is None):
+        raise ValueError("give both X and y (and both X_val and y_val), or neither")
+    rows = {}
+    if X is not None:  # as the regressor's fit() and a classifier's of numeric labels pass them
+        rows = {"x": _as_tensor(X, "X", 2), "y": _as_tensor(y, "y", 1).reshape(-1, 1)}
+        if X_val is not None:
+            rows.update(val_x=_as_tensor(X_val, "X_val", 2), val_y=_as_tensor(y_val, "y_val", 1).reshape(-1, 1))
+    trainer, feature_names, target_name = _core.resume(path, _resolve_device(device), epochs, **rows)
+    # The estimator of the run's options (the scalar ones a refit would use) and classes.
+    options = json.loads(trainer.options_json)
+    cls = EnsembleClassifier if options["head"] == "classification" else EnsembleRegressor
+    model = cls(**{name: options[name] for name in cls._get_param_names() if name in options and name != "device"},
+                device=device)
+    if cls is EnsembleClassifier:
+        model.classes_ = np.asarray(trainer.classes)
+        model._label_values = None  # numeric labels, as the trainer's classes
+    model._trainer = trainer
+    model.n_features_in_ = trainer.in_features
+    model.feature_names_in_ = np.asarray(feature_names, dtype=object)
+    model._target_name = target_name or "y"
+    model._train(callback)
+    return model
