@@ -638,16 +638,11 @@ def resume(checkpoint, X=None, y=None, X_val=None, y_val=None, epochs=None, devi
         if X_val is not None:
             rows.update(val_x=_as_tensor(X_val, "X_val", 2), val_y=_as_tensor(y_val, "y_val", 1).reshape(-1, 1))
     trainer, feature_names, target_name = _core.resume(path, _resolve_device(device), epochs, **rows)
-    # The estimator of the run's options (the scalar ones a refit would use) and classes.
-    options = json.loads(trainer.options_json)
-    cls = EnsembleClassifier if options["head"] == "classification" else EnsembleRegressor
-    model = cls(**{name: options[name] for name in cls._get_param_names() if name in options and name != "device"},
-                device=device)
-    if cls is EnsembleClassifier:
-        model.classes_ = np.asarray(trainer.classes)
+    model = load(path, device)  # the estimator of the run's options and classes, around the model as saved
+    if isinstance(model, EnsembleClassifier):
         model._label_values = None  # numeric labels, as the trainer's classes
+    model.members, model.epochs = (json.loads(trainer.options_json)[k] for k in ("members", "epochs"))
     model._trainer = trainer
-    model.n_features_in_ = trainer.in_features
     model.feature_names_in_ = np.asarray(feature_names, dtype=object)
     model._target_name = target_name or "y"
     model._train(callback)
