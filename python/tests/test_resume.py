@@ -62,3 +62,18 @@ def test_resume_refuses_a_bad_path_other_rows_and_epochs_not_ahead(tmp_path):
         packtrain.resume(tmp_path / "m.pt", d.X_train, d.y_train + 1.0, epochs=6)
     with pytest.raises(ValueError, match="is at epoch 3"):
         packtrain.resume(tmp_path / "m.pt", d.X_train, d.y_train, epochs=3)
+
+
+def test_a_member_parallel_manifest_resumes_whole_here(tmp_path):
+    """A member-parallel run's shards, gathered into one process, continue as the
+    one-process run of the same options (member early stopping, no recalibration:
+    what --member-parallel trains)."""
+    small = ("--members", 4, "--hidden", 16, "--device", "cpu", "-q")
+    run_cli("launch", "--nproc", 2, "--", "train", "--member-parallel", *small, "--epochs", 5,
+            "--checkpoint", tmp_path / "m.ckpt")
+    run_cli("train", *small, "--epochs", 10, "--early-stopping", "member", "--recalibrate", "none",
+            "--checkpoint", tmp_path / "one.ckpt")
+    resumed = packtrain.resume(tmp_path / "m.ckpt", epochs=10, device="cpu")
+    assert resumed.members == 4 and resumed.epochs_done_ == 10
+    d = packtrain.load_dataset("concrete")
+    assert np.array_equal(resumed.predict(d.X_test), packtrain.load(tmp_path / "one.ckpt").predict(d.X_test))
