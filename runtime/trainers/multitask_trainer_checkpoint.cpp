@@ -229,115 +229,137 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const std::filesystem::
   return load(MultiTaskCheckpoint::read(path), device, extra, std::move(log), pipeline);
 }
 
+namespace {
+
+// The options a checkpoint records, on `device` and logging to `log`.
+MultiTaskTrainerOptions on_device(MultiTaskTrainerOptions options, c10::Device device, const graphs::GraphLog& log) {
+  options.model(ensemble::PackedTransformerOptions(options.model()).device(device)).log(log);
+  return options;
+}
+
+// Parameters and optimizer state of `d` (read from `file`) into `trainer`, whose layout must match.
+void restore_weights(MultiTaskTrainer& trainer, const c10::impl::GenericDict& d, const std::filesystem::path& file) {
+  at::NoGradGuard no_grad;
+  const at::Tensor params = d.at("params").toTensor();
+  if (params.numel() != trainer.model().parameters().flat().numel()) {
+    throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", file.string(),
+                                params.numel(), trainer.model().parameters().flat().numel()));
+  }
+  trainer.model().parameters().flat().copy_(params);
+  const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+  for (const auto& [name, tensor] : trainer.optimizer().state()) {
+    if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
+    const at::Tensor stored = optimizer.at(name).toTensor();
+    if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+    at::Tensor target = tensor;
+    target.copy_(stored);
+  }
+}
+
+// Stage s's file of the pipeline save that `checkpoint` (its manifest `manifest`)
+// names, found (and matched with its checksum) by MultiTaskCheckpoint::read, and
+// checked to be that stage of that save.
+std::pair<std::filesystem::path, c10::impl::GenericDict> stage_dict(const MultiTaskCheckpoint& checkpoint,
+                                                                    const c10::impl::GenericDict& manifest,
+                                                                    int64_t s) {
+  const std::filesystem::path& path = checkpoint.path();
+  const int64_t S = static_cast<int64_t>(checkpoint.stage_files().size()), steps = manifest.at("steps").toInt();
+  const std::filesystem::path& file = checkpoint.stage_files().at(static_cast<size_t>(s));
+  c10::impl::GenericDict d = checkpoint_dict(file, "multi-task stage checkpoint");
+  if (d.at("format").toStringRef() != kMultiTaskFormat || d.at("steps").toInt() != steps) {
+    throw DataError(fmt::format("{}: not stage {} of the save at step {} that {} names", file.string(), s, steps,
+                                path.string()));
+  }
+  // The file's own record: a stage file renamed, or copied over another, holds another stage.
+  if (!d.contains("stage") || !d.contains("stages")) {
+    throw DataError(fmt::format("{}: not a pipeline stage file (it records no stage), yet {} names it as stage {}",
+                                file.string(), path.string(), s));
+  }
+  if (d.at("stage").toInt() != s || d.at("stages").toInt() != S) {
+    throw DataError(fmt::format("{}: holds stage {} of {}, but {} names it as stage {} of {}: was it renamed, or "
+                                "copied over another stage's file?",
+                                file.string(), d.at("stage").toInt(), d.at("stages").toInt(), path.string(), s, S));
+  }
+  return std::make_pair(file, d);
+}
+
+// The stage file of this rank of `pipeline` (stages x replicas ranks) in a pipeline save.
+std::pair<std::filesystem::path, c10::impl::GenericDict> rank_stage_dict(const MultiTaskCheckpoint& checkpoint,
+                                                                         const c10::impl::GenericDict& manifest,
+                                                                         const distributed::ProcessGroup& pipeline) {
+  const int64_t S = static_cast<int64_t>(checkpoint.stage_files().size());
+  if (pipeline.world_size() % S != 0) {
+    throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks (or a multiple: stages x "
+                                "replicas), not {} (or in one process, which assembles the stages)",
+                                checkpoint.path().string(), S, S, pipeline.world_size()));
+  }
+  return stage_dict(checkpoint, manifest, pipeline.rank() % S);
+}
+
+// Stage s's parameters and optimizer state (`d`, read from `file`) copied by name
+// into `trainer`, which holds the whole model described by `model`.
+void copy_stage_in(MultiTaskTrainer& trainer, const ensemble::PackedTransformerOptions& model, int64_t s,
+                   const std::filesystem::path& file, const c10::impl::GenericDict& d) {
+  at::NoGradGuard no_grad;
+  ensemble::PackedParameters& whole = trainer.model().parameters();
+  const ensemble::TransformerStage blocks{d.at("first_layer").toInt(), d.at("end_layer").toInt()};
+  const ensemble::PackedParameters layout(model.members(), ensemble::transformer_parameters(model, blocks),
+                                          c10::TensorOptions().dtype(model.dtype()));
+  const at::Tensor params = d.at("params").toTensor();
+  if (params.numel() != layout.flat().numel()) {
+    throw DataError(fmt::format("{}: {} parameters stored, stage {} of the model described has {}", file.string(),
+                                params.numel(), s, layout.flat().numel()));
+  }
+  copy_by_name(layout, params.to(layout.flat().dtype()), whole, whole.flat());
+  const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
+  for (const auto& [name, tensor] : trainer.optimizer().state()) {
+    if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
+    const at::Tensor stored = optimizer.at(name).toTensor();
+    at::Tensor target = tensor;
+    if (stored.numel() == layout.flat().numel() && tensor.numel() == whole.flat().numel()) {
+      copy_by_name(layout, stored.to(tensor.scalar_type()), whole, target);  // in the parameters' layout
+    } else if (s == 0) {
+      if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+      target.copy_(stored);  // per member: the same on every stage
+    }
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const MultiTaskCheckpoint& checkpoint, c10::Device device,
                                                          std::string* extra, graphs::GraphLog log,
                                                          distributed::ProcessGroup* pipeline) {
   const std::filesystem::path& path = checkpoint.path();
   const c10::impl::GenericDict top = checkpoint.payload_->toGenericDict();
-  const std::string format = top.at("format").toStringRef();
-  const auto with_device = [&](MultiTaskTrainerOptions options) {
-    options.model(ensemble::PackedTransformerOptions(options.model()).device(device)).log(log);
-    return options;
-  };
-  // Parameters and optimizer state of `d` into `trainer`, whose layout must match.
-  const auto restore = [&](MultiTaskTrainer& trainer, const c10::impl::GenericDict& d,
-                           const std::filesystem::path& file) {
-    at::NoGradGuard no_grad;
-    const at::Tensor params = d.at("params").toTensor();
-    if (params.numel() != trainer.model_->parameters().flat().numel()) {
-      throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", file.string(),
-                                  params.numel(), trainer.model_->parameters().flat().numel()));
-    }
-    trainer.model_->parameters().flat().copy_(params);
-    const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
-    for (const auto& [name, tensor] : trainer.optimizer_->state()) {
-      if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
-      const at::Tensor stored = optimizer.at(name).toTensor();
-      if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
-      at::Tensor target = tensor;
-      target.copy_(stored);
-    }
-    trainer.epochs_done_ = d.at("epochs").toInt();
-    trainer.steps_done_ = d.at("steps").toInt();
-    if (extra != nullptr) *extra = d.at("extra").toStringRef();
-  };
-  if (format == kMultiTaskFormat) {
-    auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(top, path)));
-    restore(*trainer, top, path);
-    return trainer;
-  }
-
-  // A pipeline run's manifest: its stage files, all of the save it names.
-  // Its stage files, each found (and matched with its checksum) by MultiTaskCheckpoint::read.
-  const int64_t S = static_cast<int64_t>(checkpoint.stage_files().size()), steps = top.at("steps").toInt();
-  const auto stage_dict = [&](int64_t s) {
-    const std::filesystem::path& file = checkpoint.stage_files().at(static_cast<size_t>(s));
-    c10::impl::GenericDict d = checkpoint_dict(file, "multi-task stage checkpoint");
-    if (d.at("format").toStringRef() != kMultiTaskFormat || d.at("steps").toInt() != steps) {
-      throw DataError(fmt::format("{}: not stage {} of the save at step {} that {} names", file.string(), s, steps,
-                                  path.string()));
-    }
-    // The file's own record: a stage file renamed, or copied over another, holds another stage.
-    if (!d.contains("stage") || !d.contains("stages")) {
-      throw DataError(fmt::format("{}: not a pipeline stage file (it records no stage), yet {} names it as stage {}",
-                                  file.string(), path.string(), s));
-    }
-    if (d.at("stage").toInt() != s || d.at("stages").toInt() != S) {
-      throw DataError(fmt::format("{}: holds stage {} of {}, but {} names it as stage {} of {}: was it renamed, or "
-                                  "copied over another stage's file?",
-                                  file.string(), d.at("stage").toInt(), d.at("stages").toInt(), path.string(), s, S));
-    }
-    return std::make_pair(file, d);
-  };
-  if (pipeline != nullptr) {
-    if (pipeline->world_size() % S != 0) {
-      throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks (or a multiple: stages x "
-                                  "replicas), not {} (or in one process, which assembles the stages)",
-                                  path.string(), S, S, pipeline->world_size()));
-    }
-    const auto [file, d] = stage_dict(pipeline->rank() % S);
-    auto trainer = std::make_unique<MultiTaskTrainer>(with_device(options_of(d, file)), pipeline);
-    restore(*trainer, d, file);
+  std::unique_ptr<MultiTaskTrainer> trainer;
+  c10::impl::GenericDict progress = top;  // the dict whose epochs, steps and run description the trainer takes
+  if (top.at("format").toStringRef() == kMultiTaskFormat) {
+    trainer = std::make_unique<MultiTaskTrainer>(on_device(options_of(top, path), device, log));
+    restore_weights(*trainer, top, path);
+  } else if (pipeline != nullptr) {
+    // A pipeline run's manifest, resumed on a pipeline: this rank's stage.
+    const auto [file, d] = rank_stage_dict(checkpoint, top, *pipeline);
+    trainer = std::make_unique<MultiTaskTrainer>(on_device(options_of(d, file), device, log), pipeline);
+    restore_weights(*trainer, d, file);
     trainer->committed_stage_file_ = file;
     trainer->committed_manifest_ = path;
-    return trainer;
-  }
-  // One process: the whole model, each stage's parameters and optimizer state copied in by name.
-  const auto [first_file, first] = stage_dict(0);
-  const MultiTaskTrainerOptions options =
-      with_device(options_of(first, first_file)).pipeline_stages(1).pipeline_boundaries({});
-  auto trainer = std::make_unique<MultiTaskTrainer>(options);
-  at::NoGradGuard no_grad;
-  ensemble::PackedParameters& whole = trainer->model_->parameters();
-  const std::vector<std::pair<std::string, at::Tensor>> state = trainer->optimizer_->state();
-  for (int64_t s = 0; s < S; ++s) {
-    const auto [file, d] = stage_dict(s);
-    const ensemble::TransformerStage blocks{d.at("first_layer").toInt(), d.at("end_layer").toInt()};
-    const ensemble::PackedParameters layout(options.model().members(),
-                                            ensemble::transformer_parameters(options.model(), blocks),
-                                            c10::TensorOptions().dtype(options.model().dtype()));
-    const at::Tensor params = d.at("params").toTensor();
-    if (params.numel() != layout.flat().numel()) {
-      throw DataError(fmt::format("{}: {} parameters stored, stage {} of the model described has {}", file.string(),
-                                  params.numel(), s, layout.flat().numel()));
+    progress = d;
+  } else {
+    // A pipeline run's manifest, in one process: the whole model, every stage copied in by name.
+    const auto [first_file, first] = stage_dict(checkpoint, top, 0);
+    const MultiTaskTrainerOptions options =
+        on_device(options_of(first, first_file), device, log).pipeline_stages(1).pipeline_boundaries({});
+    trainer = std::make_unique<MultiTaskTrainer>(options);
+    for (int64_t s = 0; s < static_cast<int64_t>(checkpoint.stage_files().size()); ++s) {
+      const auto [file, d] = stage_dict(checkpoint, top, s);
+      copy_stage_in(*trainer, options.model(), s, file, d);
     }
-    copy_by_name(layout, params.to(layout.flat().dtype()), whole, whole.flat());
-    const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
-    for (const auto& [name, tensor] : state) {
-      if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
-      const at::Tensor stored = optimizer.at(name).toTensor();
-      at::Tensor target = tensor;
-      if (stored.numel() == layout.flat().numel() && tensor.numel() == whole.flat().numel()) {
-        copy_by_name(layout, stored.to(tensor.scalar_type()), whole, target);  // in the parameters' layout
-      } else if (s == 0) {
-        if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
-        target.copy_(stored);  // per member: the same on every stage
-      }
-    }
+    progress = first;
   }
-  trainer->epochs_done_ = first.at("epochs").toInt();
-  trainer->steps_done_ = first.at("steps").toInt();
-  if (extra != nullptr) *extra = first.at("extra").toStringRef();
+  trainer->epochs_done_ = progress.at("epochs").toInt();
+  trainer->steps_done_ = progress.at("steps").toInt();
+  if (extra != nullptr) *extra = progress.at("extra").toStringRef();
   return trainer;
 }
 
