@@ -85,10 +85,11 @@ PackedMLP pack(const std::vector<torch::nn::Sequential>& models, PackedMLPOption
     TORCH_CHECK(sources.size() == params.size(), "pack: model ", k, " has ", sources.size() / 2,
                 " linear/norm layers' parameters, the pack's shape expects ", params.size() / 2);
     for (size_t i = 0; i < sources.size(); ++i) {
-      const auto expected = params[i][k].sizes();
-      TORCH_CHECK(sources[i].sizes() == expected, "pack: model ", k, " parameter '", params.spec(i).name,
-                  "' has shape ", sources[i].sizes(), " in pack layout, expected ", expected);
-      params[i][k].copy_(sources[i]);
+      // A named view: sizes() of the temporary params[i][k] would dangle (AddressSanitizer).
+      at::Tensor target = params[i][k];
+      TORCH_CHECK(sources[i].sizes() == target.sizes(), "pack: model ", k, " parameter '", params.spec(i).name,
+                  "' has shape ", sources[i].sizes(), " in pack layout, expected ", target.sizes());
+      target.copy_(sources[i]);
     }
   }
   return packed;
