@@ -87,162 +87,201 @@ at::Tensor MultiTaskPipeline::forward(const at::Tensor& tokens, int64_t step) {
   return model_->final_norm(y);
 }
 
+// A micro-batch whose activations this stage holds until its backward.
+struct MultiTaskPipeline::InFlight {
+  at::Tensor input;       // received activation (autograd: a leaf that requires grad; static steps: the
+                          // micro-batch's tokens on stage 0); undefined on stage 0 otherwise
+  at::Tensor output;      // sent activation, or the micro-batch's loss on the last stage (autograd)
+  at::Tensor input_grad;  // static steps, last stage: the input's gradient, sent at the backward
+};
+
+// One train_step: this replica's micro-batch i is rows first + i * rows of the batch.
+struct MultiTaskPipeline::StepState {
+  StepState(const ensemble::TextBatch& batch, const at::Tensor& labels) : batch(batch), labels(labels) {}
+  const ensemble::TextBatch& batch;
+  const at::Tensor& labels;
+  int64_t step = 0, rows = 0, first = 0, tokens = 0;
+  // The whole batch's LM target tokens (all replicas'): each micro-batch's LM sum is
+  // divided by it (kept on the device: no host synchronization inside the step).
+  at::Tensor lm_targets;
+  // Each micro-batch's share of the batch's classification mean (rows / B).
+  at::Tensor classification_share;
+  ensemble::MultiTaskLosses losses;  // (K) per task on the last stage, summed over the micro-batches
+  std::deque<InFlight> in_flight;
+  int64_t peak = 0;
+};
+
+namespace {
+// Static steps: a send must not read a step's output buffer after the next step of
+// its shape rewrote it. NCCL reads it in stream order, before that step; a Gloo send
+// runs in the background, so it gets a copy.
+at::Tensor sendable(const at::Tensor& buffer) { return buffer.is_cuda() ? buffer : buffer.clone(); }
+}  // namespace
+
 ensemble::MultiTaskLosses MultiTaskPipeline::train_step(const ensemble::TextBatch& batch, const at::Tensor& labels,
                                                         int64_t step) {
   PACKTRAIN_NVTX_RANGE("pipeline step");
-  const int64_t B = batch.tokens.size(0), T = batch.tokens.size(1), M = micro_batches_, R = replica_count_;
-  TORCH_CHECK(B % (R * M) == 0, "pipeline: a batch of ", B, " rows does not split into ", R, " replica(s) x ", M,
-              " equal micro-batches");
-  // This replica's micro-batch i: rows first + i * rows.
-  const int64_t rows = B / (R * M), first = replica_ * (B / R);
-  ensemble::PackedParameters& parameters = model_->parameters();
-  parameters.zero_grad();
-  at::Tensor flat_grad = parameters.flat_grad();
-  // The whole batch's LM target tokens (all replicas'): each micro-batch's LM sum is
-  // divided by it (kept on the device: no host synchronization inside the step).
-  const at::Tensor lm_targets = ensemble::lm_target_count(batch).to(parameters.flat().scalar_type());
-  ensemble::MultiTaskLosses losses;
-  if (model_->last_stage()) {
-    losses.classification = at::zeros({model_->members()}, parameters.flat().options());
-    losses.language_model = at::zeros_like(losses.classification);
-  }
-
-  struct InFlight {
-    at::Tensor input;       // received activation (autograd: a leaf that requires grad; static steps: the
-                            // micro-batch's tokens on stage 0); undefined on stage 0 otherwise
-    at::Tensor output;      // sent activation, or the micro-batch's loss on the last stage (autograd)
-    at::Tensor input_grad;  // static steps, last stage: the input's gradient, sent at the backward
-  };
-  std::deque<InFlight> in_flight;
-  int64_t peak = 0;
-  // Static steps: a send must not read a step's output buffer after the next step of
-  // its shape rewrote it. NCCL reads it in stream order, before that step; a Gloo send
-  // runs in the background, so it gets a copy.
-  const auto to_send = [&](const at::Tensor& buffer) { return buffer.is_cuda() ? buffer : buffer.clone(); };
-  // Each micro-batch's share of the batch's classification mean (rows / B).
-  const at::Tensor classification_share =
-      at::full({1}, static_cast<double>(rows) / static_cast<double>(B), parameters.flat().options());
-  if (steps_ != nullptr && model_->last_stage()) steps_->zero_losses();
-  const auto run_forward_static = [&](int64_t row, const ensemble::TextBatch& micro) {
-    InFlight f;
-    f.input = model_->first_stage() ? micro.tokens : receive_activation(rows, T, step);
-    if (!model_->last_stage()) {
-      f.output = steps_->forward(f.input);
-      group_->send(to_send(f.output), stage_ + 1, kActivationTag, activation_out_.c_str(), step);
-    } else {
-      const at::Tensor dx = steps_->last(f.input, micro, labels.narrow(0, row, rows), classification_share,
-                                         lm_targets.reshape({1}));
-      if (dx.defined()) f.input_grad = dx.clone();  // its buffer serves the next micro-batch
-    }
-    return f;
-  };
-  const auto run_backward_static = [&](const InFlight& f) {
-    if (model_->last_stage()) {
-      if (f.input_grad.defined()) group_->send(f.input_grad, stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
-      return;
-    }
-    at::Tensor grad_output = at::empty_like(f.output);
-    group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), step);
-    const at::Tensor dx = steps_->backward(f.input, grad_output);
-    if (dx.defined()) group_->send(to_send(dx), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
-  };
-  const auto run_forward = [&](int64_t i) {
-    PACKTRAIN_NVTX_RANGE("forward");
-    const int64_t row = first + i * rows;
-    const ensemble::TextBatch micro{batch.tokens.narrow(0, row, rows), batch.lengths.narrow(0, row, rows)};
-    if (steps_ != nullptr) {
-      in_flight.push_back(run_forward_static(row, micro));
-      peak = std::max<int64_t>(peak, static_cast<int64_t>(in_flight.size()));
-      return;
-    }
-    InFlight f;
-    at::Tensor x;
-    if (model_->first_stage()) {
-      x = model_->embed(micro.tokens);
-    } else {
-      f.input = receive_activation(rows, T, step).requires_grad_(true);
-      x = f.input;
-    }
-    at::Tensor y = model_->run_blocks(x);
-    if (!model_->last_stage()) {
-      group_->send(y.detach(), stage_ + 1, kActivationTag, activation_out_.c_str(), step);
-      f.output = y;
-    } else {
-      const MicroBatchLoss loss = micro_batch_loss(*model_, model_->final_norm(y), micro, labels.narrow(0, row, rows),
-                                                   classification_share, lm_targets.reshape({1}), weights_);
-      f.output = loss.total;
-      losses.classification.add_(loss.classification.detach());
-      losses.language_model.add_(loss.language_model.detach());
-    }
-    in_flight.push_back(std::move(f));
-    peak = std::max<int64_t>(peak, static_cast<int64_t>(in_flight.size()));
-  };
-  const auto run_backward = [&]() {
-    PACKTRAIN_NVTX_RANGE("backward");
-    InFlight f = std::move(in_flight.front());
-    in_flight.pop_front();
-    if (steps_ != nullptr) return run_backward_static(f);
-    at::Tensor grad_output;
-    if (!model_->last_stage()) {
-      grad_output = at::empty_like(f.output);
-      group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), step);
-    }
-    const at::Tensor input_grad = stage_backward(*model_, f.output, grad_output, f.input);
-    if (input_grad.defined()) {
-      group_->send(input_grad.contiguous(), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
-    }
-  };
-
-  const int64_t ahead = schedule_ == PipelineSchedule::kGPipe ? M : std::min(M, stages_ - stage_ - 1);
-  for (int64_t i = 0; i < ahead; ++i) run_forward(i);
-  for (int64_t i = ahead; i < M; ++i) {
-    run_forward(i);
-    run_backward();
-  }
-  while (!in_flight.empty()) run_backward();
-  group_->wait_sends();
-  peak_in_flight_ = peak;
-  if (steps_ != nullptr && model_->last_stage()) {
-    losses.classification.copy_(steps_->classification_loss());
-    losses.language_model.copy_(steps_->lm_loss());
-  }
-
-  if (replicas_ != nullptr) {
-    PACKTRAIN_NVTX_RANGE("replica gradient all-reduce");
-    replicas_->all_reduce_sum_(flat_grad, "gradient all-reduce", step);
-    replicas_->watch_device("gradient all-reduce", step, step);  // CUDA: under the group's deadline
-    if (model_->last_stage()) {  // each replica's losses are its rows' shares: summed, the batch's
-      at::Tensor both = at::stack({losses.classification, losses.language_model});
-      replicas_->all_reduce_sum_(both, "training-loss all-reduce", step);
-      losses.classification = both[0];
-      losses.language_model = both[1];
-    }
-  }
-  // The tied embedding: its two copies' gradients summed on both ranks (the lower
-  // rank sends first, so NCCL's in-stream pair meets too). After the replicas' sum:
-  // that sum's order depends on where the block sits in each stage's flat gradients,
-  // and only a + b == b + a keeps the two copies bitwise equal.
+  StepState state = start_step(batch, labels, step);
+  run_micro_batches(state);
+  if (replicas_ != nullptr) sum_over_replicas(state.losses, step);
   if (model_->options().tie_lm_head() && stages_ > 1 && (model_->first_stage() || model_->last_stage())) {
-    PACKTRAIN_NVTX_RANGE("tied embedding exchange");
-    at::Tensor mine = tied_gradient(parameters);
-    at::Tensor theirs = at::empty_like(mine);
-    const int64_t peer = model_->first_stage() ? stages_ - 1 : 0;
-    if (model_->first_stage()) {
-      group_->send(mine, peer, kTiedTag, tied_out_.c_str(), step);
-      group_->recv_(theirs, peer, kTiedTag, tied_in_.c_str(), step);
-    } else {
-      group_->recv_(theirs, peer, kTiedTag, tied_in_.c_str(), step);
-      group_->send(mine, peer, kTiedTag, tied_out_.c_str(), step);
-    }
-    group_->wait_sends();
-    at::NoGradGuard no_grad;
-    mine.add_(theirs);
+    exchange_tied_gradient(step);
   }
   {
     PACKTRAIN_NVTX_RANGE("optimizer");
     optimizer_->step();
   }
-  return losses;
+  return state.losses;
+}
+
+MultiTaskPipeline::StepState MultiTaskPipeline::start_step(const ensemble::TextBatch& batch, const at::Tensor& labels,
+                                                           int64_t step) {
+  const int64_t B = batch.tokens.size(0), M = micro_batches_, R = replica_count_;
+  TORCH_CHECK(B % (R * M) == 0, "pipeline: a batch of ", B, " rows does not split into ", R, " replica(s) x ", M,
+              " equal micro-batches");
+  StepState state(batch, labels);
+  state.step = step;
+  state.rows = B / (R * M);
+  state.first = replica_ * (B / R);
+  state.tokens = batch.tokens.size(1);
+  ensemble::PackedParameters& parameters = model_->parameters();
+  parameters.zero_grad();
+  state.lm_targets = ensemble::lm_target_count(batch).to(parameters.flat().scalar_type());
+  if (model_->last_stage()) {
+    state.losses.classification = at::zeros({model_->members()}, parameters.flat().options());
+    state.losses.language_model = at::zeros_like(state.losses.classification);
+  }
+  state.classification_share =
+      at::full({1}, static_cast<double>(state.rows) / static_cast<double>(B), parameters.flat().options());
+  if (steps_ != nullptr && model_->last_stage()) steps_->zero_losses();
+  return state;
+}
+
+void MultiTaskPipeline::run_micro_batches(StepState& state) {
+  const int64_t M = micro_batches_;
+  const int64_t ahead = schedule_ == PipelineSchedule::kGPipe ? M : std::min(M, stages_ - stage_ - 1);
+  for (int64_t i = 0; i < ahead; ++i) forward_micro_batch(state, i);
+  for (int64_t i = ahead; i < M; ++i) {
+    forward_micro_batch(state, i);
+    backward_micro_batch(state);
+  }
+  while (!state.in_flight.empty()) backward_micro_batch(state);
+  group_->wait_sends();
+  peak_in_flight_ = state.peak;
+  if (steps_ != nullptr && model_->last_stage()) {
+    state.losses.classification.copy_(steps_->classification_loss());
+    state.losses.language_model.copy_(steps_->lm_loss());
+  }
+}
+
+void MultiTaskPipeline::forward_micro_batch(StepState& state, int64_t i) {
+  PACKTRAIN_NVTX_RANGE("forward");
+  const int64_t row = state.first + i * state.rows;
+  const ensemble::TextBatch micro{state.batch.tokens.narrow(0, row, state.rows),
+                                  state.batch.lengths.narrow(0, row, state.rows)};
+  state.in_flight.push_back(steps_ != nullptr ? forward_static(state, row, micro) : forward_autograd(state, row, micro));
+  state.peak = std::max<int64_t>(state.peak, static_cast<int64_t>(state.in_flight.size()));
+}
+
+MultiTaskPipeline::InFlight MultiTaskPipeline::forward_static(StepState& state, int64_t row,
+                                                              const ensemble::TextBatch& micro) {
+  InFlight f;
+  f.input = model_->first_stage() ? micro.tokens : receive_activation(state.rows, state.tokens, state.step);
+  if (!model_->last_stage()) {
+    f.output = steps_->forward(f.input);
+    group_->send(sendable(f.output), stage_ + 1, kActivationTag, activation_out_.c_str(), state.step);
+  } else {
+    const at::Tensor dx = steps_->last(f.input, micro, state.labels.narrow(0, row, state.rows),
+                                       state.classification_share, state.lm_targets.reshape({1}));
+    if (dx.defined()) f.input_grad = dx.clone();  // its buffer serves the next micro-batch
+  }
+  return f;
+}
+
+MultiTaskPipeline::InFlight MultiTaskPipeline::forward_autograd(StepState& state, int64_t row,
+                                                                const ensemble::TextBatch& micro) {
+  InFlight f;
+  at::Tensor x;
+  if (model_->first_stage()) {
+    x = model_->embed(micro.tokens);
+  } else {
+    f.input = receive_activation(state.rows, state.tokens, state.step).requires_grad_(true);
+    x = f.input;
+  }
+  at::Tensor y = model_->run_blocks(x);
+  if (!model_->last_stage()) {
+    group_->send(y.detach(), stage_ + 1, kActivationTag, activation_out_.c_str(), state.step);
+    f.output = y;
+  } else {
+    const MicroBatchLoss loss =
+        micro_batch_loss(*model_, model_->final_norm(y), micro, state.labels.narrow(0, row, state.rows),
+                         state.classification_share, state.lm_targets.reshape({1}), weights_);
+    f.output = loss.total;
+    state.losses.classification.add_(loss.classification.detach());
+    state.losses.language_model.add_(loss.language_model.detach());
+  }
+  return f;
+}
+
+void MultiTaskPipeline::backward_micro_batch(StepState& state) {
+  PACKTRAIN_NVTX_RANGE("backward");
+  InFlight f = std::move(state.in_flight.front());
+  state.in_flight.pop_front();
+  if (steps_ != nullptr) return backward_static(f, state.step);
+  at::Tensor grad_output;
+  if (!model_->last_stage()) {
+    grad_output = at::empty_like(f.output);
+    group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), state.step);
+  }
+  const at::Tensor input_grad = stage_backward(*model_, f.output, grad_output, f.input);
+  if (input_grad.defined()) {
+    group_->send(input_grad.contiguous(), stage_ - 1, kGradientTag, gradient_out_.c_str(), state.step);
+  }
+}
+
+void MultiTaskPipeline::backward_static(const InFlight& f, int64_t step) {
+  if (model_->last_stage()) {
+    if (f.input_grad.defined()) group_->send(f.input_grad, stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
+    return;
+  }
+  at::Tensor grad_output = at::empty_like(f.output);
+  group_->recv_(grad_output, stage_ + 1, kGradientTag, gradient_in_.c_str(), step);
+  const at::Tensor dx = steps_->backward(f.input, grad_output);
+  if (dx.defined()) group_->send(sendable(dx), stage_ - 1, kGradientTag, gradient_out_.c_str(), step);
+}
+
+void MultiTaskPipeline::sum_over_replicas(ensemble::MultiTaskLosses& losses, int64_t step) {
+  PACKTRAIN_NVTX_RANGE("replica gradient all-reduce");
+  at::Tensor flat_grad = model_->parameters().flat_grad();
+  replicas_->all_reduce_sum_(flat_grad, "gradient all-reduce", step);
+  replicas_->watch_device("gradient all-reduce", step, step);  // CUDA: under the group's deadline
+  if (model_->last_stage()) {  // each replica's losses are its rows' shares: summed, the batch's
+    at::Tensor both = at::stack({losses.classification, losses.language_model});
+    replicas_->all_reduce_sum_(both, "training-loss all-reduce", step);
+    losses.classification = both[0];
+    losses.language_model = both[1];
+  }
+}
+
+// The tied embedding: its two copies' gradients summed on both ranks (the lower
+// rank sends first, so NCCL's in-stream pair meets too). After the replicas' sum:
+// that sum's order depends on where the block sits in each stage's flat gradients,
+// and only a + b == b + a keeps the two copies bitwise equal.
+void MultiTaskPipeline::exchange_tied_gradient(int64_t step) {
+  PACKTRAIN_NVTX_RANGE("tied embedding exchange");
+  at::Tensor mine = tied_gradient(model_->parameters());
+  at::Tensor theirs = at::empty_like(mine);
+  const int64_t peer = model_->first_stage() ? stages_ - 1 : 0;
+  if (model_->first_stage()) {
+    group_->send(mine, peer, kTiedTag, tied_out_.c_str(), step);
+    group_->recv_(theirs, peer, kTiedTag, tied_in_.c_str(), step);
+  } else {
+    group_->recv_(theirs, peer, kTiedTag, tied_in_.c_str(), step);
+    group_->send(mine, peer, kTiedTag, tied_out_.c_str(), step);
+  }
+  group_->wait_sends();
+  at::NoGradGuard no_grad;
+  mine.add_(theirs);
 }
 
 }  // namespace packtrain::runtime

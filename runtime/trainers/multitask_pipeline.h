@@ -98,6 +98,19 @@ class MultiTaskPipeline {
   int64_t peak_micro_batches_in_flight() const { return peak_in_flight_; }
 
  private:
+  struct InFlight;   // a micro-batch whose activations this stage holds
+  struct StepState;  // one train_step's shares, losses and micro-batches in flight
+  // train_step's phases, in order: the batch's shares and zeroed gradients; the
+  // schedule's forwards and backwards; the replicas' sum; the tied embedding's.
+  StepState start_step(const ensemble::TextBatch& batch, const at::Tensor& labels, int64_t step);
+  void run_micro_batches(StepState& state);
+  void forward_micro_batch(StepState& state, int64_t i);
+  InFlight forward_static(StepState& state, int64_t row, const ensemble::TextBatch& micro);
+  InFlight forward_autograd(StepState& state, int64_t row, const ensemble::TextBatch& micro);
+  void backward_micro_batch(StepState& state);
+  void backward_static(const InFlight& f, int64_t step);
+  void sum_over_replicas(ensemble::MultiTaskLosses& losses, int64_t step);
+  void exchange_tied_gradient(int64_t step);
   at::Tensor receive_activation(int64_t rows, int64_t tokens, int64_t step);
 
   ensemble::PackedTransformer* model_;
