@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -109,8 +110,8 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::read_checkpo
 EnsembleTrainerOptions EnsembleTrainer::checkpoint_options(const Checkpoint& checkpoint) {
   try {
     return options_from_json(checkpoint.payload.at("options").toStringRef());
-  } catch (const c10::Error& e) {
-    throw DataError(checkpoint.path.string() + ": bad options in checkpoint: " + e.what_without_backtrace());
+  } catch (const UserError& e) {
+    throw DataError(checkpoint.path.string() + ": bad options in checkpoint: " + e.what());
   }
 }
 
@@ -124,6 +125,132 @@ uint64_t EnsembleTrainer::checkpoint_data_fingerprint(const Checkpoint& checkpoi
   return static_cast<uint64_t>(checkpoint.payload.at("data_fingerprint").toInt());
 }
 
+namespace {
+
+// Flat (N = K * P) buffers <-> member rows (K, P), through a layout of K members.
+at::Tensor to_rows(const at::Tensor& flat, const ensemble::PackedParameters& p) { return at::cat(p.blocks(flat), 1); }
+
+at::Tensor from_rows(const at::Tensor& rows, const ensemble::PackedParameters& p) {
+  at::Tensor flat = at::zeros({rows.size(0) * p.per_member()}, rows.options());
+  const std::vector<at::Tensor> blocks = p.blocks(flat);
+  int64_t column = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].copy_(rows.narrow(1, column, p.numel(i)));
+    column += p.numel(i);
+  }
+  return flat;
+}
+
+// Members [first, first + count) of a member-parallel run's shards, gathered one
+// tensor at a time: every shard's members as rows, (K_s, P) per flat buffer, (K_s)
+// per per-member tensor, each shard's converted once.
+class MemberGather {
+ public:
+  using Checkpoint = EnsembleTrainer::Checkpoint;
+  // The parameter layout of a pack of `members` members of the run.
+  using LayoutOf = std::function<std::shared_ptr<ensemble::PackedParameters>(int64_t members)>;
+  // A shard's tensor, or none where the shard lacks it.
+  using Get = std::function<c10::optional<at::Tensor>(const Checkpoint&)>;
+
+  MemberGather(const std::vector<EnsembleTrainer::MemberSource>& shards, int64_t first, int64_t count,
+               LayoutOf layout_of, std::string where)
+      : shards_(shards), first_(first), count_(count), layout_of_(std::move(layout_of)), where_(std::move(where)),
+        target_(layout_of_(count)) {}
+
+  // The selection's layout (count members).
+  const ensemble::PackedParameters& target() const { return *target_; }
+
+  // Gathers the members of a tensor that every shard holds: flat or per member; an
+  // undefined tensor where a shard lacks it.
+  at::Tensor gather(const Get& get, bool flat) {
+    std::vector<at::Tensor> rows;
+    std::map<const Checkpoint*, at::Tensor> by_shard;  // each shard's rows, converted once
+    for (int64_t m = first_; m < first_ + count_; ++m) {
+      const auto [c, k] = locate(m);
+      at::Tensor& shard_rows = by_shard[c];
+      if (!shard_rows.defined()) {
+        const c10::optional<at::Tensor> t = get(*c);
+        if (!t) return at::Tensor();
+        shard_rows = flat ? to_rows(*t, *shard_layout(c)) : *t;
+      }
+      rows.push_back(shard_rows[k]);
+    }
+    const at::Tensor stacked = at::stack(rows);
+    return flat ? from_rows(stacked, *target_) : stacked;
+  }
+
+ private:
+  // Which shard holds member m, and its index there.
+  std::pair<const Checkpoint*, int64_t> locate(int64_t m) const {
+    for (const auto& [checkpoint, shard_first] : shards_) {
+      const int64_t n = EnsembleTrainer::checkpoint_options(*checkpoint).members();
+      if (m >= shard_first && m < shard_first + n) return {checkpoint.get(), m - shard_first};
+    }
+    throw DataError(fmt::format("{}member {} is in none of the shards given", where_, m));
+  }
+
+  std::shared_ptr<ensemble::PackedParameters> shard_layout(const Checkpoint* c) {
+    auto& p = layouts_[c];
+    if (!p) p = layout_of_(EnsembleTrainer::checkpoint_options(*c).members());
+    return p;
+  }
+
+  const std::vector<EnsembleTrainer::MemberSource>& shards_;
+  int64_t first_, count_;
+  LayoutOf layout_of_;
+  std::string where_;
+  std::shared_ptr<ensemble::PackedParameters> target_;
+  std::map<const Checkpoint*, std::shared_ptr<ensemble::PackedParameters>> layouts_;
+};
+
+// The selection's weights (params, best_params, resume_params) and per-member
+// records (member_*) into `out`, a copy of the first shard's payload `base`.
+void gather_member_tensors(const c10::impl::GenericDict& base, MemberGather& members, c10::impl::GenericDict& out) {
+  using Checkpoint = EnsembleTrainer::Checkpoint;
+  for (const auto& entry : base) {
+    const std::string key = entry.key().toStringRef();
+    if (key == "params" || key == "best_params" || key == "resume_params") {
+      const at::Tensor gathered = members.gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+        return c.payload.contains(key) ? c10::optional<at::Tensor>(c.payload.at(key).toTensor()) : c10::nullopt;
+      }, /*flat=*/true);
+      // Optional buffers some shard lacks: none for the selection (restore asks for
+      // best weights only where the run has validation data, which all shards share).
+      if (gathered.defined()) {
+        out.insert_or_assign(key, gathered);
+      } else {
+        (void)out.erase(key);
+      }
+    } else if (key.rfind("member_", 0) == 0) {
+      out.insert_or_assign(key, members.gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+        return c.payload.at(key).toTensor();
+      }, /*flat=*/false));
+    }
+  }
+}
+
+// The selection's optimizer state: flat (K0 * P) and per-member (K0) tensors
+// gathered, the others (shared by all members) as the first shard's `base` holds them.
+c10::impl::GenericDict gather_optimizer_state(const c10::impl::GenericDict& base, MemberGather& members, int64_t K0) {
+  c10::impl::GenericDict opt(c10::StringType::get(), c10::AnyType::get());
+  const auto base_opt = base.at("optimizer").toGenericDict();
+  const int64_t P = members.target().per_member();
+  for (const auto& entry : base_opt) {
+    const std::string name = entry.key().toStringRef();
+    const at::Tensor t = entry.value().toTensor();
+    const bool flat = t.numel() == K0 * P, per_member = t.numel() == K0;
+    if (!flat && !per_member) {
+      opt.insert(name, t);  // shared by all members
+      continue;
+    }
+    opt.insert(name, members.gather([&](const EnsembleTrainer::Checkpoint& c) -> c10::optional<at::Tensor> {
+      return c.payload.at("optimizer").toGenericDict().at(name).toTensor();
+    }, flat));
+  }
+  return opt;
+}
+
+}  // namespace
+
 std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_members(
     const std::vector<MemberSource>& shards, int64_t first, int64_t count) {
   TORCH_CHECK(!shards.empty() && count > 0, "select_members: no shards or no members");
@@ -135,24 +262,9 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_membe
                     " batch orders, which depend on how the members were sharded: resume it on its own number of "
                     "ranks");
   }
-  // Every shard's members as rows: (K_s, P) per flat buffer, (K_s) per per-member tensor.
   const int64_t in = base.payload.at("in_features").toInt();
   EnsembleTrainerOptions layout_options = options;
   layout_options.device(c10::Device(c10::kCPU));
-  // Flat (N = K * P) buffers <-> member rows (K, P), through a layout of K members.
-  const auto to_rows = [&](const at::Tensor& flat, const ensemble::PackedParameters& p) {
-    return at::cat(p.blocks(flat), 1);
-  };
-  const auto from_rows = [&](const at::Tensor& rows, const ensemble::PackedParameters& p) {
-    at::Tensor flat = at::zeros({rows.size(0) * p.per_member()}, rows.options());
-    const std::vector<at::Tensor> blocks = p.blocks(flat);
-    int64_t column = 0;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      blocks[i].copy_(rows.narrow(1, column, p.numel(i)));
-      column += p.numel(i);
-    }
-    return flat;
-  };
   const auto parameters_for = [&](int64_t members) {
     EnsembleTrainerOptions o = layout_options;
     EnsembleTrainer t(o.members(members));
@@ -160,81 +272,16 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> EnsembleTrainer::select_membe
     t.build_model(in);
     return std::make_shared<ensemble::PackedParameters>(t.model_->parameters());
   };
-  const auto target = parameters_for(count);
-  // Which shard holds member m, and its index there.
-  const auto locate = [&](int64_t m) -> std::pair<const Checkpoint*, int64_t> {
-    for (const auto& [checkpoint, shard_first] : shards) {
-      const int64_t n = checkpoint_options(*checkpoint).members();
-      if (m >= shard_first && m < shard_first + n) return {checkpoint.get(), m - shard_first};
-    }
-    throw DataError(fmt::format("{}member {} is in none of the shards given", where, m));
-  };
-  std::map<const Checkpoint*, std::shared_ptr<ensemble::PackedParameters>> layouts;
-  const auto layout_of = [&](const Checkpoint* c) {
-    auto& p = layouts[c];
-    if (!p) p = parameters_for(checkpoint_options(*c).members());
-    return p;
-  };
-  // Gathers members first.. of a tensor that every shard holds: flat or per member.
-  const auto gather = [&](const std::function<c10::optional<at::Tensor>(const Checkpoint&)>& get, bool flat) {
-    std::vector<at::Tensor> rows;
-    std::map<const Checkpoint*, at::Tensor> by_shard;  // each shard's rows, converted once
-    for (int64_t m = first; m < first + count; ++m) {
-      const auto [c, k] = locate(m);
-      at::Tensor& shard_rows = by_shard[c];
-      if (!shard_rows.defined()) {
-        const c10::optional<at::Tensor> t = get(*c);
-        if (!t) return at::Tensor();
-        shard_rows = flat ? to_rows(*t, *layout_of(c)) : *t;
-      }
-      rows.push_back(shard_rows[k]);
-    }
-    const at::Tensor stacked = at::stack(rows);
-    return flat ? from_rows(stacked, *target) : stacked;
-  };
+  MemberGather members(shards, first, count, parameters_for, where);
   auto out = std::make_shared<Checkpoint>();
   out->path = base.path;
   out->payload = base.payload.copy();
   if (base.payload.contains("training_rows")) {
     throw DataError(where + "trained on per-member training-row sets (active learning): resume it as it was sharded");
   }
-  const int64_t K0 = options.members();
-  for (const auto& entry : base.payload) {
-    const std::string key = entry.key().toStringRef();
-    if (key == "params" || key == "best_params" || key == "resume_params") {
-      const at::Tensor gathered = gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
-        return c.payload.contains(key) ? c10::optional<at::Tensor>(c.payload.at(key).toTensor()) : c10::nullopt;
-      }, /*flat=*/true);
-      // Optional buffers some shard lacks: none for the selection (restore asks for
-      // best weights only where the run has validation data, which all shards share).
-      if (gathered.defined()) {
-        out->payload.insert_or_assign(key, gathered);
-      } else {
-        (void)out->payload.erase(key);
-      }
-    } else if (key.rfind("member_", 0) == 0) {
-      out->payload.insert_or_assign(key, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
-        return c.payload.at(key).toTensor();
-      }, /*flat=*/false));
-    }
-  }
+  gather_member_tensors(base.payload, members, out->payload);
   if (base.payload.contains("optimizer")) {
-    c10::impl::GenericDict opt(c10::StringType::get(), c10::AnyType::get());
-    const auto base_opt = base.payload.at("optimizer").toGenericDict();
-    const int64_t P = target->per_member();
-    for (const auto& entry : base_opt) {
-      const std::string name = entry.key().toStringRef();
-      const at::Tensor t = entry.value().toTensor();
-      const bool flat = t.numel() == K0 * P, per_member = t.numel() == K0;
-      if (!flat && !per_member) {
-        opt.insert(name, t);  // shared by all members
-        continue;
-      }
-      opt.insert(name, gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
-        return c.payload.at("optimizer").toGenericDict().at(name).toTensor();
-      }, flat));
-    }
-    out->payload.insert_or_assign("optimizer", opt);
+    out->payload.insert_or_assign("optimizer", gather_optimizer_state(base.payload, members, options.members()));
   }
   out->payload.insert_or_assign("options", to_json(options.members(count).first_member(first)));
   return out;
