@@ -29,6 +29,77 @@
 
 namespace packtrain::runtime {
 
+namespace {
+
+// One batch of an epoch: a bucket and B rows of it (the last batch of a bucket wraps
+// around to its first rows, so every batch has the same static shape), and the LM
+// task's own rows where the tasks do not share inputs.
+struct PlannedBatch {
+  size_t bucket;
+  std::vector<int64_t> rows, lm_rows;
+};
+
+// An epoch's batches of B rows over buckets of the given sizes, in the order they
+// run, drawn from `rng`.
+std::vector<PlannedBatch> plan_epoch(const std::vector<int64_t>& bucket_sizes, int64_t B, bool shared_inputs,
+                                     std::mt19937_64& rng) {
+  std::vector<PlannedBatch> plan;
+  const auto order = [&](int64_t n) {
+    std::vector<int64_t> p(static_cast<size_t>(n));
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng);
+    return p;
+  };
+  for (size_t b = 0; b < bucket_sizes.size(); ++b) {
+    const int64_t n = bucket_sizes[b];
+    const std::vector<int64_t> p = order(n);
+    const std::vector<int64_t> q = shared_inputs ? std::vector<int64_t>{} : order(n);
+    for (int64_t first = 0; first < n; first += B) {
+      PlannedBatch batch{b, {}, {}};
+      for (int64_t i = 0; i < B; ++i) {
+        batch.rows.push_back(p[static_cast<size_t>((first + i) % n)]);
+        if (!q.empty()) batch.lm_rows.push_back(q[static_cast<size_t>((first + i) % n)]);
+      }
+      plan.push_back(std::move(batch));
+    }
+  }
+  std::shuffle(plan.begin(), plan.end(), rng);
+  return plan;
+}
+
+// Each bucket's row table (batches, share) in the order its batches run: rows
+// [first_row, first_row + share) of each batch's rows (or LM rows), from pinned
+// memory on a GPU so the copy does not stop the host.
+std::vector<at::Tensor> row_tables(const std::vector<PlannedBatch>& plan, size_t buckets, bool lm, int64_t first_row,
+                                   int64_t share, bool pinned) {
+  std::vector<std::vector<int64_t>> per_bucket(buckets);
+  for (const PlannedBatch& batch : plan) {
+    const std::vector<int64_t>& from = lm ? batch.lm_rows : batch.rows;
+    std::vector<int64_t>& to = per_bucket[batch.bucket];
+    to.insert(to.end(), from.begin() + first_row, from.begin() + first_row + share);
+  }
+  std::vector<at::Tensor> out;
+  for (const std::vector<int64_t>& r : per_bucket) {
+    at::Tensor table = at::tensor(r, at::kLong).view({-1, share});
+    out.push_back(pinned ? table.pin_memory() : table);
+  }
+  return out;
+}
+
+// An epoch's report: the means over its steps of the per-member loss sums (K).
+MultiTaskEpochReport epoch_report(int64_t epoch, int64_t steps, const at::Tensor& classification_sum,
+                                  const at::Tensor& lm_sum) {
+  MultiTaskEpochReport report;
+  report.epoch = epoch;
+  report.steps = steps;
+  const double divisor = static_cast<double>(std::max<int64_t>(steps, 1));
+  report.classification_loss = classification_sum.mean().item<double>() / divisor;
+  report.lm_loss = lm_sum.mean().item<double>() / divisor;
+  return report;
+}
+
+}  // namespace
+
 MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed::ProcessGroup* pipeline)
     : options_(std::move(options)), device_(options_.model().device()) {
   options_.validate();
@@ -242,66 +313,29 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   // checkpoint at an epoch boundary continues with the same batches.
   std::mt19937_64 rng(options_.seed() * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epochs_done_) + 1);
   const int64_t B = options_.batch_size();
-  // One batch: a bucket and B rows of it (the last batch of a bucket wraps around to
-  // its first rows, so every batch has the same static shape).
-  struct Plan {
-    size_t bucket;
-    std::vector<int64_t> rows, lm_rows;
-  };
-  std::vector<Plan> plan;
-  const auto order = [&](int64_t n) {
-    std::vector<int64_t> p(static_cast<size_t>(n));
-    std::iota(p.begin(), p.end(), 0);
-    std::shuffle(p.begin(), p.end(), rng);
-    return p;
-  };
-  for (size_t b = 0; b < train_buckets_.size(); ++b) {
-    const int64_t n = train_buckets_[b].size();
-    const std::vector<int64_t> p = order(n);
-    const std::vector<int64_t> q = options_.shared_inputs() ? std::vector<int64_t>{} : order(n);
-    for (int64_t first = 0; first < n; first += B) {
-      Plan batch{b, {}, {}};
-      for (int64_t i = 0; i < B; ++i) {
-        batch.rows.push_back(p[static_cast<size_t>((first + i) % n)]);
-        if (!q.empty()) batch.lm_rows.push_back(q[static_cast<size_t>((first + i) % n)]);
-      }
-      plan.push_back(std::move(batch));
-    }
-  }
-  std::shuffle(plan.begin(), plan.end(), rng);
+  std::vector<int64_t> bucket_sizes;
+  for (const Bucket& b : train_buckets_) bucket_sizes.push_back(b.size());
+  std::vector<PlannedBatch> plan = plan_epoch(bucket_sizes, B, options_.shared_inputs(), rng);
   if (pipeline_) {
     std::vector<std::pair<size_t, std::vector<int64_t>>> batches;
-    for (Plan& batch : plan) batches.emplace_back(batch.bucket, std::move(batch.rows));
+    for (PlannedBatch& batch : plan) batches.emplace_back(batch.bucket, std::move(batch.rows));
     MultiTaskEpochReport report = train_pipelined(batches);
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return report;
   }
 
   const graphs::PoolStreamScope on_trainer_stream(*steps_->pool());  // off the default stream (CUDA)
-  // Each bucket's row table, in the order its batches run: one copy per bucket per
-  // epoch (the steps gather the rows inside their graphs), from pinned memory on a
-  // GPU so the copy does not stop the host. Data parallel: this rank's equal share of
-  // every global batch.
+  // The steps gather each batch's rows inside their graphs from one row table per
+  // bucket, copied once per epoch. Data parallel: this rank's equal share of every
+  // global batch.
   const int64_t world = group_ != nullptr ? group_->world_size() : 1;
   const int64_t share = B / world, first_row = group_ != nullptr ? group_->rank() * share : 0;
-  std::vector<std::vector<int64_t>> rows(train_buckets_.size()), lm_rows(train_buckets_.size());
-  for (const Plan& batch : plan) {
-    const auto take = [&](const std::vector<int64_t>& from, std::vector<int64_t>& to) {
-      to.insert(to.end(), from.begin() + first_row, from.begin() + first_row + share);
-    };
-    take(batch.rows, rows[batch.bucket]);
-    if (!options_.shared_inputs()) take(batch.lm_rows, lm_rows[batch.bucket]);
-  }
-  const auto tables = [&](const std::vector<std::vector<int64_t>>& per_bucket) {
-    std::vector<at::Tensor> out;
-    for (const std::vector<int64_t>& r : per_bucket) {
-      at::Tensor table = at::tensor(r, at::kLong).view({-1, share});
-      out.push_back(device_.is_cuda() ? table.pin_memory() : table);
-    }
-    return out;
-  };
-  steps_->start_epoch(tables(rows), options_.shared_inputs() ? std::vector<at::Tensor>{} : tables(lm_rows));
-  for (const Plan& batch : plan) {
+  const size_t buckets = train_buckets_.size();
+  steps_->start_epoch(row_tables(plan, buckets, /*lm=*/false, first_row, share, device_.is_cuda()),
+                      options_.shared_inputs()
+                          ? std::vector<at::Tensor>{}
+                          : row_tables(plan, buckets, /*lm=*/true, first_row, share, device_.is_cuda()));
+  for (const PlannedBatch& batch : plan) {
     steps_->train_step(batch.bucket);
     // Data parallel on CUDA: the step's all-reduce (in its graph) gets the group's deadline.
     if (group_ != nullptr) group_->watch_device("gradient all-reduce", steps_done_ + 1, steps_done_ + 1);
@@ -319,12 +353,8 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
     }
   }
   ++epochs_done_;
-  MultiTaskEpochReport report;
-  report.epoch = epochs_done_;
-  report.steps = static_cast<int64_t>(plan.size());
-  const double steps = static_cast<double>(std::max<int64_t>(report.steps, 1));
-  report.classification_loss = steps_->classification_loss_sum().mean().item<double>() / steps;
-  report.lm_loss = steps_->lm_loss_sum().mean().item<double>() / steps;
+  MultiTaskEpochReport report = epoch_report(epochs_done_, static_cast<int64_t>(plan.size()),
+                                             steps_->classification_loss_sum(), steps_->lm_loss_sum());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
@@ -352,13 +382,7 @@ MultiTaskEpochReport MultiTaskTrainer::train_pipelined(const std::vector<std::pa
                                 fmt::format("after step {} (epoch {})", steps_done_, epochs_done_ + 1));
   }
   ++epochs_done_;
-  MultiTaskEpochReport report;
-  report.epoch = epochs_done_;
-  report.steps = static_cast<int64_t>(plan.size());
-  const double steps = static_cast<double>(std::max<int64_t>(report.steps, 1));
-  report.classification_loss = sums[0].mean().item<double>() / steps;
-  report.lm_loss = sums[1].mean().item<double>() / steps;
-  return report;
+  return epoch_report(epochs_done_, static_cast<int64_t>(plan.size()), sums[0], sums[1]);
 }
 
 }  // namespace packtrain::runtime
