@@ -398,9 +398,8 @@ void add_table_format_options(CLI::App* app, runtime::DataArgs& a) {
   app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")->capture_default_str();
 }
 
-}  // namespace
-
-void add_predict_commands(CLI::App& app, int& status) {
+// The `predict` command: a checkpoint's predictions for a table of feature rows.
+void add_predict_command(CLI::App& app, int& status) {
   auto predict = std::make_shared<PredictCommand>();
   CLI::App* p = app.add_subcommand(
       "predict", "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out. Regression, per row: the\n"
@@ -426,7 +425,10 @@ void add_predict_commands(CLI::App& app, int& status) {
     status = within_memory("the prediction for " + predict->input, "predict fewer rows at a time (split the file)",
                            [&] { return run_predict(*predict); });
   });
+}
 
+// The `evaluate` command: a checkpoint's metrics per member and for the ensemble.
+void add_evaluate_command(CLI::App& app, int& status) {
   auto evaluate = std::make_shared<EvaluateCommand>();
   CLI::App* e = app.add_subcommand(
       "evaluate", "Metrics of a checkpoint per member and for the ensemble: on the test rows of the run's own data\n"
@@ -453,7 +455,10 @@ void add_predict_commands(CLI::App& app, int& status) {
     status = within_memory("the evaluation on " + (evaluate->input.empty() ? "the run's test rows" : evaluate->input),
                            "evaluate fewer rows at a time (split the file)", [&] { return run_evaluate(*evaluate); });
   });
+}
 
+// The `acquire` command: the pool rows to label next.
+void add_acquire_command(CLI::App& app, int& status) {
   auto acquire = std::make_shared<AcquireCommand>();
   CLI::App* a = app.add_subcommand(
       "acquire", "Choose which unlabelled rows to label next: score every row of a pool (a table of feature\n"
@@ -489,7 +494,10 @@ void add_predict_commands(CLI::App& app, int& status) {
     status = within_memory("scoring the pool " + acquire->pool, "acquire from a pool of fewer rows",
                            [&] { return run_acquire(*acquire); });
   });
+}
 
+// The `export` command: members of a checkpoint for Python PyTorch.
+void add_export_command(CLI::App& app, int& status) {
   auto exporter = std::make_shared<ExportCommand>();
   CLI::App* x = app.add_subcommand(
       "export", "Write members of a checkpoint for Python PyTorch: one torch.load(path) gives their state dicts\n"
@@ -499,6 +507,15 @@ void add_predict_commands(CLI::App& app, int& status) {
   x->add_option("--member", exporter->members,
                 "Member index to export (repeatable; default: the ensemble's members, those predict uses)");
   x->callback([exporter, &status] { status = run_export(*exporter); });
+}
+
+}  // namespace
+
+void add_predict_commands(CLI::App& app, int& status) {
+  add_predict_command(app, status);
+  add_evaluate_command(app, status);
+  add_acquire_command(app, status);
+  add_export_command(app, status);
 }
 
 }  // namespace packtrain::cli
