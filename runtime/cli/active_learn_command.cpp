@@ -19,6 +19,8 @@
 #include <iostream>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace packtrain::cli {
 
@@ -35,14 +37,9 @@ struct ActiveLearnCommand {
   bool quiet = false;
 };
 
-int run_active_learn(ActiveLearnCommand c) {
-  check_outputs({{"--csv", c.csv}, {"--plot", c.plot}}, data_inputs(c.data));
-  std::vector<std::string> log_lines;
-  if (c.trainer.sweep()) {
-    throw UsageError("a sweep (--lr, --weight-decay or --dropout with several values) is for `train`");
-  }
-  runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
-  const bool cls = options.head() == runtime::Head::kClassification;
+// The acquisition strategy's name: the given one, else bald (classification) or
+// epistemic (regression), its options checked.
+std::string checked_strategy(ActiveLearnCommand& c, bool cls) {
   if (!c.strategy_given) {
     c.loop.acquisition().strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
   }
@@ -52,6 +49,54 @@ int run_active_learn(ActiveLearnCommand c) {
   } catch (const UserError& e) {
     throw UsageError(fmt::format("--strategy {}: {}", strategy, e.what()));
   }
+  return strategy;
+}
+
+// --json: the run and its learning curve as one JSON object on stdout.
+void print_curve_json(const ActiveLearnCommand& c, const runtime::SplitData& data,
+                      const runtime::EnsembleTrainerOptions& options, const runtime::ActiveLearningResult& result,
+                      const std::vector<std::string>& log_lines) {
+  nlohmann::json out;
+  out["data"] = data.description;
+  out["device"] = options.device().str();
+  out["pack_members"] = result.pack_members;
+  out["train_seconds"] = result.train_seconds;
+  out["strategy"] = result.strategy;
+  out["metric"] = result.metric;
+  for (const runtime::LearningCurvePoint& p : result.curve) {
+    out["curve"].push_back({{"round", p.round},
+                            {"labelled", p.labelled},
+                            {result.strategy + "_" + result.metric, p.acquired},
+                            {"random_" + result.metric, std::isnan(p.random) ? nlohmann::json(nullptr) : nlohmann::json(p.random)}});
+  }
+  out["csv"] = c.csv;
+  out["plot"] = c.plot;
+  out["log"] = log_lines;
+  std::cout << out.dump(2) << "\n";
+}
+
+// The learning curve as a table, then the run's time and its files.
+void print_curve_table(const ActiveLearnCommand& c, const runtime::ActiveLearningResult& result, const char* metric,
+                       bool cls, const std::string& strategy, bool written) {
+  fmt::print("\nLearning curve (test {}{}, mean over {} run(s)):\n  {:>8}  {:>15}  {:>10}\n", metric,
+             cls ? "" : ", original units", c.loop.ensembles(), "labelled", strategy, "random");
+  for (const runtime::LearningCurvePoint& p : result.curve) {
+    fmt::print("  {:>8}  {:>15.4f}  {:>10}\n", p.labelled, p.acquired,
+               std::isnan(p.random) ? "-" : fmt::format("{:.4f}", p.random));
+  }
+  fmt::print("\nTrained {} rounds of a {}-member pack in {:.1f} s.{}\n", result.curve.size(), result.pack_members,
+             result.train_seconds, written ? fmt::format(" Curve: {} and {}", c.csv, c.plot) : "");
+}
+
+int run_active_learn(ActiveLearnCommand c) {
+  check_outputs({{"--csv", c.csv}, {"--plot", c.plot}}, data_inputs(c.data));
+  std::vector<std::string> log_lines;
+  if (c.trainer.sweep()) {
+    throw UsageError("a sweep (--lr, --weight-decay or --dropout with several values) is for `train`");
+  }
+  runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
+  const bool cls = options.head() == runtime::Head::kClassification;
+  const std::string strategy = checked_strategy(c, cls);
   const char* metric = cls ? "accuracy" : "RMSE";
   options.log([&](const std::string& line) {
     if (c.json) {
@@ -93,33 +138,10 @@ int run_active_learn(ActiveLearnCommand c) {
       writes.attempt(
           [&] { runtime::write_learning_curve_svg(c.plot, result, fmt::format("Active learning on {}", data.all.name)); });
   if (c.json) {
-    nlohmann::json out;
-    out["data"] = data.description;
-    out["device"] = options.device().str();
-    out["pack_members"] = result.pack_members;
-    out["train_seconds"] = result.train_seconds;
-    out["strategy"] = result.strategy;
-    out["metric"] = result.metric;
-    for (const runtime::LearningCurvePoint& p : result.curve) {
-      out["curve"].push_back({{"round", p.round},
-                              {"labelled", p.labelled},
-                              {result.strategy + "_" + result.metric, p.acquired},
-                              {"random_" + result.metric, std::isnan(p.random) ? nlohmann::json(nullptr) : nlohmann::json(p.random)}});
-    }
-    out["csv"] = c.csv;
-    out["plot"] = c.plot;
-    out["log"] = log_lines;
-    std::cout << out.dump(2) << "\n";
+    print_curve_json(c, data, options, result, log_lines);
     return writes.rethrow_or(0);
   }
-  fmt::print("\nLearning curve (test {}{}, mean over {} run(s)):\n  {:>8}  {:>15}  {:>10}\n", metric,
-             cls ? "" : ", original units", c.loop.ensembles(), "labelled", strategy, "random");
-  for (const runtime::LearningCurvePoint& p : result.curve) {
-    fmt::print("  {:>8}  {:>15.4f}  {:>10}\n", p.labelled, p.acquired,
-               std::isnan(p.random) ? "-" : fmt::format("{:.4f}", p.random));
-  }
-  fmt::print("\nTrained {} rounds of a {}-member pack in {:.1f} s.{}\n", result.curve.size(), result.pack_members,
-             result.train_seconds, written ? fmt::format(" Curve: {} and {}", c.csv, c.plot) : "");
+  print_curve_table(c, result, metric, cls, strategy, written);
   return writes.rethrow_or(0);
 }
 
