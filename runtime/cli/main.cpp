@@ -100,16 +100,9 @@ int standard_output_written(int status) {
   return status != 0 ? status : 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"packtrain: train many small models as one (packed ensembles, captured training steps).\n"
-               "Run `packtrain <command> --help` for a command's options."};
-  app.require_subcommand(1);
-  app.set_config("--config", "", "TOML file of `flag = value` lines for the command (command-line flags win)");
-  app.config_formatter(std::make_shared<SubcommandConfig>(&app));
-  app.allow_config_extras(CLI::config_extras_mode::error);
-  int threads = 0;
+// The global --threads option into `threads` (which must outlive parsing), else
+// $PACKTRAIN_THREADS, applied to LibTorch once the command line is parsed.
+void add_threads_option(CLI::App& app, int& threads) {
   // More threads than cores only queue up (and a pool of 100000 takes minutes to
   // start): at most 4 per core the machine reports.
   const int max_threads = 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -135,6 +128,19 @@ int main(int argc, char** argv) {
       ::setenv("PACKTRAIN_THREADS", std::to_string(threads).c_str(), 1);
     }
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"packtrain: train many small models as one (packed ensembles, captured training steps).\n"
+               "Run `packtrain <command> --help` for a command's options."};
+  app.require_subcommand(1);
+  app.set_config("--config", "", "TOML file of `flag = value` lines for the command (command-line flags win)");
+  app.config_formatter(std::make_shared<SubcommandConfig>(&app));
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  int threads = 0;
+  add_threads_option(app, threads);
   int status = 0;
   packtrain::cli::add_train_commands(app, status);
   packtrain::cli::add_predict_commands(app, status);
