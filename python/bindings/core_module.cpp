@@ -3,6 +3,7 @@
 // defaults are the CLI's), tensors cross without copies through torch's pybind11
 // casters, the GIL is released while C++ trains, and the epoch callback (which
 // holds it again) is where Ctrl-C is seen, as the CLI sees it between epochs.
+#include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/run_data.h"
@@ -52,7 +53,7 @@ void to_python_logging(const std::string& message) {
 // lists and the options their first values.
 packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& overrides_json,
                                                           packtrain::runtime::SweepGrid& grid) {
-  nlohmann::json merged = nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::train_defaults()));
+  nlohmann::json merged = nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
   const nlohmann::json overrides = nlohmann::json::parse(overrides_json);
   grid = {{merged.at("lr").get<double>()}, {merged.at("weight_decay").get<double>()}, 1,
           {merged.at("dropout").get<double>()}};
@@ -355,8 +356,10 @@ PYBIND11_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
-  m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::train_defaults()); },
-        "The trainer's default options as JSON: `packtrain train`'s (runtime::train_defaults).");
+  m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()); },
+        "The trainer's default options as JSON: `packtrain train`'s (the struct's own).");
+  m.def("option_schema", [] { return packtrain::runtime::trainer_option_schema().describe().dump(); },
+        "The trainer's options schema as JSON: each field's name, kind, flag, help, default, range, choices.");
   m.def("check_fit_memory", &check_fit_memory, py::arg("options_json"), py::arg("rows"), py::arg("features"),
         py::arg("classes"), py::arg("validation_rows"),
         "MemoryError when a fit of these options and data sizes would not fit in memory (`train`'s estimate).");
@@ -680,6 +683,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("variance_scale", &EnsembleTrainer::variance_scale)
       .def_property_readonly("epoch", &EnsembleTrainer::epoch)
       .def_property_readonly("steps_taken", &EnsembleTrainer::steps_taken)
+      .def_property_readonly("patience", &EnsembleTrainer::patience)
       .def_property_readonly("in_features", &EnsembleTrainer::in_features)
       .def_property_readonly("classes", &EnsembleTrainer::classes)
       .def_property_readonly("train_loss_history", &EnsembleTrainer::train_loss_history)

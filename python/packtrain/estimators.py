@@ -24,24 +24,27 @@ import torch
 
 from . import _core
 
-_TRAINER_DEFAULTS = json.loads(_core.default_options())
-_TRAINER_DEFAULTS.pop("first_member")  # member-parallel shards only
-_TRAINER_DEFAULTS.pop("member_lr")  # per-member values: the CLI's sweeps (not an estimator parameter yet)
-_TRAINER_DEFAULTS.pop("member_weight_decay")
-_TRAINER_DEFAULTS.pop("member_dropout")
+# The trainer's options schema (runtime/trainers/ensemble_trainer_options.cpp), the
+# one the CLI's flags are generated from: each field's name, kind, default, range.
+_SCHEMA = {f["name"]: f for f in json.loads(_core.option_schema()) if f["python"]}
+_TRAINER_DEFAULTS = {name: f["default"] for name, f in _SCHEMA.items()}
 _TRAINER_DEFAULTS["device"] = "auto"   # the CLI's default: CUDA when there is one
 _DATA_DEFAULTS = dict(_core.default_data_options())
 _DATA_DEFAULTS["select"] = "all"  # train --select: a sweep keeps all configurations, or the best
 _OPTION_NAMES = tuple(_TRAINER_DEFAULTS)
-_SWEPT = ("lr", "weight_decay", "dropout")  # lists sweep them, as the CLI's comma lists
+_SWEPT = tuple(name for name, f in _SCHEMA.items() if f["sweep"])  # lists sweep them, as the CLI's comma lists
 
-# The integer options' ranges: the CLI's bounds (--members > 0, --depth >= 0, ...)
-# up to what the C++ type holds (int64; the seeds are unsigned 64-bit).
+# What the C++ integer types hold (int64; the seeds are unsigned 64-bit).
 _INT64_MAX, _UINT64_MAX = 2**63 - 1, 2**64 - 1
-_INTEGER_RANGES = {"members": (1, _INT64_MAX), "hidden": (1, _INT64_MAX), "depth": (0, _INT64_MAX),
-                   "epochs": (1, _INT64_MAX), "batch_size": (1, _INT64_MAX), "patience": (0, _INT64_MAX),
-                   "warmup_steps": (0, _INT64_MAX), "unroll": (1, _INT64_MAX), "seed": (0, _UINT64_MAX),
-                   "split_seed": (0, _UINT64_MAX)}
+_DATA_INTEGER_RANGES = {"split_seed": (0, _UINT64_MAX)}
+
+
+def _integer_range(field):
+    """An integer field's [low, high]: its schema bound up to what its C++ type holds."""
+    low = 0 if field["kind"] == "unsigned" else -_INT64_MAX - 1
+    if "min" in field:
+        low = math.floor(field["min"]) + 1 if field.get("min_open") else math.ceil(field["min"])
+    return low, _UINT64_MAX if field["kind"] == "unsigned" else _INT64_MAX
 
 
 def _checked_integer(name, value, low, high):
@@ -64,15 +67,30 @@ def _checked_number(name, value):
 
 
 def _checked_option(name, value, default):
-    """An option's value checked against its default's type (the C++ option's):
-    what crosses into the runtime as JSON, whose own checks then give the rest."""
-    if isinstance(default, bool):
+    """A data option's value checked against its default's type."""
+    if isinstance(default, int) and not isinstance(default, bool):
+        return _checked_integer(name, value, *_DATA_INTEGER_RANGES.get(name, (-_INT64_MAX - 1, _INT64_MAX)))
+    return _checked_number(name, value)
+
+
+def _checked_trainer_option(name, value):
+    """A trainer option's value checked against its schema field's kind (the C++
+    option's): what crosses into the runtime as JSON, whose own checks then give the rest."""
+    field = _SCHEMA[name]
+    kind = field["kind"]
+    if name == "device":
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {value!r}")
+        return value
+    if kind == "flag":
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {value!r}")
         return bool(value)
-    if isinstance(default, int):
-        return _checked_integer(name, value, *_INTEGER_RANGES.get(name, (-_INT64_MAX - 1, _INT64_MAX)))
-    if isinstance(default, float):
+    if kind in ("integer", "unsigned"):
+        if value is None and field["optional"]:
+            return None  # unset: the run picks (see the parameter's doc)
+        return _checked_integer(name, value, *_integer_range(field))
+    if kind == "number":
         if name in _SWEPT and isinstance(value, (list, tuple, np.ndarray)):
             values = np.asarray(value, dtype=object).reshape(-1) if isinstance(value, np.ndarray) else value
             if len(values) == 0:
@@ -81,6 +99,8 @@ def _checked_option(name, value, default):
         return _checked_number(name, value)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, got {value!r}")
+    if "choices" in field and value not in field["choices"]:
+        raise ValueError(f"{name} must be one of {', '.join(field['choices'])}, got {value!r}")
     return value
 
 
@@ -206,16 +226,12 @@ class _PackedEnsemble(_Base):
         for name, value in params.items():
             setattr(self, name, value)
 
-    def _trainer_options(self, validated):
-        """The trainer's options from the parameters, each checked; without validation
-        rows the default patience is off (as the CLI's), another is an error."""
+    def _trainer_options(self):
+        """The trainer's options from the parameters, each checked. The runtime picks
+        what depends on the run (patience=None: 50 with validation rows, off
+        without; a patience > 0 without them is its ValueError)."""
         names = self._get_param_names()
-        options = {name: _checked_option(name, getattr(self, name), _TRAINER_DEFAULTS[name])
-                   for name in _OPTION_NAMES if name in names}
-        if not validated and options["patience"] > 0:
-            if options["patience"] != _TRAINER_DEFAULTS["patience"]:
-                raise ValueError("patience > 0 needs validation rows (val_fraction > 0, or X_val and y_val)")
-            options["patience"] = 0
+        options = {name: _checked_trainer_option(name, getattr(self, name)) for name in _OPTION_NAMES if name in names}
         options["device"] = _resolve_device(self.device)
         if self._head is not None:
             options["head"] = self._head
@@ -269,7 +285,7 @@ class _PackedEnsemble(_Base):
                 vx = vt = None
         else:
             vx = vt = None
-        params = self._trainer_options(vx is not None)
+        params = self._trainer_options()
         if self.select == "best" and vx is None:
             raise ValueError("select='best' chooses on validation rows: give val_fraction > 0, or X_val and y_val")
         # Refused before anything large is allocated, as `packtrain train` refuses it.
@@ -591,21 +607,14 @@ def load(path, device="cpu"):
     predicts but cannot be saved or trained further from Python)."""
     loaded = _core.load(str(path), _resolve_device(device))
     options = json.loads(loaded.options_json)
-    options.pop("first_member")
-    # A CLI sweep's per-member values stay with the loaded trainer (it predicts as
-    # trained); the estimator's parameters are the scalar options a refit would use.
-    options.pop("member_lr", None)
-    options.pop("member_weight_decay", None)
-    options.pop("member_dropout", None)
-    options["device"] = device
-    if options["head"] == "classification":
-        options.pop("head")
-        options.pop("min_variance")
-        options.pop("recalibration", None)
-        model = EnsembleClassifier(**options)
+    # The estimator's parameters are the scalar options a refit would use; a CLI
+    # sweep's per-member values (not parameters) stay with the loaded trainer, which
+    # predicts as trained.
+    cls = EnsembleClassifier if options["head"] == "classification" else EnsembleRegressor
+    model = cls(**{name: options[name] for name in cls._get_param_names() if name in options and name != "device"},
+                device=device)
+    if cls is EnsembleClassifier:
         model.classes_ = np.asarray(loaded.classes)
-    else:
-        model = EnsembleRegressor(**options)
     if isinstance(loaded, _core.ShardedEnsemble):
         model.members = loaded.members
     model._trainer = loaded

@@ -34,7 +34,7 @@ def train_help_defaults():
     text = subprocess.run([CLI, "train", "--help"], check=True, capture_output=True, text=True).stdout
     defaults = {}
     for line in text.splitlines():
-        m = re.match(r"^\s+(--[a-z][\w-]*)(?:\s+[A-Z][A-Z:]*(?:=(\S+))?)?", line)
+        m = re.match(r"^\s+(--[a-z][\w-]*)(?:\s+[A-Z][A-Z:|]*(?:=(\S+))?)?", line)
         if m:
             shown = m.group(2)
             if shown is not None and re.fullmatch(r"\[[^,\]]*\]", shown):
@@ -43,40 +43,46 @@ def train_help_defaults():
     return defaults
 
 
-# The estimator's parameters that are CLI flags of another name, and those that are
-# valueless flags (their default: the flag not given).
-FLAG_OF = {"batch_size": "--batch", "recalibration": "--recalibrate"}
-SWITCHES = {"layer_norm": ("--layer-norm", False), "restore_best": ("--no-restore-best", True),
-            "capture": ("--eager", True)}
-NO_FLAG = {"min_variance"}  # the variance head's floor: a trainer option the CLI does not expose
+def schema():
+    """The trainer's options schema, as the runtime describes it (the CLI's flags are
+    generated from it): {name: field}."""
+    return {f["name"]: f for f in json.loads(_core.option_schema())}
 
 
 @pytest.mark.parametrize("estimator", ["EnsembleRegressor", "EnsembleClassifier"])
 def test_every_default_is_train_helps(estimator):
     """One source of defaults: each parameter's default equals the default `packtrain
-    train --help` states for its flag (patience 50 on the ensemble's validation loss
-    included, where the estimators once had 0 and 'member')."""
+    train --help` states for its flag (patience auto, on the ensemble's validation loss,
+    where the estimators once had 0 and 'member')."""
     helps = train_help_defaults()
+    fields = schema()
     params = getattr(packtrain, estimator)().get_params()
     compared = set()
     for name, value in params.items():
-        if name in NO_FLAG:
-            assert "--" + name.replace("_", "-") not in helps
+        field = fields.get(name)
+        if field is None or name == "device":  # a data option (checked below), or the CLI's own --device
             continue
-        if name in SWITCHES:
-            flag, default = SWITCHES[name]
-            assert flag in helps and helps[flag] is None and value is default, name
-            continue
-        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
-        assert flag in helps and helps[flag] is not None, f"{name}: no {flag} with a default in train --help"
-        shown = helps[flag]
-        if isinstance(value, bool) or isinstance(value, str):
-            assert str(value) == shown, (name, value, shown)
+        flag = field["flag"]
+        assert flag in helps, f"{name}: no {flag} in train --help"
+        if field["kind"] == "flag":
+            assert helps[flag] is None and value is field["flag_sets_false"], name
+        elif value is None:
+            assert field["optional"] and helps[flag] == "auto", (name, helps[flag])
+        elif isinstance(value, (bool, str)):
+            assert str(value) == helps[flag], (name, value, helps[flag])
         else:
-            assert type(value)(shown) == value, (name, value, shown)
+            assert type(value)(helps[flag]) == value, (name, value, helps[flag])
         compared.add(name)
-    assert {"patience", "early_stopping", "members", "lr", "batch_size", "val_fraction", "select"} <= compared
-    assert params["patience"] == 50 and params["early_stopping"] == "ensemble"
+    for name in ("val_fraction", "split_seed", "select"):  # the data options
+        assert str(params[name]) == helps["--" + name.replace("_", "-")] or \
+            type(params[name])(helps["--" + name.replace("_", "-")]) == params[name], name
+        compared.add(name)
+    assert {"patience", "early_stopping", "members", "lr", "batch_size", "capture", "val_fraction", "select"} <= compared
+    assert estimator == "EnsembleClassifier" or "min_variance" in compared
+    assert params["patience"] is None and params["early_stopping"] == "ensemble"
+    omitted = {"head", "min_variance", "recalibration"} if estimator == "EnsembleClassifier" else set()
+    assert set(params) - {"val_fraction", "split_seed", "select"} == \
+        {name for name, f in fields.items() if f["python"]} - omitted
 
 
 def test_default_patience_is_off_without_validation_rows_as_the_clis(tmp_path):
@@ -84,7 +90,9 @@ def test_default_patience_is_off_without_validation_rows_as_the_clis(tmp_path):
     0` does); a patience given without validation rows is still an error."""
     x, y = data(80)
     model = packtrain.EnsembleRegressor(**TINY, val_fraction=0).fit(x, y)
-    assert model.epochs_done_ == 3 and json.loads(model._trainer.options_json)["patience"] == 0
+    assert model.epochs_done_ == 3 and model._trainer.patience == 0
+    assert json.loads(model._trainer.options_json)["patience"] is None  # unset: resolved by each run
+    assert packtrain.EnsembleRegressor(**TINY).fit(x, y)._trainer.patience == 50
     with pytest.raises(ValueError, match="patience > 0 needs validation rows"):
         packtrain.EnsembleRegressor(**TINY, val_fraction=0, patience=3).fit(x, y)
 

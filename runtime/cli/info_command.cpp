@@ -3,11 +3,13 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/range_checks.h"
+#include "packtrain/runtime/cli/schema_flags.h"
 #include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/distributed/nccl_communicator.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/measure/launch_profile.h"
+#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -245,7 +247,20 @@ void add_info_commands(CLI::App& app, int& status) {
   info->add_option("--device", *device, "With --collectives: cpu (Gloo only), cuda or cuda:N (NCCL too; under a "
                                         "launcher \"cuda\" is this rank's GPU)")
       ->capture_default_str();
-  info->callback([json, collectives, device, &status] { status = run_info(*json, *collectives, *device); });
+  auto options = std::make_shared<bool>(false);
+  info->add_flag("--options", *options,
+                 "Print train's trainer options (generated from their schema) as a markdown table; with --json, the "
+                 "schema itself (each option's name, kind, flag, default, range, choices)");
+  info->callback([json, collectives, device, options, &status] {
+    if (*options) {
+      const runtime::EnsembleTrainerOptions defaults;
+      std::cout << (*json ? runtime::trainer_option_schema().describe(defaults).dump(2) + "\n"
+                          : option_table_markdown(runtime::trainer_option_schema(), defaults));
+      status = 0;
+      return;
+    }
+    status = run_info(*json, *collectives, *device);
+  });
 
   auto p = std::make_shared<ProfileArgs>();
   CLI::App* profile = app.add_subcommand(

@@ -133,13 +133,15 @@ void describe(const Session& s, RunDriver& driver) {
   }
   driver.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
                           s.command, s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
-                          o.depth(), o.hidden(), ensemble::to_string(o.activation()), o.epochs(), s.trainer.batch_size(),
+                          o.depth(), o.hidden(),
+                          o.architecture() == "mlp" ? std::string(ensemble::to_string(o.activation())) : o.architecture(),
+                          o.epochs(), s.trainer.batch_size(),
                           graphs::to_string(o.order()),
-                          o.patience() > 0 ? fmt::format(", early stopping on {} validation loss (patience {})",
+                          s.trainer.patience() > 0 ? fmt::format(", early stopping on {} validation loss (patience {})",
                                                          o.early_stopping() == runtime::EarlyStopping::kEnsemble
                                                              ? "the ensemble's"
                                                              : "each member's",
-                                                         o.patience())
+                                                         s.trainer.patience())
                                            : ""));
 }
 
@@ -346,7 +348,7 @@ SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, 
   SplitData data = runtime::load_split_data(data_args);
   const runtime::EnsembleTrainerOptions& o = trainer.options();
   if (o.device().is_cpu()) runtime::retain_freed_cpu_memory();
-  if (o.patience() > 0 && data.split.validation.empty()) {
+  if (o.patience().value_or(0) > 0 && data.split.validation.empty()) {
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::check_memory(runtime::estimate_ensemble_run(o, runtime::ensemble_run_sizes(o, data, writes_checkpoints)),
@@ -376,17 +378,17 @@ struct TrainCommand {
   TrainerFlags trainer;
   SessionArgs session;
   bool member_parallel = false;
-  bool patience_given = false, early_stopping_given = false, recalibrate_given = false;
+  bool early_stopping_given = false, recalibrate_given = false;
 };
 
-// train's defaults that depend on the run: no early stopping without validation
-// rows; each member's own loss when the members are split over processes (an
-// ensemble's loss needs all of its members in one).
+// train's defaults that depend on how it runs (those that depend on the data, as the
+// patience, are the library's: resolved_patience): each member's own loss when the
+// members are split over processes (an ensemble's loss needs all of its members in one).
 runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
   runtime::EnsembleTrainerOptions o = trainer_options(c.trainer);
   const bool validation = !c.data.val_index.empty() || c.data.val_fraction > 0;
-  if (!c.patience_given && !validation) o.patience(0);
-  if (c.member_parallel && o.early_stopping() == runtime::EarlyStopping::kEnsemble && o.patience() > 0) {
+  const bool stops_early = o.patience() ? *o.patience() > 0 : validation;
+  if (c.member_parallel && o.early_stopping() == runtime::EarlyStopping::kEnsemble && stops_early) {
     if (c.early_stopping_given) {
       throw UsageError("--early-stopping ensemble needs every member in one process: use --early-stopping member "
                        "with --member-parallel");
@@ -556,11 +558,7 @@ void add_train_commands(CLI::App& app, int& status) {
       "validation NLL has not improved for 50 epochs (its best epoch's weights kept). Ctrl-C stops after the current\n"
       "epoch (and writes --checkpoint); a second Ctrl-C stops at once.");
   add_data_options(t, train->data);
-  train->trainer.options = runtime::train_defaults();
   add_trainer_options(t, train->trainer);
-  t->get_option("--patience")
-      ->description("Early stopping: epochs without a better validation loss before training stops (0: off; "
-                    "without validation rows: 0)");
   add_session_options(t, train->session);
   t->add_flag("--member-parallel", train->member_parallel,
               "Under packtrain launch / torchrun / srun: split the members across the ranks (no gradient traffic), "
@@ -568,7 +566,6 @@ void add_train_commands(CLI::App& app, int& status) {
               "point); `resume MANIFEST` continues it on any number of ranks, evaluate/predict read it in one process")
       ->group("Multi-process");
   t->callback([train, t, &status] {
-    train->patience_given = t->count("--patience") > 0;
     train->early_stopping_given = t->count("--early-stopping") > 0;
     train->recalibrate_given = t->count("--recalibrate") > 0;
     status = within_memory("the run", kLowerRunSize, [&] { return run_train(*train); });

@@ -1,7 +1,8 @@
 // The ensemble trainer's options as command-line flags (and config-file keys),
 // shared by `train` and `active-learn`, and the data flags of every command that
-// loads data. The flags bind onto EnsembleTrainerOptions and DataArgs themselves:
-// the defaults --help shows are the structs' own.
+// loads data. The trainer's flags are generated from its options schema
+// (runtime/trainers/ensemble_trainer_options.cpp, via schema_flags.h) and bind onto
+// EnsembleTrainerOptions itself: the defaults --help shows are the struct's own.
 #pragma once
 
 #include "packtrain/runtime/data/run_data.h"
@@ -9,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,10 +24,14 @@ namespace packtrain::cli {
 struct TrainerFlags {
   runtime::EnsembleTrainerOptions options;
   std::string device = "auto";
-  std::vector<double> lr{runtime::EnsembleTrainerOptions().lr()};
-  std::vector<double> weight_decay{runtime::EnsembleTrainerOptions().weight_decay()};
-  std::vector<double> dropout{runtime::EnsembleTrainerOptions().dropout()};
-  bool sweep() const { return lr.size() > 1 || weight_decay.size() > 1 || dropout.size() > 1; }
+  std::map<std::string, std::vector<double>> sweeps;  // each sweepable option's values, by name
+  const std::vector<double>& values(const std::string& name) const { return sweeps.at(name); }
+  bool sweep() const {
+    for (const auto& [name, values] : sweeps) {
+      if (values.size() > 1) return true;
+    }
+    return false;
+  }
 };
 
 void add_trainer_options(CLI::App* app, TrainerFlags& flags);

@@ -66,8 +66,8 @@ EnsembleTrainerOptions pack_options(EnsembleTrainerOptions o, int64_t runs, cons
   } catch (const UserError& e) {
     require(false, e.what());
   }
-  require(o.patience() == 0, "there is no validation data to stop early on: patience must be 0, got " +
-                                 std::to_string(o.patience()));
+  require(o.patience().value_or(0) == 0, "there is no validation data to stop early on: patience must be 0, got " +
+                                              std::to_string(o.patience().value_or(0)));
   require(o.members() >= 2, "an ensemble's disagreement needs at least 2 members per ensemble, got " +
                                 std::to_string(o.members()));
   // The cosine length is fixed (in steps) when the step is captured, but an epoch

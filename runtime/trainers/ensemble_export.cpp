@@ -1,5 +1,6 @@
 #include "packtrain/runtime/trainers/ensemble_export.h"
 
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/io/model_export.h"
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
@@ -44,7 +45,14 @@ int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
     }
     if (chosen.empty()) throw DataError("every member diverged: there is no usable member to export");
   }
-  export_for_pytorch(path, trainer.model(), chosen, extras);
+  // The export's file format describes MLP members (torch.nn.Sequential layers,
+  // scripts/load_packtrain_export.py); another architecture's pack stays a checkpoint.
+  const auto* mlp = dynamic_cast<const ensemble::PackedMLP*>(&trainer.model());
+  if (mlp == nullptr) {
+    throw DataError("export writes MLP members only: this ensemble's members are " +
+                    std::string(trainer.model().kind()) + " (predict and evaluate read its checkpoint)");
+  }
+  export_for_pytorch(path, *mlp, chosen, extras);
   return static_cast<int64_t>(chosen.size());
 }
 

@@ -1,5 +1,6 @@
 #include "packtrain/runtime/trainers/ensemble_trainer.h"
 
+#include "packtrain/ensemble/architectures.h"
 #include "packtrain/ensemble/member_seed.h"
 
 #include "packtrain/ensemble/optimizers/adam.h"
@@ -103,17 +104,20 @@ int64_t EnsembleTrainer::out_features() const {
 
 void EnsembleTrainer::build_model(int64_t in_features) {
   in_features_ = in_features;
-  model_ = std::make_unique<ensemble::PackedMLP>(ensemble::PackedMLPOptions(in_features, out_features())
-                                                     .members(options_.members())
-                                                     .hidden(options_.hidden())
-                                                     .depth(options_.depth())
-                                                     .activation(options_.activation())
-                                                     .layer_norm(options_.layer_norm())
-                                                     .dropout(options_.dropout())
-                                                     .member_dropout(options_.member_dropout())
-                                                     .seed(options_.seed())
-                                                     .first_member(options_.first_member())
-                                                     .device(options_.device()));
+  ensemble::PackSpec spec;
+  spec.in_features = in_features;
+  spec.out_features = out_features();
+  spec.members = options_.members();
+  spec.hidden = options_.hidden();
+  spec.depth = options_.depth();
+  spec.activation = options_.activation();
+  spec.layer_norm = options_.layer_norm();
+  spec.dropout = options_.dropout();
+  spec.member_dropout = options_.member_dropout();
+  spec.seed = options_.seed();
+  spec.first_member = options_.first_member();
+  spec.device = options_.device();
+  model_ = ensemble::architecture(options_.architecture()).make(spec);
   model_->train(false);
   members_.assign(options_.members(), MemberState{});
 }
@@ -134,6 +138,7 @@ void EnsembleTrainer::fit(const at::Tensor& x, const at::Tensor& y, const at::Te
 void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
                               const at::Tensor& val_y, const at::Tensor& fit_rows) {
   check_xy(x, y, "training data");
+  resolved_patience(options_, val_x.defined() && val_x.size(0) > 0);  // a set patience needs validation rows
   if (val_x.defined() || val_y.defined()) {
     check_xy(val_x, val_y, "validation data");
     TORCH_CHECK(val_x.size(1) == x.size(1), "validation data have ", val_x.size(1), " features, training data ",
@@ -259,6 +264,10 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   val_history_.clear();
 }
 
+int64_t EnsembleTrainer::patience() const {
+  return resolved_patience(options_, val_x_.defined() && val_x_.size(0) > 0);
+}
+
 bool EnsembleTrainer::reuse_steps(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
                                   const at::Tensor& val_y) {
   if (!steps_ || group_ != nullptr || x.size(1) != in_features_ || x.size(0) != steps_->batcher().rows() ||
@@ -326,7 +335,7 @@ bool EnsembleTrainer::train(const EpochCallback& on_epoch, bool stop_when_idle) 
   }
   model_->train(false);
   const bool finished = go_on;
-  if (finished && options_.restore_best() && options_.patience() > 0) restore_best_weights();
+  if (finished && options_.restore_best() && patience() > 0) restore_best_weights();
   if (finished) recalibrate();
   return finished;
 }
@@ -389,7 +398,7 @@ EpochReport EnsembleTrainer::run_epoch() {
   // one forward of the pack whose outputs also score the ensembles (update_ensembles).
   std::vector<double> val;
   at::Tensor val_raw;
-  if (val_x_.defined() && options_.early_stopping() == EarlyStopping::kEnsemble && options_.patience() > 0) {
+  if (val_x_.defined() && options_.early_stopping() == EarlyStopping::kEnsemble && patience() > 0) {
     at::NoGradGuard no_grad;
     const bool was_training = model_->is_training();
     model_->train(false);
@@ -448,7 +457,7 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
       m.best_loss = v;
       m.best_epoch = epoch_;
       improved.push_back(k);
-    } else if (options_.patience() > 0 && epoch_ - m.best_epoch >= options_.patience()) {
+    } else if (patience() > 0 && epoch_ - m.best_epoch >= patience()) {
       m.status = MemberStatus::kStopped;
       m.ended_epoch = epoch_;
       report.events.push_back("member " + std::to_string(k) + " stopped early at epoch " + std::to_string(epoch_) +
@@ -491,7 +500,7 @@ void EnsembleTrainer::update_ensembles(const at::Tensor& val_raw, std::vector<in
         members_[k].best_epoch = epoch_;
         improved.push_back(k);
       }
-    } else if (epoch_ - first.best_epoch >= options_.patience()) {
+    } else if (epoch_ - first.best_epoch >= patience()) {
       for (int64_t k : live) {
         members_[k].status = MemberStatus::kStopped;
         members_[k].ended_epoch = epoch_;

@@ -8,6 +8,7 @@
 // target's original units. Checkpoints hold everything needed to continue exactly.
 #pragma once
 
+#include "packtrain/ensemble/packed_model.h"
 #include "packtrain/runtime/data/standardizer.h"
 #include "packtrain/runtime/trainers/ensemble_predictions.h"
 #include "packtrain/runtime/trainers/ensemble_trainer_options.h"
@@ -169,9 +170,11 @@ class EnsembleTrainer {
   void restore(const Checkpoint& checkpoint);
 
   const EnsembleTrainerOptions& options() const { return options_; }
+  // The patience this run stops with (resolved_patience for its validation rows).
+  int64_t patience() const;
   bool prepared() const { return steps_ != nullptr; }
   bool has_model() const { return model_ != nullptr; }
-  const ensemble::PackedMLP& model() const { return *model_; }
+  const ensemble::PackedModel& model() const { return *model_; }
   ensemble::PackedOptimizer& optimizer() { return *optimizer_; }
   EnsembleSteps& steps() { return *steps_; }
   const std::vector<MemberState>& member_states() const { return members_; }
@@ -208,7 +211,7 @@ class EnsembleTrainer {
   int64_t batch_size_ = 0;  // see batch_size()
   std::vector<double> classes_;
   Standardizer x_scale_, y_scale_;
-  std::unique_ptr<ensemble::PackedMLP> model_;
+  std::unique_ptr<ensemble::PackedModel> model_;  // options().architecture()'s
   std::unique_ptr<ensemble::PackedOptimizer> optimizer_;
   std::unique_ptr<EnsembleSteps> steps_;
   distributed::ProcessGroup* group_ = nullptr;

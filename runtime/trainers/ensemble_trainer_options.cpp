@@ -1,125 +1,154 @@
 #include "packtrain/runtime/trainers/ensemble_trainer_options.h"
 
-#include <c10/util/Exception.h>
+#include "packtrain/base/option_schema.h"
+#include "packtrain/base/user_error.h"
+#include "packtrain/ensemble/architectures.h"
+
 #include <nlohmann/json.hpp>
 
-#include <cmath>
+#include <string>
 
 namespace packtrain::runtime {
 
+namespace {
+
+using Schema = OptionSchema<EnsembleTrainerOptions>;
+
+// "Member architecture: mlp (…), residual-mlp (…)", from the registry itself.
+std::string architecture_help() {
+  std::string help = "Member architecture:";
+  for (const ensemble::Architecture& a : ensemble::architectures()) {
+    help += std::string(help.back() == ':' ? " " : "; ") + std::string(a.name) + " (" + std::string(a.description) + ")";
+  }
+  return help;
+}
+
+void describe_model(Schema& s) {
+  s.option(PACKTRAIN_OPTION(members)).help_text("Ensemble members K, trained as one pack").in_group("Model").above(0);
+  s.option(PACKTRAIN_OPTION(architecture))
+      .one_of(ensemble::architecture_names(), "architecture")
+      .help_text(architecture_help())
+      .in_group("Model").added_in(2, "mlp");
+  s.option(PACKTRAIN_OPTION(hidden)).help_text("Width of each hidden layer").in_group("Model").above(0);
+  s.option(PACKTRAIN_OPTION(depth)).help_text("Number of hidden layers (residual-mlp: residual blocks)").in_group("Model").at_least(0);
+  s.choice(PACKTRAIN_OPTION(activation), ensemble::kActivationNames).help_text("Hidden activation").in_group("Model");
+  s.option(PACKTRAIN_OPTION(layer_norm)).help_text("LayerNorm after each hidden layer").in_group("Model");
+  s.option(PACKTRAIN_OPTION(dropout))
+      .help_text("Dropout after each hidden activation, in training; several sweep them as --lr")
+      .in_group("Model").at_least(0).below(1).sweepable();
+  s.choice(PACKTRAIN_OPTION(head), kHeadNames)
+      .help_text("gaussian: mean and variance (deep ensembles); mean: MSE; classification: labels in the target column")
+      .in_group("Model");
+  s.option(PACKTRAIN_OPTION(min_variance))
+      .help_text("Gaussian head: the floor of each member's predicted variance, in standardized units")
+      .in_group("Model").at_least(0).finite_only();
+}
+
+void describe_optimizer(Schema& s) {
+  s.choice(PACKTRAIN_OPTION(optimizer), kOptimizerKindNames).help_text("Optimizer").in_group("Optimizer");
+  s.option(PACKTRAIN_OPTION(lr))
+      .help_text("Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight "
+                 "decay, dropout) triple x --members seeds in one pack, a table per configuration, --select best")
+      .in_group("Optimizer").above(0).finite_only().sweepable();
+  s.option(PACKTRAIN_OPTION(weight_decay))
+      .help_text("Weight decay (decoupled for adamw); several sweep them as --lr")
+      .in_group("Optimizer").at_least(0).finite_only().sweepable();
+  s.option(PACKTRAIN_OPTION(momentum)).help_text("SGD momentum (Nesterov off)").in_group("Optimizer").at_least(0).below(1);
+  // Per-member values: a sweep's pack (runtime/trainers/hyperparameter_sweep.h).
+  s.option(PACKTRAIN_OPTION(member_lr)).internal().above(0).finite_only().added_in(2, nlohmann::json::array());
+  s.option(PACKTRAIN_OPTION(member_weight_decay)).internal().at_least(0).finite_only().added_in(2, nlohmann::json::array());
+  s.option(PACKTRAIN_OPTION(member_dropout)).internal().at_least(0).below(1).added_in(2, nlohmann::json::array());
+  s.choice(PACKTRAIN_OPTION(schedule), ensemble::kLrScheduleKindNames)
+      .help_text("Learning-rate schedule").in_group("Optimizer");
+  s.option(PACKTRAIN_OPTION(warmup_steps)).help_text("Linear warm-up steps (warmup, cosine)").in_group("Optimizer").at_least(0);
+  s.option(PACKTRAIN_OPTION(min_lr_factor))
+      .help_text("Cosine: final learning rate as a fraction of --lr").in_group("Optimizer").at_least(0).at_most(1);
+}
+
+void describe_training(Schema& s) {
+  s.option(PACKTRAIN_OPTION(epochs)).help_text("Passes over the training rows").in_group("Training").above(0);
+  s.option(PACKTRAIN_OPTION(batch_size))
+      .flag_name("--batch")
+      .help_text("Mini-batch size (rows per member per step). Data parallel: the global batch, split equally over the "
+                 "ranks (each prints its share at start)")
+      .in_group("Training").above(0);
+  s.choice(PACKTRAIN_OPTION(order), graphs::kBatchOrderNames)
+      .help_text("Member data order: one shared shuffle, a shuffle per member, or a bootstrap resample per member")
+      .in_group("Training");
+  s.option(PACKTRAIN_OPTION(patience))
+      .help_text("Early stopping: epochs without a better validation loss before a member stops (0: off)")
+      .unset("50 with validation rows, else 0")
+      .in_group("Training").at_least(0);
+  s.choice(PACKTRAIN_OPTION(early_stopping), kEarlyStoppingNames)
+      .help_text("With --patience, whose validation loss decides: each member's own (members stop one by one), or the "
+                 "ensemble's (a sweep's configuration, or the whole pack, as one mixture: its members stop together at "
+                 "its best epoch)")
+      .in_group("Training").added_in(2, "member");
+  s.option(PACKTRAIN_OPTION(restore_best))
+      .flag_name("--no-restore-best").sets_false()
+      .help_text("With --patience: keep each member's last weights instead of its best validation epoch's")
+      .in_group("Training");
+  s.choice(PACKTRAIN_OPTION(recalibration), kRecalibrationNames)
+      .flag_name("--recalibrate")
+      .help_text("Regression with validation rows: once trained, stretch the ensemble's predictive distribution about "
+                 "its mean by the one factor that fits the validation rows (its variance times s, s minimizing the "
+                 "moment-matched Gaussian NLL there; printed, saved in the checkpoint, used by predict, evaluate and "
+                 "acquire); none: predict as trained")
+      .in_group("Training").added_in(2, "none");  // older checkpoints predict as they were trained
+  s.option(PACKTRAIN_OPTION(seed))
+      .help_text("Seed: member i is initialized from (seed, i); batch orders too").in_group("Training");
+  s.option(PACKTRAIN_OPTION(first_member)).internal().at_least(0).added_in(2, 0);  // member-parallel shards
+  s.option(PACKTRAIN_OPTION(device)).no_flag().help_text("Device: cpu, cuda or cuda:N").in_group("Training");
+  s.option(PACKTRAIN_OPTION(capture))
+      .flag_name("--eager").sets_false()
+      .help_text("Run every step eagerly (no CUDA graph capture)").in_group("Training");
+  s.option(PACKTRAIN_OPTION(unroll)).help_text("Training steps per CUDA graph replay").in_group("Training").above(0);
+}
+
+void check_per_member(const std::vector<double>& values, int64_t members, const char* what) {
+  if (!values.empty() && static_cast<int64_t>(values.size()) != members) {
+    throw UserError(std::string("per-member ") + what + ": expected one per member (" + std::to_string(members) +
+                    "), got " + std::to_string(values.size()));
+  }
+}
+
+}  // namespace
+
+const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema() {
+  static const Schema schema = [] {
+    Schema s("trainer options", kTrainerOptionsFormat);
+    describe_model(s);
+    describe_optimizer(s);
+    describe_training(s);
+    return s;
+  }();
+  return schema;
+}
+
 void EnsembleTrainerOptions::validate() const {
-  TORCH_CHECK(members() > 0, "members must be positive, got ", members());
-  TORCH_CHECK(first_member() >= 0, "first_member must be >= 0, got ", first_member());
-  TORCH_CHECK(hidden() > 0, "hidden must be positive, got ", hidden());
-  TORCH_CHECK(depth() >= 0, "depth must be >= 0, got ", depth());
-  TORCH_CHECK(dropout() >= 0 && dropout() < 1, "dropout must be in [0, 1), got ", dropout());
-  TORCH_CHECK(epochs() > 0, "epochs must be positive, got ", epochs());
-  TORCH_CHECK(batch_size() > 0, "batch size must be positive, got ", batch_size());
-  // Infinite rates pass a sign check and make every member diverge: finite, always.
-  TORCH_CHECK(lr() > 0 && std::isfinite(lr()), "learning rate must be positive and finite, got ", lr());
-  TORCH_CHECK(weight_decay() >= 0 && std::isfinite(weight_decay()), "weight decay must be >= 0 and finite, got ",
-              weight_decay());
-  TORCH_CHECK(momentum() >= 0 && momentum() < 1, "momentum must be in [0, 1), got ", momentum());
-  TORCH_CHECK(member_lr().empty() || static_cast<int64_t>(member_lr().size()) == members(),
-              "per-member learning rates: expected one per member (", members(), "), got ", member_lr().size());
-  for (const double v : member_lr()) {
-    TORCH_CHECK(v > 0 && std::isfinite(v), "learning rate must be positive and finite, got ", v);
-  }
-  TORCH_CHECK(member_weight_decay().empty() || static_cast<int64_t>(member_weight_decay().size()) == members(),
-              "per-member weight decays: expected one per member (", members(), "), got ",
-              member_weight_decay().size());
-  for (const double v : member_weight_decay()) {
-    TORCH_CHECK(v >= 0 && std::isfinite(v), "weight decay must be >= 0 and finite, got ", v);
-  }
-  TORCH_CHECK(member_dropout().empty() || static_cast<int64_t>(member_dropout().size()) == members(),
-              "per-member dropout: expected one rate per member (", members(), "), got ", member_dropout().size());
-  for (const double v : member_dropout()) TORCH_CHECK(v >= 0 && v < 1, "dropout must be in [0, 1), got ", v);
-  TORCH_CHECK(warmup_steps() >= 0, "warm-up steps must be >= 0, got ", warmup_steps());
-  TORCH_CHECK(min_lr_factor() >= 0 && min_lr_factor() <= 1, "min lr factor must be in [0, 1], got ",
-              min_lr_factor());
-  TORCH_CHECK(patience() >= 0, "patience must be >= 0, got ", patience());
-  TORCH_CHECK(min_variance() >= 0 && std::isfinite(min_variance()), "min variance must be >= 0 and finite, got ",
-              min_variance());
-  TORCH_CHECK(unroll() > 0, "unroll must be positive, got ", unroll());
+  trainer_option_schema().check_ranges(*this);
+  check_per_member(member_lr(), members(), "learning rates");
+  check_per_member(member_weight_decay(), members(), "weight decays");
+  check_per_member(member_dropout(), members(), "dropout rates");
 }
 
-EnsembleTrainerOptions train_defaults() {
-  return EnsembleTrainerOptions().patience(50).early_stopping(EarlyStopping::kEnsemble);
+int64_t resolved_patience(const EnsembleTrainerOptions& o, bool has_validation) {
+  if (!o.patience()) return has_validation ? kDefaultPatience : 0;
+  if (*o.patience() > 0 && !has_validation) {
+    throw UserError("patience > 0 needs validation rows to stop on (a validation fraction > 0, or validation data), "
+                    "got patience " + std::to_string(*o.patience()) + " and none");
+  }
+  return *o.patience();
 }
 
-std::string to_json(const EnsembleTrainerOptions& o) {
-  const nlohmann::json j = {
-      {"members", o.members()},
-      {"hidden", o.hidden()},
-      {"depth", o.depth()},
-      {"activation", std::string(ensemble::to_string(o.activation()))},
-      {"layer_norm", o.layer_norm()},
-      {"dropout", o.dropout()},
-      {"head", std::string(to_string(o.head()))},
-      {"optimizer", std::string(to_string(o.optimizer()))},
-      {"lr", o.lr()},
-      {"weight_decay", o.weight_decay()},
-      {"momentum", o.momentum()},
-      {"member_lr", o.member_lr()},
-      {"member_weight_decay", o.member_weight_decay()},
-      {"member_dropout", o.member_dropout()},
-      {"schedule", std::string(ensemble::to_string(o.schedule()))},
-      {"warmup_steps", o.warmup_steps()},
-      {"min_lr_factor", o.min_lr_factor()},
-      {"epochs", o.epochs()},
-      {"batch_size", o.batch_size()},
-      {"order", std::string(graphs::to_string(o.order()))},
-      {"patience", o.patience()},
-      {"restore_best", o.restore_best()},
-      {"early_stopping", std::string(to_string(o.early_stopping()))},
-      {"min_variance", o.min_variance()},
-      {"recalibration", std::string(to_string(o.recalibration()))},
-      {"seed", o.seed()},
-      {"first_member", o.first_member()},
-      {"device", o.device().str()},
-      {"capture", o.capture()},
-      {"unroll", o.unroll()},
-  };
-  return j.dump();
-}
+std::string to_json(const EnsembleTrainerOptions& o) { return trainer_option_schema().to_json(o).dump(); }
 
 EnsembleTrainerOptions options_from_json(const std::string& text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  TORCH_CHECK(j.is_object(), "trainer options: not a JSON object");
-  const nlohmann::json defaults = nlohmann::json::parse(to_json(EnsembleTrainerOptions()));
-  for (const auto& [key, value] : j.items()) {
-    TORCH_CHECK(defaults.contains(key), "trainer options: unknown key '", key, "'");
-  }
-  const auto get = [&]<typename T>(const char* key, T*) -> T {
-    TORCH_CHECK(j.contains(key), "trainer options: missing key '", key, "'");
-    try {
-      return j.at(key).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      TORCH_CHECK(false, "trainer options: key '", key, "' has the wrong type: ", j.at(key).dump());
-    }
-  };
-  const auto i64 = [&](const char* key) { return get(key, static_cast<int64_t*>(nullptr)); };
-  const auto f64 = [&](const char* key) { return get(key, static_cast<double*>(nullptr)); };
-  const auto str = [&](const char* key) { return get(key, static_cast<std::string*>(nullptr)); };
-  const auto flag = [&](const char* key) { return get(key, static_cast<bool*>(nullptr)); };
-  EnsembleTrainerOptions o;
-  o.members(i64("members")).hidden(i64("hidden")).depth(i64("depth"));
-  o.activation(ensemble::parse_activation(str("activation"))).layer_norm(flag("layer_norm")).dropout(f64("dropout"));
-  o.head(parse_head(str("head"))).optimizer(parse_optimizer(str("optimizer")));
-  o.lr(f64("lr")).weight_decay(f64("weight_decay")).momentum(f64("momentum"));
-  o.schedule(ensemble::parse_lr_schedule(str("schedule"))).warmup_steps(i64("warmup_steps"));
-  o.min_lr_factor(f64("min_lr_factor")).epochs(i64("epochs")).batch_size(i64("batch_size"));
-  o.order(graphs::parse_batch_order(str("order"))).patience(i64("patience")).restore_best(flag("restore_best"));
-  o.min_variance(f64("min_variance")).seed(get("seed", static_cast<uint64_t*>(nullptr)));
-  o.device(c10::Device(str("device"))).capture(flag("capture")).unroll(i64("unroll"));
-  if (j.contains("first_member")) o.first_member(i64("first_member"));  // absent before member parallel
-  const auto doubles = [&](const char* key) { return get(key, static_cast<std::vector<double>*>(nullptr)); };
-  if (j.contains("early_stopping")) o.early_stopping(parse_early_stopping(str("early_stopping")));  // absent before it
-  if (j.contains("member_lr")) o.member_lr(doubles("member_lr"));  // absent before sweeps
-  if (j.contains("member_weight_decay")) o.member_weight_decay(doubles("member_weight_decay"));
-  if (j.contains("member_dropout")) o.member_dropout(doubles("member_dropout"));  // absent before dropout sweeps
-  // Absent before recalibration: those checkpoints predict as they were trained.
-  o.recalibration(j.contains("recalibration") ? parse_recalibration(str("recalibration")) : Recalibration::kNone);
+  if (j.is_discarded()) throw UserError("trainer options: not valid JSON");
+  // Version 1 wrote no format_version; its checkpoints stopped on each member's own
+  // loss unless they said otherwise, and trained with the patience they stored.
+  EnsembleTrainerOptions o = trainer_option_schema().from_json(j);
   o.validate();
   return o;
 }

@@ -14,9 +14,15 @@
 #include <c10/core/Device.h>
 #include <torch/arg.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace packtrain {
+template <typename O>
+class OptionSchema;
+}  // namespace packtrain
 
 namespace packtrain::runtime {
 
@@ -66,6 +72,9 @@ inline Recalibration parse_recalibration(std::string_view name) { return kRecali
 struct EnsembleTrainerOptions {
   /// Example: EnsembleTrainerOptions().members(16).epochs(200).batch_size(64).patience(20)
   TORCH_ARG(int64_t, members) = 16;
+  // The member architecture, by its registered name (ensemble/architectures.h):
+  // "mlp", "residual-mlp" (hidden: its width; depth: its residual blocks).
+  TORCH_ARG(std::string, architecture) = "mlp";
   TORCH_ARG(int64_t, hidden) = 64;
   TORCH_ARG(int64_t, depth) = 2;
   TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
@@ -92,14 +101,16 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(int64_t, batch_size) = 64;
   TORCH_ARG(graphs::BatchOrder, order) = graphs::BatchOrder::kShared;
   // Epochs without a better validation loss before a member stops (0: never). The
-  // member's mask goes off, so the captured step stays the same graph.
-  TORCH_ARG(int64_t, patience) = 0;
+  // member's mask goes off, so the captured step stays the same graph. Unset: the
+  // run's default, kDefaultPatience with validation rows and off without
+  // (resolved_patience), so C++, the CLI and Python train the same model.
+  TORCH_ARG(std::optional<int64_t>, patience) = std::nullopt;
   // With early stopping (patience > 0): each member ends with the weights of its
   // best validation epoch. (Without it, training runs its epochs and keeps the last.)
   TORCH_ARG(bool, restore_best) = true;
   // kEnsemble: members over-confident alone can still improve their mixture (the
   // prediction users get); stopping each on its own loss can stop them too early.
-  TORCH_ARG(EarlyStopping, early_stopping) = EarlyStopping::kMember;
+  TORCH_ARG(EarlyStopping, early_stopping) = EarlyStopping::kEnsemble;
   TORCH_ARG(double, min_variance) = 1e-6;  // floor of the variance head (standardized units)
   // Regression with validation rows: after training (and after keep_members), the
   // ensemble's spread is fitted to them. Classification ignores it.
@@ -112,19 +123,31 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
 
  public:
-  // Throws c10::Error naming the offending field and value.
+  // UserError naming the offending field and value.
   void validate() const;
 };
 
-// `packtrain train`'s options before any flag, and the Python estimators' defaults
-// (one source for both): the struct's own, but stopping early on the ensemble's
-// validation loss after 50 epochs without improvement (the UCI protocol's recipe:
-// benchmarks/uci/). Without validation rows both train all epochs instead.
-EnsembleTrainerOptions train_defaults();
+// The struct's defaults are `packtrain train`'s and the Python estimators': early
+// stopping on the ensemble's validation loss after 50 epochs without improvement
+// (the UCI protocol's recipe: benchmarks/uci/), and without validation rows every
+// epoch trained.
+inline constexpr int64_t kDefaultPatience = 50;
+// The patience a run stops with: the one set, or the default for whether the run has
+// validation rows. A patience > 0 set for a run without them is a UserError.
+int64_t resolved_patience(const EnsembleTrainerOptions& options, bool has_validation);
 
-// Every field but `log`, as a JSON object.
+// The one description of the options (packtrain/base/option_schema.h): validate's
+// ranges, JSON, the CLI's flags, the Python estimators' parameters and the docs'
+// table all come from it (ensemble_trainer_options.cpp).
+const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema();
+// Version 2 added format_version itself; version 1 payloads (checkpoints before it)
+// may lack the keys their field's added_in names and read as they meant then.
+inline constexpr int kTrainerOptionsFormat = 2;
+
+// Every field but `log`, and format_version, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);
-// The inverse; an unknown key, a missing key or a wrong type throws naming it.
+// The inverse, upgrading older versions; an unknown key, a missing key, a wrong
+// type or a bad value is a UserError naming it.
 EnsembleTrainerOptions options_from_json(const std::string& json);
 
 }  // namespace packtrain::runtime

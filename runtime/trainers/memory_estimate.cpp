@@ -1,5 +1,7 @@
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
+#include "packtrain/ensemble/architectures.h"
+
 #include "packtrain/ensemble/packed_mlp.h"
 
 #include "packtrain/runtime/data/data_error.h"
@@ -55,11 +57,15 @@ double optimizer_copies(const EnsembleTrainerOptions& o) {
   return 2;
 }
 
+// The architecture's own count (ensemble/architectures.h), for sizes as doubles.
 double parameters_per_member(const EnsembleTrainerOptions& o, double I, double O) {
-  const double H = static_cast<double>(o.hidden()), D = static_cast<double>(o.depth());
-  if (o.depth() == 0) return I * O + O;
-  const double norms = o.layer_norm() ? 2 * H * D : 0;
-  return (I * H + H) + (D - 1) * (H * H + H) + (H * O + O) + norms;
+  ensemble::PackSpec spec;
+  spec.in_features = static_cast<int64_t>(std::min(I, 9e18));
+  spec.out_features = static_cast<int64_t>(std::min(O, 9e18));
+  spec.hidden = o.hidden();
+  spec.depth = o.depth();
+  spec.layer_norm = o.layer_norm();
+  return ensemble::architecture(o.architecture()).parameters_per_member(spec);
 }
 
 // The ensemble trainer with K members (a double: active learning's pack may be
@@ -78,7 +84,7 @@ MemoryEstimate ensemble_estimate(const EnsembleTrainerOptions& o, const Ensemble
   // with validation data, and the last weights kept while the best are restored.
   const double S = K * parameters_per_member(o, I, O) * kFloat;
   const double moments = optimizer_copies(o);
-  const double copies = (V > 0 ? 1 : 0) + (V > 0 && o.patience() > 0 && o.restore_best() ? 1 : 0);
+  const double copies = (V > 0 ? 1 : 0) + (V > 0 && resolved_patience(o, true) > 0 && o.restore_best() ? 1 : 0);
   add(e, fmt::format("weights, gradients and {} state", to_string(o.optimizer())), (2 + moments) * S);
   add(e, "best-weight copies", copies * S);
   // Initialization draws every member's row on the host, then stacks them: two more

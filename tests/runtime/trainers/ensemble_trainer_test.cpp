@@ -46,6 +46,15 @@ fs::path temp_file(const std::string& name) {
 
 class EnsembleTrainerTest : public DeviceTest {};
 
+// A trainer of `options` prepared on d (with its validation rows) and trained for
+// `epochs` epochs, as a run stopped there.
+std::unique_ptr<EnsembleTrainer> trained_for(const EnsembleTrainerOptions& options, const Data& d, int64_t epochs) {
+  auto trainer = std::make_unique<EnsembleTrainer>(options);
+  trainer->prepare(d.x, d.y, d.val_x, d.val_y);
+  trainer->train([epochs](const EpochReport& r) { return r.epoch < epochs; });
+  return trainer;
+}
+
 TEST_P(EnsembleTrainerTest, TrainsAndReportsMetricsInOriginalUnits) {
   const Data d = make_data(200, 50);
   EnsembleTrainer trainer(small_options(device()).epochs(40));
@@ -182,6 +191,38 @@ TEST_P(EnsembleTrainerTest, ResumeFromACheckpointEqualsAnUninterruptedRun) {
   fs::remove(path);
 }
 
+// A second architecture through the seam (ensemble/architectures.h): the trainer,
+// its checkpoints and resume take it by name, like the MLP.
+TEST_P(EnsembleTrainerTest, AResidualMlpPackTrainsAndResumesExactlyAndRefusesWhatItLacks) {
+  const Data d = make_data(150, 30);
+  const auto options = small_options(device()).architecture("residual-mlp").depth(2).epochs(10);
+  EnsembleTrainer whole(options);
+  whole.fit(d.x, d.y, d.val_x, d.val_y);
+  EXPECT_EQ(whole.model().kind(), "residual-mlp");
+  ASSERT_EQ(whole.train_loss_history().size(), 10u);
+  EXPECT_LT(whole.train_loss_history().back(), whole.train_loss_history().front());
+  const fs::path path = temp_file("residual.ckpt");
+  trained_for(options, d, 4)->save(path);
+  const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
+  const EnsembleTrainerOptions saved = EnsembleTrainer::checkpoint_options(*checkpoint);
+  EXPECT_EQ(saved.architecture(), "residual-mlp");
+  EnsembleTrainer resumed(EnsembleTrainerOptions(saved).device(device()).log(&ignore_log));
+  resumed.prepare(d.x, d.y, d.val_x, d.val_y);
+  resumed.restore(*checkpoint);
+  EXPECT_TRUE(resumed.train());
+  EXPECT_TRUE(all_close(resumed.model().parameters().flat().cpu(), whole.model().parameters().flat().cpu(),
+                        tolerance(device())));
+  fs::remove(path);
+  // What the residual blocks have no place for is refused when the pack is built.
+  EXPECT_THROW(
+      {
+        EnsembleTrainer t(EnsembleTrainerOptions(options).dropout(0.1));
+        t.prepare(d.x, d.y);
+      },
+      UserError);
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(options).architecture("cnn")), UserError);
+}
+
 TEST_P(EnsembleTrainerTest, ACheckpointForAnotherModelShapeOrOtherDataIsRefused) {
   const Data d = make_data(64, 0);
   const fs::path path = temp_file("shape.ckpt");
@@ -217,9 +258,8 @@ TEST_P(EnsembleTrainerTest, ACheckpointResumesAndPredictsOnTheOtherDevice) {
     SCOPED_TRACE(from.str() + " -> " + to.str());
     const auto options = small_options(from).order(graphs::BatchOrder::kPerMember).patience(50);
     const fs::path path = temp_file("moved.ckpt");
-    EnsembleTrainer first(options);
-    first.prepare(d.x, d.y, d.val_x, d.val_y);
-    first.train([](const EpochReport& r) { return r.epoch < 5; });
+    const std::unique_ptr<EnsembleTrainer> trained = trained_for(options, d, 5);
+    EnsembleTrainer& first = *trained;
     first.save(path);
     const auto checkpoint = EnsembleTrainer::read_checkpoint(path);
 
@@ -350,7 +390,7 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   // The options carry the sweep through a checkpoint's JSON.
   EXPECT_EQ(sweep_configurations(options_from_json(to_json(sweep.options()))).size(), 4u);
   EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2, 1e-2}, {0.0}, 2}), UserError);
-  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_lr({1e-2})), c10::Error);  // 1 value, 2 members
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_lr({1e-2})), UserError);  // 1 value, 2 members
 }
 
 // A dropout sweep in one pack: each configuration trains as its own run with that
@@ -523,14 +563,18 @@ TEST(EnsembleTrainerOptionsTest, JsonRoundTripAndUnknownKeys) {
                      .early_stopping(EarlyStopping::kEnsemble);
   const std::string json = to_json(o);
   EXPECT_EQ(to_json(options_from_json(json)), json);
-  // A checkpoint from before --early-stopping: each member's own loss, as then.
+  // A checkpoint from before --early-stopping (format version 1, no format_version
+  // key): each member's own loss, as then.
   std::string before = json;
-  before.erase(before.find("\"early_stopping\":\"ensemble\","), std::string("\"early_stopping\":\"ensemble\",").size());
+  for (const std::string key : {"\"early_stopping\":\"ensemble\",", "\"format_version\":2,"}) {
+    ASSERT_NE(before.find(key), std::string::npos) << key << " in " << before;
+    before.erase(before.find(key), key.size());
+  }
   EXPECT_EQ(options_from_json(before).early_stopping(), EarlyStopping::kMember);
   std::string bad = json;
   bad.insert(1, "\"bogus\": 1, ");
-  EXPECT_THROW(options_from_json(bad), c10::Error);
-  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions().members(0)), c10::Error);
+  EXPECT_THROW(options_from_json(bad), UserError);
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions().members(0)), UserError);
 }
 
 }  // namespace

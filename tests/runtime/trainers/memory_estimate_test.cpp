@@ -126,7 +126,11 @@ TEST(MemoryEstimate, DefaultRunsFitWithRoomToSpare) {
 }
 
 TEST(MemoryEstimate, RefusesWhatDoesNotFitNamingTheEstimateAndWhatIsAvailable) {
-  const MemoryEstimate e = estimate_ensemble_run(EnsembleTrainerOptions().hidden(100000000), concrete_sizes());
+  const MemoryEstimate e = estimate_ensemble_run(EnsembleTrainerOptions().hidden(100000000).patience(0), concrete_sizes());
+  // The default patience (auto: 50 with the validation rows concrete_sizes has) keeps
+  // each member's best weights too: one more copy of the weights.
+  const MemoryEstimate stops = estimate_ensemble_run(EnsembleTrainerOptions().hidden(100000000), concrete_sizes());
+  EXPECT_GT(stops.bytes(MemoryPlace::kHost), e.bytes(MemoryPlace::kHost));
   const AvailableMemory gib{.device = 1024 * kMiB, .host = 1024 * kMiB};
   try {
     check_memory(e, gib, "lower --hidden");

@@ -165,7 +165,11 @@ TEST(VarianceRecalibrationOptions, CheckpointsFromBeforeItPredictAsTrained) {
   const std::string key = "\"recalibration\":\"variance\",";
   ASSERT_NE(json.find(key), std::string::npos) << json;
   EXPECT_EQ(options_from_json(json).recalibration(), Recalibration::kVariance);
+  // A checkpoint from before it: format version 1 (no format_version key).
   json.erase(json.find(key), key.size());
+  const std::string version = "\"format_version\":2,";
+  ASSERT_NE(json.find(version), std::string::npos) << json;
+  json.erase(json.find(version), version.size());
   EXPECT_EQ(options_from_json(json).recalibration(), Recalibration::kNone);
 }
 

@@ -1,0 +1,141 @@
+// An options schema's fields as command-line flags (packtrain/base/option_schema.h):
+// one flag per field that has one, bound to the options struct, with the schema's
+// help, group, range check ("--members: must be > 0, got 0") and default, so a
+// field described once appears here, in --help and in config files with no edit.
+// A sweepable number takes a comma list (`--lr 1e-3,3e-3`) into `sweeps`.
+#pragma once
+
+#include "packtrain/base/number_text.h"
+#include "packtrain/base/option_schema.h"
+#include "packtrain/runtime/cli/range_checks.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace packtrain::cli {
+
+namespace detail {
+
+// The CLI11 check of a bounded number: the field's own rule, before conversion.
+template <typename O>
+CLI::Validator field_bounds(const OptionField<O>& f) {
+  const std::string rule = f.rule();
+  const std::string label = rule == "> 0" ? "POSITIVE" : rule == ">= 0" ? "NONNEGATIVE" : "";
+  return bound(label, rule, [f](double v) { return f.accepts(v); });
+}
+
+// A sweep axis: `--lr 1e-3,3e-3`, the flag repeated, or a config file's
+// `lr = [1e-3, 3e-3]` (CLI11 hands its elements over one by one). All of them are
+// joined and read strictly (base/number_text.h), so a flag and a config file agree:
+// an empty element, nan, inf or a repeated value is an error naming it.
+inline CLI::Option* add_number_list(CLI::App* app, const std::string& flag, std::vector<double>& values,
+                                    const std::string& help) {
+  CLI::Option* option = app->add_option_function<std::vector<std::string>>(
+      flag,
+      [&values, flag](const std::vector<std::string>& texts) {
+        std::string joined;
+        for (size_t i = 0; i < texts.size(); ++i) joined += (i == 0 ? "" : ",") + texts[i];
+        try {
+          values = parse_number_list(joined, flag);
+          check_distinct(values, flag);
+        } catch (const UserError& e) {
+          throw CLI::ValidationError(e.what());
+        }
+      },
+      help);
+  std::string shown;
+  for (const double v : values) shown += (shown.empty() ? "" : ",") + number_text(v);
+  option->type_name("FLOAT")->default_str("[" + shown + "]");  // as CLI11 shows a vector<double>'s
+  return option;
+}
+
+template <typename T, typename O>
+CLI::Option* add_typed(CLI::App* app, const OptionField<O>& f, O& options, const std::string& help) {
+  return app->add_option_function<T>(
+      f.flag, [&options, &f](const T& v) { f.set(options, nlohmann::json(v)); }, help);
+}
+
+}  // namespace detail
+
+// Adds the flags of `schema`'s fields to `app`. `sweeps` receives each sweepable
+// field's values (its default first); `options` and `sweeps` must outlive parsing.
+template <typename O>
+void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
+                      std::map<std::string, std::vector<double>>& sweeps) {
+  for (const OptionField<O>& f : schema.fields()) {
+    if (f.flag.empty()) continue;
+    CLI::Option* option = nullptr;
+    if (f.sweep) {
+      std::vector<double>& values = sweeps[f.name];
+      values = {f.get(options).template get<double>()};
+      option = detail::add_number_list(app, f.flag, values, f.help);
+    } else if (f.kind == OptionKind::kFlag) {
+      option = app->add_flag_callback(
+          f.flag, [&options, &f] { f.set(options, nlohmann::json(!f.flag_sets_false)); }, f.help);
+    } else if (f.kind == OptionKind::kChoice || !f.choices.empty()) {
+      std::string expected;
+      for (size_t i = 0; i < f.choices.size(); ++i) {
+        expected += (i == 0 ? "" : i + 1 == f.choices.size() ? " or " : ", ") + f.choices[i];
+      }
+      option = app->add_option_function<std::string>(
+          f.flag,
+          [&options, &f, expected](const std::string& name) {
+            if (std::find(f.choices.begin(), f.choices.end(), name) == f.choices.end()) {
+              throw CLI::ValidationError(f.flag, "unknown " + f.choice_what + " '" + name + "' (expected " + expected + ")");
+            }
+            f.set(options, nlohmann::json(name));
+          },
+          f.help + " (" + expected + ")");
+    } else if (f.optional) {  // an integer or "auto" (unset: the run picks)
+      option = app->add_option_function<std::string>(
+          f.flag,
+          [&options, &f](const std::string& text) {
+            if (text == "auto") return f.set(options, nlohmann::json(nullptr));
+            const auto v = parse_integer<int64_t>(text);
+            if (!v) throw CLI::ValidationError(f.flag, "must be an integer or auto, got " + text);
+            f.set(options, nlohmann::json(*v));
+          },
+          f.help + (f.unset_means.empty() ? "" : " (auto: " + f.unset_means + ")"));
+      option->type_name("AUTO|INT");
+    } else if (f.kind == OptionKind::kInteger) {
+      option = detail::add_typed<int64_t>(app, f, options, f.help);
+    } else if (f.kind == OptionKind::kUnsigned) {
+      option = detail::add_typed<uint64_t>(app, f, options, f.help)->check(non_negative());
+    } else if (f.kind == OptionKind::kNumber) {
+      option = detail::add_typed<double>(app, f, options, f.help);
+    } else {
+      option = detail::add_typed<std::string>(app, f, options, f.help);
+    }
+    if (f.bounded() && !f.sweep && f.kind != OptionKind::kFlag) option->check(detail::field_bounds(f));
+    if (f.kind != OptionKind::kFlag && !f.sweep) option->default_str(f.optional && f.get(options).is_null() ? "auto" : f.shown(options));
+    if (!f.group.empty()) option->group(f.group);
+  }
+}
+
+// The flags of `schema` as a markdown table (flag, default, meaning), in --help's
+// order: the docs' table of them is this text (`packtrain info --options`; a test
+// keeps docs/guide.md's copy current).
+template <typename O>
+std::string option_table_markdown(const OptionSchema<O>& schema, const O& defaults) {
+  std::string out = "| option | default | meaning |\n|---|---|---|\n";
+  for (const OptionField<O>& f : schema.fields()) {
+    if (f.flag.empty()) continue;
+    std::string shown = f.kind == OptionKind::kFlag ? "off" : f.shown(defaults);
+    if (f.optional && f.get(defaults).is_null()) shown = "auto: " + f.unset_means;
+    std::string meaning = f.help;
+    if (!f.choices.empty()) {
+      meaning += ": ";
+      for (size_t i = 0; i < f.choices.size(); ++i) meaning += (i == 0 ? "`" : ", `") + f.choices[i] + "`";
+    }
+    if (f.bounded()) meaning += " (" + f.rule() + ")";
+    for (char& c : meaning) c = c == '|' ? '/' : c;
+    out += "| `" + f.flag + "` | " + shown + " | " + meaning + " |\n";
+  }
+  return out;
+}
+
+}  // namespace packtrain::cli

@@ -1,0 +1,192 @@
+// The trainer's options schema (runtime/trainers/ensemble_trainer_options.cpp): every
+// field of the struct is described, every field survives JSON at a non-default
+// value, older payloads are upgraded, and ranges, types and the run-dependent
+// patience are the library's.
+#include "packtrain/base/option_schema.h"
+#include "packtrain/base/user_error.h"
+#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace packtrain::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using Field = OptionField<EnsembleTrainerOptions>;
+
+const OptionSchema<EnsembleTrainerOptions>& schema() { return trainer_option_schema(); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no UserError";
+}
+
+// The TORCH_ARG fields of `struct EnsembleTrainerOptions`, read from its header: a
+// field added to the struct but not to the schema would be missing from JSON,
+// validation, the CLI and Python alike, which no round trip can see.
+std::set<std::string> struct_fields() {
+  const std::string path = std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/../runtime/trainers/ensemble_trainer_options.h";
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string all = text.str();
+  const size_t begin = all.find("struct EnsembleTrainerOptions {");
+  const size_t end = all.find("\n};", begin);
+  EXPECT_NE(begin, std::string::npos);
+  const std::string body = all.substr(begin, end - begin);
+  std::set<std::string> names;
+  const std::regex arg(R"(TORCH_ARG\((?:[^()]|\([^()]*\))*,\s*(\w+)\))");
+  for (auto it = std::sregex_iterator(body.begin(), body.end(), arg); it != std::sregex_iterator(); ++it) {
+    names.insert((*it)[1]);
+  }
+  return names;
+}
+
+TEST(TrainerOptionSchema, DescribesEveryFieldOfTheStructOnce) {
+  std::set<std::string> described;
+  for (const Field& f : schema().fields()) EXPECT_TRUE(described.insert(f.name).second) << f.name;
+  std::set<std::string> fields = struct_fields();
+  EXPECT_GT(fields.size(), 25u) << "the header's fields were not found";
+  EXPECT_EQ(fields.erase("log"), 1u);  // a callback, not an option: never serialized
+  EXPECT_EQ(described, fields);
+}
+
+// A value of the field's kind other than `now`, inside its range.
+nlohmann::json other_value(const Field& f, const nlohmann::json& now) {
+  switch (f.kind) {
+    case OptionKind::kFlag: return !now.get<bool>();
+    case OptionKind::kChoice:
+    case OptionKind::kText:
+      if (!f.choices.empty()) return f.choices.front() == now.get<std::string>() ? f.choices.back() : f.choices.front();
+      return now.get<std::string>() == "cpu" ? "cuda:1" : "cpu";  // the device
+    case OptionKind::kNumbers: return nlohmann::json::array({0.25, 0.5});
+    case OptionKind::kInteger:
+    case OptionKind::kUnsigned: return now.is_null() ? 7 : now.get<int64_t>() + 3;
+    case OptionKind::kNumber: {
+      const double v = now.get<double>();
+      return f.accepts(v * 0.5) && v * 0.5 != v ? v * 0.5 : 0.25;
+    }
+  }
+  return nullptr;
+}
+
+TEST(TrainerOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
+  const EnsembleTrainerOptions defaults;
+  EnsembleTrainerOptions changed;
+  for (const Field& f : schema().fields()) {
+    const nlohmann::json v = other_value(f, f.get(defaults));
+    f.set(changed, v);
+    ASSERT_NE(f.get(changed), f.get(defaults)) << f.name << " did not change";
+    EXPECT_EQ(f.get(changed), v) << f.name;
+  }
+  const nlohmann::json saved = schema().to_json(changed);
+  EXPECT_EQ(saved.at("format_version"), kTrainerOptionsFormat);
+  const EnsembleTrainerOptions loaded = schema().from_json(nlohmann::json::parse(saved.dump()));
+  for (const Field& f : schema().fields()) EXPECT_EQ(f.get(loaded), f.get(changed)) << f.name;
+  // Through the public pair too (which validates: per-member lists as long as members).
+  changed.members(2).first_member(0).device(c10::Device("cpu"));
+  EXPECT_EQ(to_json(options_from_json(to_json(changed))), to_json(changed));
+}
+
+TEST(TrainerOptionSchema, AVersionOnePayloadIsUpgradedAndAMissingKeyIsAnError) {
+  nlohmann::json v1 = schema().to_json(EnsembleTrainerOptions().early_stopping(EarlyStopping::kEnsemble));
+  v1.erase("format_version");
+  for (const Field& f : schema().fields()) {
+    if (f.since > 1) v1.erase(f.name);
+  }
+  const EnsembleTrainerOptions old = options_from_json(v1.dump());
+  EXPECT_EQ(old.early_stopping(), EarlyStopping::kMember);   // as version 1 stopped
+  EXPECT_EQ(old.recalibration(), Recalibration::kNone);      // as version 1 predicted
+  EXPECT_EQ(old.first_member(), 0);
+  EXPECT_TRUE(old.member_lr().empty());
+  nlohmann::json v2 = schema().to_json(EnsembleTrainerOptions());
+  v2.erase("early_stopping");
+  EXPECT_THAT(error_of([&] { options_from_json(v2.dump()); }), HasSubstr("missing key 'early_stopping'"));
+  v2 = schema().to_json(EnsembleTrainerOptions());
+  v2["format_version"] = kTrainerOptionsFormat + 1;
+  EXPECT_THAT(error_of([&] { options_from_json(v2.dump()); }), HasSubstr("written by a newer packtrain"));
+  v2 = schema().to_json(EnsembleTrainerOptions());
+  v2.erase("hidden");
+  v2.erase("format_version");  // a version-1 payload had every version-1 key too
+  EXPECT_THAT(error_of([&] { options_from_json(v2.dump()); }), HasSubstr("missing key 'hidden'"));
+}
+
+TEST(TrainerOptionSchema, WrongTypesUnknownKeysAndBadNamesAreUserErrors) {
+  const auto with = [](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = schema().to_json(EnsembleTrainerOptions());
+    j[key] = value;
+    return error_of([&] { options_from_json(j.dump()); });
+  };
+  EXPECT_THAT(with("members", 2.5), HasSubstr("key 'members' has the wrong type: 2.5"));
+  EXPECT_THAT(with("layer_norm", 1), HasSubstr("key 'layer_norm' has the wrong type"));
+  EXPECT_THAT(with("seed", -1), HasSubstr("key 'seed' has the wrong type"));
+  EXPECT_THAT(with("lr", "0.1"), HasSubstr("key 'lr' has the wrong type"));
+  EXPECT_THAT(with("head", "median"), HasSubstr("unknown head 'median' (expected mean, gaussian or classification)"));
+  EXPECT_THAT(with("device", "gpu7"), HasSubstr("'gpu7' is not a device"));
+  EXPECT_THAT(with("bogus", 1), HasSubstr("unknown key 'bogus'"));
+  EXPECT_EQ(error_of([] { options_from_json("{"); }), "trainer options: not valid JSON");
+}
+
+TEST(TrainerOptionSchema, ValidateChecksTheSchemasRanges) {
+  const auto problem = [](const EnsembleTrainerOptions& o) { return error_of([&] { o.validate(); }); };
+  EXPECT_EQ(problem(EnsembleTrainerOptions().members(0)), "members must be > 0, got 0");
+  EXPECT_EQ(problem(EnsembleTrainerOptions().dropout(1.5)), "dropout must be in [0, 1), got 1.5");
+  EXPECT_EQ(problem(EnsembleTrainerOptions().lr(std::numeric_limits<double>::infinity())),
+            "lr must be > 0 and finite, got inf");
+  EXPECT_EQ(problem(EnsembleTrainerOptions().patience(-1)), "patience must be >= 0, got -1");
+  EXPECT_EQ(problem(EnsembleTrainerOptions().members(2).member_dropout({0.1, 1.0})), "member_dropout must be in [0, 1), got 1");
+  EXPECT_EQ(problem(EnsembleTrainerOptions().members(3).member_lr({0.1})),
+            "per-member learning rates: expected one per member (3), got 1");
+  EXPECT_EQ(problem(EnsembleTrainerOptions()), "no UserError");
+}
+
+TEST(TrainerOptionSchema, PatienceUnsetIsTheRunsDefault) {
+  const EnsembleTrainerOptions unset;
+  EXPECT_FALSE(unset.patience().has_value());
+  EXPECT_EQ(resolved_patience(unset, /*has_validation=*/true), kDefaultPatience);
+  EXPECT_EQ(resolved_patience(unset, /*has_validation=*/false), 0);
+  EXPECT_EQ(resolved_patience(EnsembleTrainerOptions().patience(0), false), 0);
+  EXPECT_EQ(resolved_patience(EnsembleTrainerOptions().patience(7), true), 7);
+  EXPECT_THAT(error_of([] { resolved_patience(EnsembleTrainerOptions().patience(7), false); }),
+              HasSubstr("patience > 0 needs validation rows"));
+  // Unset is kept as unset (null) in JSON: a resumed run resolves it as the first did.
+  EXPECT_TRUE(schema().to_json(unset).at("patience").is_null());
+  EXPECT_FALSE(options_from_json(to_json(unset)).patience().has_value());
+}
+
+TEST(TrainerOptionSchema, DescribesItselfForPythonAndTheDocs) {
+  const nlohmann::json d = schema().describe();
+  ASSERT_EQ(d.size(), schema().fields().size());
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& f : d) by_name[f.at("name")] = f;
+  EXPECT_EQ(by_name.at("members").at("default"), 16);
+  EXPECT_EQ(by_name.at("members").at("min"), 0.0);
+  EXPECT_TRUE(by_name.at("members").at("min_open").get<bool>());
+  EXPECT_EQ(by_name.at("batch_size").at("flag"), "--batch");
+  EXPECT_EQ(by_name.at("capture").at("flag"), "--eager");
+  EXPECT_TRUE(by_name.at("capture").at("flag_sets_false").get<bool>());
+  EXPECT_EQ(by_name.at("head").at("choices"), nlohmann::json({"mean", "gaussian", "classification"}));
+  EXPECT_TRUE(by_name.at("lr").at("sweep").get<bool>());
+  EXPECT_FALSE(by_name.at("first_member").at("python").get<bool>());
+  EXPECT_EQ(by_name.at("first_member").at("flag"), "");
+  EXPECT_EQ(by_name.at("early_stopping").at("default"), "ensemble");
+}
+
+}  // namespace
+}  // namespace packtrain::runtime
