@@ -25,7 +25,7 @@ export PACKTRAIN_DATA_DIR="$PWD/data"
 step "sanitize: configuring build-sanitize/ (cmake --preset sanitize)" "about 10 s, 2 s when configured" \
   cmake --preset sanitize
 step "sanitize: building ${tests[*]} with AddressSanitizer + UBSan" \
-  "about 13 min on 2 cores from nothing, less with ccache's cache; seconds when built" \
+  "about 10 min on 2 cores from nothing, less with ccache's cache; seconds when built" \
   cmake --build --preset sanitize --target "${tests[@]}"
 failed=()
 for t in "${tests[@]}"; do
