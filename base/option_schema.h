@@ -39,10 +39,12 @@
 
 // The name and reference accessor of a TORCH_ARG field, for an OptionSchema entry.
 #define PACKTRAIN_OPTION(field) #field, [](auto& o) -> auto& { return o.field(); }
+// A field of a nested options struct (o.outer().field()), under the field's own name.
+#define PACKTRAIN_NESTED_OPTION(outer, field) #field, [](auto& o) -> auto& { return o.outer().field(); }
 
 namespace packtrain {
 
-enum class OptionKind { kInteger, kUnsigned, kNumber, kFlag, kChoice, kText, kNumbers };
+enum class OptionKind { kInteger, kUnsigned, kNumber, kFlag, kChoice, kText, kNumbers, kIntegers };
 
 inline const char* kind_name(OptionKind kind) {
   switch (kind) {
@@ -53,6 +55,7 @@ inline const char* kind_name(OptionKind kind) {
     case OptionKind::kChoice: return "choice";
     case OptionKind::kText: return "text";
     case OptionKind::kNumbers: return "numbers";
+    case OptionKind::kIntegers: return "integers";
   }
   return "unknown";
 }
@@ -156,7 +159,9 @@ struct OptionField {
     if (v.is_number_float()) return number_text(v.template get<double>());
     if (v.is_array()) {
       std::string out;
-      for (const auto& x : v) out += (out.empty() ? "" : ",") + number_text(x.template get<double>());
+      for (const auto& x : v) {
+        out += (out.empty() ? "" : ",") + (x.is_number_integer() ? x.dump() : number_text(x.template get<double>()));
+      }
       return "[" + out + "]";
     }
     return v.dump();
@@ -169,6 +174,9 @@ class OptionSchema {
   OptionSchema(std::string what, int format_version) : what_(std::move(what)), version_(format_version) {}
 
   const std::string& what() const { return what_; }
+  // Payloads may leave any key out, which then keeps the default (an options struct
+  // whose JSON is also a user's partial override, as the multi-task trainer's).
+  OptionSchema& missing_keys_take_defaults() { return lenient_ = true, *this; }
   int format_version() const { return version_; }
   const std::vector<OptionField<O>>& fields() const { return fields_; }
   const OptionField<O>* find(const std::string& name) const {
@@ -230,8 +238,9 @@ class OptionSchema {
   }
   // The fields a payload holds, over `start` (the struct's defaults). A payload
   // without "format_version" is version 1. A key older versions lacked takes its
-  // absent_before value; any other missing key, an unknown key, a wrong type or a
-  // version newer than this build's is a UserError naming it.
+  // absent_before value; any other missing key (unless missing_keys_take_defaults),
+  // an unknown key, a wrong type or a version newer than this build's is a UserError
+  // naming it.
   O from_json(const nlohmann::json& j, O start = O()) const {
     if (!j.is_object()) throw UserError(what_ + ": not a JSON object");
     int version = 1;
@@ -251,7 +260,7 @@ class OptionSchema {
         f.set(start, j.at(f.name));
       } else if (version < f.since && !f.absent_before.is_null()) {
         f.set(start, f.absent_before);  // the upgrade: what older payloads meant without it
-      } else if (!(f.optional && version < f.since)) {
+      } else if (!lenient_ && !(f.optional && version < f.since)) {
         throw UserError(what_ + ": missing key '" + f.name + "' (format version " + std::to_string(version) + ")");
       }
     }
@@ -297,6 +306,7 @@ class OptionSchema {
     else if constexpr (std::is_same_v<T, double>) return OptionKind::kNumber;
     else if constexpr (std::is_same_v<T, std::string>) return OptionKind::kText;
     else if constexpr (std::is_same_v<T, std::vector<double>>) return OptionKind::kNumbers;
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return OptionKind::kIntegers;
     else static_assert(sizeof(T) == 0, "an option of a type the schema does not describe");
   }
   // An optional integer (std::optional<int64_t>): JSON null when unset.
@@ -344,6 +354,9 @@ class OptionSchema {
       ok = j.is_number();
     } else if constexpr (std::is_same_v<T, std::string>) {
       ok = j.is_string();
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      ok = j.is_array();
+      for (const auto& x : j) ok = ok && x.is_number_integer();
     } else {
       ok = j.is_array();
       for (const auto& x : j) ok = ok && x.is_number();
@@ -354,6 +367,7 @@ class OptionSchema {
 
   std::string what_;
   int version_;
+  bool lenient_ = false;
   std::vector<OptionField<O>> fields_;
 };
 

@@ -533,6 +533,8 @@ PYBIND11_MODULE(_core, m) {
 
   // The multi-task transformer (runtime::MultiTaskTrainer): options as its JSON.
   m.def("default_multitask_options", [] { return packtrain::runtime::to_json(packtrain::runtime::MultiTaskTrainerOptions()); });
+  m.def("multitask_option_schema", [] { return packtrain::runtime::multitask_option_schema().describe().dump(); },
+        "The multi-task trainer's options schema as JSON (as option_schema for the ensemble trainer's).");
   py::class_<MultiTaskTrainer>(m, "MultiTask")
       .def(py::init([](const std::string& options_json, const std::string& device) {
              packtrain::runtime::MultiTaskTrainerOptions o = packtrain::runtime::multitask_options_from_json(options_json);

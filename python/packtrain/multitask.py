@@ -13,7 +13,9 @@ import json
 from . import _core
 from .estimators import _resolve_device
 
-_DEFAULTS = json.loads(_core.default_multitask_options())
+# The options schema of the C++ trainer (`multitask train`'s flags come from it too):
+# each option a Python user may set, with its default.
+_DEFAULTS = {f["name"]: f["default"] for f in json.loads(_core.multitask_option_schema()) if f["python"]}
 
 
 class MultiTaskModel:

@@ -10,6 +10,7 @@
 #include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/measure/launch_profile.h"
 #include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -251,11 +252,21 @@ void add_info_commands(CLI::App& app, int& status) {
   info->add_flag("--options", *options,
                  "Print train's trainer options (generated from their schema) as a markdown table; with --json, the "
                  "schema itself (each option's name, kind, flag, default, range, choices)");
-  info->callback([json, collectives, device, options, &status] {
+  auto multitask_options = std::make_shared<bool>(false);
+  info->add_flag("--multitask-options", *multitask_options,
+                 "The same for `multitask train`'s trainer options (their schema)");
+  info->callback([json, collectives, device, options, multitask_options, &status] {
     if (*options) {
       const runtime::EnsembleTrainerOptions defaults;
       std::cout << (*json ? runtime::trainer_option_schema().describe(defaults).dump(2) + "\n"
                           : option_table_markdown(runtime::trainer_option_schema(), defaults));
+      status = 0;
+      return;
+    }
+    if (*multitask_options) {
+      const runtime::MultiTaskTrainerOptions defaults;
+      std::cout << (*json ? runtime::multitask_option_schema().describe(defaults).dump(2) + "\n"
+                          : option_table_markdown(runtime::multitask_option_schema(), defaults));
       status = 0;
       return;
     }

@@ -14,6 +14,7 @@
 #include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/range_checks.h"
+#include "packtrain/runtime/cli/schema_flags.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/input_file.h"
@@ -279,11 +280,7 @@ int run_train(const MultiTaskTrainArgs& a) {
   options.model().classes(classes);
   options.model().device(pick_device(a.device));
   check_pipeline_flags(options);
-  try {
-    options.validate();
-  } catch (const c10::Error& e) {
-    throw UsageError(e.what_without_backtrace());
-  }
+  options.validate();  // a UserError: exit 2 with its message
   if (options.batch_size() > static_cast<int64_t>(train.size())) {
     throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", options.batch_size(),
                                  train.size()));
@@ -462,7 +459,6 @@ int run_generate(const std::string& checkpoint, const std::string& prompt, const
 void add_multitask_train(CLI::App* mt, int& status) {
   auto a = std::make_shared<MultiTaskTrainArgs>();
   runtime::MultiTaskTrainerOptions& o = a->options;
-  ensemble::PackedTransformerOptions& m = o.model();
   CLI::App* train = mt->add_subcommand(
       "train",
       "Train on labelled sentences (default: the bundled language-identification task, --task; classification + "
@@ -485,41 +481,8 @@ void add_multitask_train(CLI::App* mt, int& status) {
   train->add_option("--class-names", a->class_names, "File naming class k on line k; their count is C (default: the "
                                                       "task's names; with --train, C = 1 + the largest label)");
   train->add_option("--epochs", a->epochs, "Passes over the training sentences")->check(positive())->capture_default_str();
-  train->add_option("--members", m.members(), "Models trained as one pack (1: an ordinary model)")->check(positive())->capture_default_str();
-  train->add_option("--width", m.width(), "Model width")->check(positive())->capture_default_str();
-  train->add_option("--layers", m.layers(), "Transformer blocks")->check(positive())->capture_default_str();
-  train->add_option("--heads", m.heads(), "Attention heads (width must be a multiple)")->check(positive())->capture_default_str();
-  train->add_option("--max-length", m.max_length(), "Positions (tokens, BOS/EOS included)")->check(positive())->capture_default_str();
-  train->add_option("--buckets", o.buckets(), "Padded lengths, ascending; one captured graph each")->delimiter(',')->capture_default_str();
-  train->add_option("--batch", o.batch_size(), "Sentences per step")->check(positive())->capture_default_str();
-  train->add_option("--lr", o.lr(), "AdamW learning rate")->check(non_negative())->capture_default_str();
-  train->add_option("--weight-decay", o.weight_decay(), "AdamW weight decay")->check(non_negative())->capture_default_str();
-  train->add_option("--warmup", o.warmup_steps(), "Linear warm-up steps")->check(non_negative())->capture_default_str();
-  train->add_option("--cls-weight", o.classification_weight(), "Weight of the classification loss")->check(non_negative())->capture_default_str();
-  train->add_option("--lm-weight", o.lm_weight(), "Weight of the LM loss")->check(non_negative())->capture_default_str();
-  train->add_flag("--balance-classes,!--no-balance-classes", o.balance_classes(),
-                  "Weight each sentence's classification loss by N / (C x its class's count), so the majority "
-                  "class alone is no longer the cheapest answer (the dev metrics are never weighted)")
-      ->capture_default_str();
-  train->add_flag_callback("--separate-lm-texts", [&o] { o.shared_inputs(false); },
-                           "The LM task reads another order of the sentences (two trunk forwards, still one backward)");
-  train->add_option("--pipeline-stages", o.pipeline_stages(),
-                    "Split the model's blocks over this many processes (run under launch/torchrun/srun with as many "
-                    "ranks, or R times as many for R data-parallel replicas of the pipeline; embeddings with the "
-                    "first stage, heads with the last; the placement is printed)")
-      ->check(positive())
-      ->capture_default_str();
-  add_enum_option(train, "--pipeline-balance", o.pipeline_balance(), runtime::distributed::kPlacementBalanceNames,
-                  "Pipeline: place blocks so the stages hold equal parameters (memory), or take equal measured "
-                  "forward + backward time (rank 0 times an embedding, a block and the heads first)");
-  train->add_option("--micro-batches", o.micro_batches(),
-                    "Pipeline: run each batch as this many equal micro-batches (1F1B on CPU, GPipe on a GPU); more "
-                    "shrink the idle fraction (S-1)/(M+S-1)")
-      ->check(positive())
-      ->capture_default_str();
-  train->add_option("--seed", o.seed(), "Initialization and batch order")->capture_default_str()->check(non_negative());
-  train->add_option("--device", a->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  train->add_flag_callback("--no-capture", [&o] { o.capture(false); }, "Run the steps eagerly on a GPU too");
+  add_schema_flags(train, runtime::multitask_option_schema(), o);
+  train->add_option("--device", a->device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
   train->add_option("-o,--out", a->checkpoint.path, "Checkpoint to write (after every epoch)")->capture_default_str();
   add_output_options(train, a->output);
   train->callback([a, &status] { status = run_train(*a); });

@@ -62,18 +62,20 @@ CLI::Option* add_typed(CLI::App* app, const OptionField<O>& f, O& options, const
 }  // namespace detail
 
 // Adds the flags of `schema`'s fields to `app`. `sweeps` receives each sweepable
-// field's values (its default first); `options` and `sweeps` must outlive parsing.
+// field's values (its default first; a schema with sweepable fields needs it);
+// `options` and `sweeps` must outlive parsing.
 template <typename O>
 void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
-                      std::map<std::string, std::vector<double>>& sweeps) {
+                      std::map<std::string, std::vector<double>>* sweeps = nullptr) {
   for (const OptionField<O>& f : schema.fields()) {
     if (f.flag.empty()) continue;
     CLI::Option* option = nullptr;
     if (f.sweep) {
-      std::vector<double>& values = sweeps[f.name];
+      TORCH_CHECK(sweeps != nullptr, f.name, " is sweepable: add_schema_flags needs somewhere to put its values");
+      std::vector<double>& values = (*sweeps)[f.name];
       values = {f.get(options).template get<double>()};
       option = detail::add_number_list(app, f.flag, values, f.help);
-    } else if (f.kind == OptionKind::kFlag) {
+    } else if (f.kind == OptionKind::kFlag) {  // --layer-norm sets true, --eager sets capture false
       option = app->add_flag_callback(
           f.flag, [&options, &f] { f.set(options, nlohmann::json(!f.flag_sets_false)); }, f.help);
     } else if (f.kind == OptionKind::kChoice || !f.choices.empty()) {
@@ -101,6 +103,9 @@ void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
           },
           f.help + (f.unset_means.empty() ? "" : " (auto: " + f.unset_means + ")"));
       option->type_name("AUTO|INT");
+    } else if (f.kind == OptionKind::kIntegers) {  // --buckets 32,64,128
+      option = detail::add_typed<std::vector<int64_t>>(app, f, options, f.help)->delimiter(',');
+      option->type_name("INT");
     } else if (f.kind == OptionKind::kInteger) {
       option = detail::add_typed<int64_t>(app, f, options, f.help);
     } else if (f.kind == OptionKind::kUnsigned) {

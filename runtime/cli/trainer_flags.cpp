@@ -14,7 +14,7 @@
 namespace packtrain::cli {
 
 void add_trainer_options(CLI::App* app, TrainerFlags& f) {
-  add_schema_flags(app, runtime::trainer_option_schema(), f.options, f.sweeps);
+  add_schema_flags(app, runtime::trainer_option_schema(), f.options, &f.sweeps);
   app->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
 }
 

@@ -38,6 +38,11 @@ namespace c10 {
 struct IValue;
 }
 
+namespace packtrain {
+template <typename O>
+class OptionSchema;
+}  // namespace packtrain
+
 namespace packtrain::runtime {
 
 class MultiTaskSteps;
@@ -91,15 +96,22 @@ struct MultiTaskTrainerOptions {
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
 
  public:
-  // Throws c10::Error naming the offending field and value.
+  // UserError naming the offending field and value.
   void validate() const;
 };
 
-// Every field but `log` (and the model's device and seed: the device is chosen at
-// load, the seed is the trainer's), as a JSON object.
+// The one description of the options (packtrain/base/option_schema.h): validate's
+// ranges, JSON, `multitask train`'s flags and the Python MultiTaskModel's options
+// come from it (multitask_trainer_options.cpp). Version 2 added format_version.
+const OptionSchema<MultiTaskTrainerOptions>& multitask_option_schema();
+inline constexpr int kMultiTaskOptionsFormat = 2;
+
+// Every field but `log` and `layer_timer` (and the model's device and seed: the
+// device is chosen at load, the seed is the trainer's), and format_version, as a
+// JSON object.
 std::string to_json(const MultiTaskTrainerOptions& options);
-// The inverse, compared against the defaults' JSON: an unknown key, a wrong type or
-// a bad value throws c10::Error naming it; a missing key takes the default.
+// The inverse: an unknown key, a wrong type or a bad value is a UserError naming
+// it; a missing key takes the default.
 MultiTaskTrainerOptions multitask_options_from_json(const std::string& json);
 
 // Classification accuracy and Matthews correlation (of the members' mean

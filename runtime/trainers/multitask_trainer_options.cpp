@@ -1,7 +1,11 @@
 // MultiTaskTrainerOptions: validation and JSON both ways (merged over the defaults).
 #include "packtrain/runtime/trainers/multitask_trainer.h"
 
+#include "packtrain/base/option_schema.h"
+#include "packtrain/base/user_error.h"
+
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -13,121 +17,146 @@ namespace packtrain::runtime {
 
 namespace {
 
-std::string dtype_name(c10::ScalarType t) { return t == at::kDouble ? "float64" : "float32"; }
+using Schema = OptionSchema<MultiTaskTrainerOptions>;
 
-// Whether a JSON value may stand where the defaults hold `like`: any number for a
-// fractional default, a whole number for a whole one, an array of whole numbers for
-// an array (the buckets), otherwise the same JSON type.
-bool same_kind(const nlohmann::json& value, const nlohmann::json& like) {
-  if (like.is_number_float()) return value.is_number();
-  if (like.is_number_integer()) return value.is_number_integer();
-  if (like.is_array()) {
-    return value.is_array() &&
-           std::all_of(value.begin(), value.end(), [](const nlohmann::json& v) { return v.is_number_integer(); });
+inline constexpr EnumNames<c10::ScalarType, 2> kDtypeNames{
+    "dtype", {{{c10::ScalarType::Float, "float32"}, {c10::ScalarType::Double, "float64"}}}};
+
+// The transformer's shape (the model's own fields, at the top level of the JSON).
+void describe_model(Schema& s) {
+  s.option(PACKTRAIN_NESTED_OPTION(model, members))
+      .help_text("Models trained as one pack (1: an ordinary model)").in_group("Model").above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, vocab)).help_text("Tokens (the byte tokenizer's 259)").no_flag().above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, width)).help_text("Model width").in_group("Model").above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, layers)).help_text("Transformer blocks").in_group("Model").above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, heads))
+      .help_text("Attention heads (width must be a multiple)").in_group("Model").above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, mlp_ratio)).help_text("MLP hidden width / width").no_flag().above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, max_length))
+      .help_text("Positions (tokens, BOS/EOS included)").in_group("Model").above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, classes)).help_text("Classes C (the CLI sets it from the data)").no_flag().above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, tie_lm_head)).help_text("LM logits from the token embedding").no_flag();
+  s.choice(PACKTRAIN_NESTED_OPTION(model, dtype), kDtypeNames).help_text("Parameter dtype").no_flag();
+}
+
+void describe_training(Schema& s) {
+  s.option(PACKTRAIN_OPTION(batch_size)).flag_name("--batch").help_text("Sentences per step").in_group("Training").above(0);
+  s.option(PACKTRAIN_OPTION(buckets))
+      .help_text("Padded lengths, ascending; one captured graph each").in_group("Training").at_least(3);
+  s.option(PACKTRAIN_OPTION(lr)).help_text("AdamW learning rate").in_group("Training").at_least(0).finite_only();
+  s.option(PACKTRAIN_OPTION(weight_decay)).help_text("AdamW weight decay").in_group("Training").at_least(0).finite_only();
+  s.option(PACKTRAIN_OPTION(warmup_steps)).flag_name("--warmup").help_text("Linear warm-up steps").in_group("Training").at_least(0);
+  s.option(PACKTRAIN_OPTION(classification_weight))
+      .flag_name("--cls-weight").help_text("Weight of the classification loss").in_group("Training").at_least(0).finite_only();
+  s.option(PACKTRAIN_OPTION(lm_weight)).help_text("Weight of the LM loss").in_group("Training").at_least(0).finite_only();
+  s.option(PACKTRAIN_OPTION(balance_classes))
+      .help_text("Weight each sentence's classification loss by N / (C x its class's count), so the majority "
+                 "class alone is no longer the cheapest answer (the dev metrics are never weighted)")
+      .in_group("Training");
+  s.option(PACKTRAIN_OPTION(shared_inputs))
+      .flag_name("--separate-lm-texts").sets_false()
+      .help_text("The LM task reads another order of the sentences (two trunk forwards, still one backward)")
+      .in_group("Training");
+  s.option(PACKTRAIN_OPTION(eval_batch_size)).help_text("Sentences per evaluation batch").no_flag().above(0);
+  s.option(PACKTRAIN_OPTION(seed)).help_text("Initialization and batch order").in_group("Training");
+  s.option(PACKTRAIN_OPTION(capture)).flag_name("--no-capture").sets_false().help_text("Run the steps eagerly on a GPU too").in_group("Training");
+}
+
+void describe_pipeline(Schema& s) {
+  s.option(PACKTRAIN_OPTION(pipeline_stages))
+      .help_text("Split the model's blocks over this many processes (run under launch/torchrun/srun with as many "
+                 "ranks, or R times as many for R data-parallel replicas of the pipeline; embeddings with the "
+                 "first stage, heads with the last; the placement is printed)")
+      .in_group("Training").at_least(1);
+  s.option(PACKTRAIN_OPTION(micro_batches))
+      .help_text("Pipeline: run each batch as this many equal micro-batches (1F1B on CPU, GPipe on a GPU); more "
+                 "shrink the idle fraction (S-1)/(M+S-1)").in_group("Training").at_least(1);
+  s.choice(PACKTRAIN_OPTION(pipeline_balance), distributed::kPlacementBalanceNames)
+      .help_text("Pipeline: place blocks so the stages hold equal parameters (memory), or take equal measured "
+                 "forward + backward time (rank 0 times an embedding, a block and the heads first)")
+      .in_group("Training");
+  s.option(PACKTRAIN_OPTION(pipeline_boundaries)).internal();  // the placement a pipeline run recorded
+}
+
+// The checks across fields, after each field's own range (the schema's).
+void check_buckets(const MultiTaskTrainerOptions& o) {
+  const std::vector<int64_t>& b = o.buckets();
+  if (b.empty()) throw UserError("buckets must name at least one padded length, got buckets=[]");
+  for (size_t i = 1; i < b.size(); ++i) {
+    if (b[i] <= b[i - 1]) {
+      throw UserError(fmt::format("bucket lengths must be strictly ascending, got buckets[{}]={} then buckets[{}]={}",
+                                  i - 1, b[i - 1], i, b[i]));
+    }
   }
-  return value.type() == like.type();
+  if (b.back() > o.model().max_length()) {
+    throw UserError(fmt::format("the longest bucket (buckets[{}]={}) exceeds the model's max_length "
+                                "(model.max_length={})",
+                                b.size() - 1, b.back(), o.model().max_length()));
+  }
+}
+
+void check_pipeline(const MultiTaskTrainerOptions& o) {
+  const int64_t S = o.pipeline_stages(), layers = o.model().layers();
+  if (S > layers) {
+    throw UserError(fmt::format("pipeline_stages={} exceeds the model's blocks (model.layers={}): each stage holds at "
+                                "least one", S, layers));
+  }
+  if (o.batch_size() % o.micro_batches() != 0) {
+    throw UserError(fmt::format("micro_batches must divide batch_size={}, got micro_batches={}", o.batch_size(),
+                                o.micro_batches()));
+  }
+  const std::vector<int64_t>& bounds = o.pipeline_boundaries();
+  if (!bounds.empty() && static_cast<int64_t>(bounds.size()) != S - 1) {
+    throw UserError(fmt::format("pipeline_boundaries holds stages 1..S-1's first blocks: {} of them for {} stages, got {}",
+                                S - 1, S, bounds.size()));
+  }
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (bounds[i] < 1 || bounds[i] >= layers || (i > 0 && bounds[i] <= bounds[i - 1])) {
+      throw UserError(fmt::format("pipeline_boundaries must be strictly ascending blocks in [1, model.layers={}), got "
+                                  "pipeline_boundaries[{}]={}", layers, i, bounds[i]));
+    }
+  }
+  if (S > 1 && !o.shared_inputs()) {
+    throw UserError("a pipeline run reads the same sentences for both tasks (shared_inputs=true)");
+  }
 }
 
 }  // namespace
 
-void MultiTaskTrainerOptions::validate() const {
-  model().validate();  // "transformer: <field> must be ..., got <value>"
-  TORCH_CHECK(batch_size() > 0, "batch_size must be positive, got batch_size=", batch_size());
-  TORCH_CHECK(eval_batch_size() > 0, "eval_batch_size must be positive, got eval_batch_size=", eval_batch_size());
-  TORCH_CHECK(!buckets().empty(), "buckets must name at least one padded length, got buckets=[]");
-  for (size_t i = 0; i < buckets().size(); ++i) {
-    TORCH_CHECK(buckets()[i] >= 3, "bucket lengths must be >= 3 (BOS, a token, EOS), got buckets[", i,
-                "]=", buckets()[i]);
-    TORCH_CHECK(i == 0 || buckets()[i] > buckets()[i - 1], "bucket lengths must be strictly ascending, got buckets[",
-                i - 1, "]=", buckets()[i - 1], " then buckets[", i, "]=", buckets()[i]);
-  }
-  TORCH_CHECK(buckets().back() <= model().max_length(), "the longest bucket (buckets[", buckets().size() - 1,
-              "]=", buckets().back(), ") exceeds the model's max_length (model.max_length=", model().max_length(),
-              ")");
-  TORCH_CHECK(lr() >= 0, "lr must be >= 0, got lr=", lr());
-  TORCH_CHECK(std::isfinite(lr()), "lr must be finite, got lr=", lr());
-  TORCH_CHECK(weight_decay() >= 0, "weight_decay must be >= 0, got weight_decay=", weight_decay());
-  TORCH_CHECK(std::isfinite(weight_decay()), "weight_decay must be finite, got weight_decay=", weight_decay());
-  TORCH_CHECK(warmup_steps() >= 0, "warmup_steps must be >= 0, got warmup_steps=", warmup_steps());
-  TORCH_CHECK(pipeline_stages() >= 1, "pipeline_stages must be >= 1, got pipeline_stages=", pipeline_stages());
-  TORCH_CHECK(pipeline_stages() <= model().layers(), "pipeline_stages=", pipeline_stages(),
-              " exceeds the model's blocks (model.layers=", model().layers(), "): each stage holds at least one");
-  TORCH_CHECK(micro_batches() >= 1 && batch_size() % micro_batches() == 0, "micro_batches must divide batch_size=",
-              batch_size(), ", got micro_batches=", micro_batches());
-  TORCH_CHECK(pipeline_boundaries().empty() ||
-                  static_cast<int64_t>(pipeline_boundaries().size()) == pipeline_stages() - 1,
-              "pipeline_boundaries holds stages 1..S-1's first blocks: ", pipeline_stages() - 1, " of them for ",
-              pipeline_stages(), " stages, got ", pipeline_boundaries().size());
-  for (size_t i = 0; i < pipeline_boundaries().size(); ++i) {
-    const int64_t b = pipeline_boundaries()[i];
-    TORCH_CHECK(b >= 1 && b < model().layers() && (i == 0 || b > pipeline_boundaries()[i - 1]),
-                "pipeline_boundaries must be strictly ascending blocks in [1, model.layers=", model().layers(),
-                "), got pipeline_boundaries[", i, "]=", b);
-  }
-  TORCH_CHECK(pipeline_stages() == 1 || shared_inputs(),
-              "a pipeline run reads the same sentences for both tasks (shared_inputs=true)");
-  TORCH_CHECK(classification_weight() >= 0 && lm_weight() >= 0 && classification_weight() + lm_weight() > 0,
-              "task weights must be >= 0 and not both 0, got classification_weight=", classification_weight(),
-              ", lm_weight=", lm_weight());
+const OptionSchema<MultiTaskTrainerOptions>& multitask_option_schema() {
+  static const Schema schema = [] {
+    // Version 1 (no format_version) was read merged over the defaults; so is this.
+    Schema s("multi-task options", kMultiTaskOptionsFormat);
+    s.missing_keys_take_defaults();
+    describe_model(s);
+    describe_training(s);
+    describe_pipeline(s);
+    return s;
+  }();
+  return schema;
 }
 
-std::string to_json(const MultiTaskTrainerOptions& o) {
-  const auto& m = o.model();
-  nlohmann::json j = {
-      {"members", m.members()}, {"vocab", m.vocab()}, {"width", m.width()}, {"layers", m.layers()},
-      {"heads", m.heads()}, {"mlp_ratio", m.mlp_ratio()}, {"max_length", m.max_length()},
-      {"classes", m.classes()}, {"tie_lm_head", m.tie_lm_head()}, {"dtype", dtype_name(m.dtype())},
-      {"batch_size", o.batch_size()}, {"buckets", o.buckets()}, {"lr", o.lr()}, {"weight_decay", o.weight_decay()},
-      {"warmup_steps", o.warmup_steps()}, {"classification_weight", o.classification_weight()},
-      {"lm_weight", o.lm_weight()}, {"balance_classes", o.balance_classes()}, {"shared_inputs", o.shared_inputs()},
-      {"eval_batch_size", o.eval_batch_size()},
-      {"seed", o.seed()}, {"capture", o.capture()}, {"pipeline_stages", o.pipeline_stages()},
-      {"micro_batches", o.micro_batches()},
-      {"pipeline_balance", distributed::kPlacementBalanceNames.name(o.pipeline_balance())},
-      {"pipeline_boundaries", o.pipeline_boundaries()}};
-  return j.dump();
+void MultiTaskTrainerOptions::validate() const {
+  try {
+    model().validate();  // "transformer: <field> must be ..., got <value>"
+  } catch (const c10::Error& e) {
+    throw UserError(e.what_without_backtrace());
+  }
+  multitask_option_schema().check_ranges(*this);
+  check_buckets(*this);
+  check_pipeline(*this);
+  if (classification_weight() + lm_weight() <= 0) {
+    throw UserError(fmt::format("task weights must be >= 0 and not both 0, got classification_weight={}, lm_weight={}",
+                                classification_weight(), lm_weight()));
+  }
 }
+
+std::string to_json(const MultiTaskTrainerOptions& o) { return multitask_option_schema().to_json(o).dump(); }
 
 MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  TORCH_CHECK(j.is_object(), "multi-task options: not a JSON object");
-  // The defaults' keys and values, each replaced by the given value where there is one.
-  nlohmann::json merged = nlohmann::json::parse(to_json(MultiTaskTrainerOptions()));
-  for (const auto& [key, value] : j.items()) {
-    TORCH_CHECK(merged.contains(key), "multi-task options: unknown key '", key, "'");
-    TORCH_CHECK(same_kind(value, merged.at(key)), "multi-task options: key '", key, "' has the wrong type: ",
-                value.dump(), " (its default is ", merged.at(key).dump(), ")");
-    merged[key] = value;
-  }
-  TORCH_CHECK(merged.at("seed").is_number_unsigned(), "multi-task options: seed must be >= 0, got seed=",
-              merged.at("seed").dump());
-  const std::string dtype = merged.at("dtype").get<std::string>();
-  TORCH_CHECK(dtype == "float32" || dtype == "float64",
-              "multi-task options: dtype must be float32 or float64, got dtype=", dtype);
-  const auto i64 = [&](const char* key) { return merged.at(key).get<int64_t>(); };
-  const auto f64 = [&](const char* key) { return merged.at(key).get<double>(); };
-  const auto flag = [&](const char* key) { return merged.at(key).get<bool>(); };
-  MultiTaskTrainerOptions o;
-  o.model(ensemble::PackedTransformerOptions()
-              .members(i64("members"))
-              .vocab(i64("vocab"))
-              .width(i64("width"))
-              .layers(i64("layers"))
-              .heads(i64("heads"))
-              .mlp_ratio(i64("mlp_ratio"))
-              .max_length(i64("max_length"))
-              .classes(i64("classes"))
-              .tie_lm_head(flag("tie_lm_head"))
-              .dtype(dtype == "float64" ? at::kDouble : at::kFloat));
-  o.batch_size(i64("batch_size")).buckets(merged.at("buckets").get<std::vector<int64_t>>());
-  o.lr(f64("lr")).weight_decay(f64("weight_decay")).warmup_steps(i64("warmup_steps"));
-  o.classification_weight(f64("classification_weight")).lm_weight(f64("lm_weight"));
-  o.balance_classes(flag("balance_classes"));
-  o.shared_inputs(flag("shared_inputs")).eval_batch_size(i64("eval_batch_size"));
-  o.seed(merged.at("seed").get<uint64_t>()).capture(flag("capture"));
-  o.pipeline_stages(i64("pipeline_stages")).micro_batches(i64("micro_batches"));
-  o.pipeline_balance(distributed::kPlacementBalanceNames.parse(merged.at("pipeline_balance").get<std::string>()));
-  o.pipeline_boundaries(merged.at("pipeline_boundaries").get<std::vector<int64_t>>());
+  if (j.is_discarded()) throw UserError("multi-task options: not valid JSON");
+  MultiTaskTrainerOptions o = multitask_option_schema().from_json(j);
   o.validate();
   return o;
 }

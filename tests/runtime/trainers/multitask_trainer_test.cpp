@@ -103,6 +103,8 @@ std::string error_of(F&& f) {
     f();
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
+  } catch (const UserError& e) {
+    return e.what();
   }
   return "no error";
 }
@@ -336,16 +338,16 @@ TEST(MultiTaskTrainerOptionsTest, ValidateNamesTheFieldAndValue) {
     MultiTaskTrainerOptions options;
     std::vector<std::string> expected;
   } cases[] = {
-      {MultiTaskTrainerOptions(t).batch_size(0), {"batch_size must be positive, got batch_size=0"}},
-      {MultiTaskTrainerOptions(t).eval_batch_size(-2), {"eval_batch_size must be positive", "eval_batch_size=-2"}},
+      {MultiTaskTrainerOptions(t).batch_size(0), {"batch_size must be > 0, got 0"}},
+      {MultiTaskTrainerOptions(t).eval_batch_size(-2), {"eval_batch_size must be > 0, got -2"}},
       {MultiTaskTrainerOptions(t).buckets({}), {"buckets=[]"}},
-      {MultiTaskTrainerOptions(t).buckets({2, 48}), {"bucket lengths must be >= 3", "buckets[0]=2"}},
+      {MultiTaskTrainerOptions(t).buckets({2, 48}), {"buckets must be >= 3, got 2"}},
       {MultiTaskTrainerOptions(t).buckets({24, 16}), {"strictly ascending", "buckets[0]=24", "buckets[1]=16"}},
       {MultiTaskTrainerOptions(t).buckets({24, 64}),
        {"exceeds the model's max_length", "buckets[1]=64", "model.max_length=48"}},
-      {MultiTaskTrainerOptions(t).lr(-1), {"lr must be >= 0, got lr=-1"}},
-      {MultiTaskTrainerOptions(t).weight_decay(-0.5), {"weight_decay=-0.5"}},
-      {MultiTaskTrainerOptions(t).warmup_steps(-3), {"warmup_steps=-3"}},
+      {MultiTaskTrainerOptions(t).lr(-1), {"lr must be >= 0 and finite, got -1"}},
+      {MultiTaskTrainerOptions(t).weight_decay(-0.5), {"weight_decay must be >= 0 and finite, got -0.5"}},
+      {MultiTaskTrainerOptions(t).warmup_steps(-3), {"warmup_steps must be >= 0, got -3"}},
       {MultiTaskTrainerOptions(t).classification_weight(0).lm_weight(0),
        {"task weights", "classification_weight=0", "lm_weight=0"}},
       {MultiTaskTrainerOptions(t).model(ensemble::PackedTransformerOptions(t.model()).heads(3)), {"multiple of heads"}},
@@ -354,7 +356,7 @@ TEST(MultiTaskTrainerOptionsTest, ValidateNamesTheFieldAndValue) {
     const std::string message = error_of([&] { c.options.validate(); });
     for (const std::string& part : c.expected) EXPECT_TRUE(contains(message, part)) << part << " in: " << message;
   }
-  EXPECT_THROW(MultiTaskTrainer(MultiTaskTrainerOptions(t).batch_size(0)), c10::Error);
+  EXPECT_THROW(MultiTaskTrainer(MultiTaskTrainerOptions(t).batch_size(0)), UserError);
 }
 
 TEST(MultiTaskTrainerOptionsTest, JsonRoundTripsRefusesUnknownKeysAndFillsMissingOnesFromTheDefaults) {
@@ -376,7 +378,7 @@ TEST(MultiTaskTrainerOptionsTest, JsonRoundTripsRefusesUnknownKeysAndFillsMissin
 
   std::string bogus = json;
   bogus.insert(1, "\"bogus\": 1, ");
-  EXPECT_THROW(multitask_options_from_json(bogus), c10::Error);
+  EXPECT_THROW(multitask_options_from_json(bogus), UserError);
   EXPECT_TRUE(contains(error_of([&] { multitask_options_from_json(bogus); }), "unknown key 'bogus'"));
 
   // Missing keys take the defaults.
@@ -398,8 +400,14 @@ TEST(MultiTaskTrainerOptionsTest, JsonRoundTripsRefusesUnknownKeysAndFillsMissin
                        "key 'batch_size' has the wrong type"));
   EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"batch_size": 2.5})"); }),
                        "key 'batch_size' has the wrong type"));
-  EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"batch_size": 0})"); }), "batch_size=0"));
-  EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"dtype": "float16"})"); }), "dtype=float16"));
+  EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"batch_size": 0})"); }),
+                       "batch_size must be > 0, got 0"));
+  EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"dtype": "float16"})"); }),
+                       "unknown dtype 'float16' (expected float32 or float64)"));
+  // The trainer's own format version is written, and a newer one refused.
+  EXPECT_TRUE(contains(to_json(MultiTaskTrainerOptions()), "\"format_version\":2"));
+  EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"format_version": 3})"); }),
+                       "written by a newer packtrain"));
   EXPECT_TRUE(contains(error_of([] { multitask_options_from_json("[1, 2]"); }), "not a JSON object"));
 }
 

@@ -1,10 +1,12 @@
-// The trainer's options schema (runtime/trainers/ensemble_trainer_options.cpp): every
-// field of the struct is described, every field survives JSON at a non-default
-// value, older payloads are upgraded, and ranges, types and the run-dependent
-// patience are the library's.
+// The options schemas (base/option_schema.h) of the ensemble trainer
+// (runtime/trainers/ensemble_trainer_options.cpp) and the multi-task trainer
+// (multitask_trainer_options.cpp): every field of the structs is described, every
+// field survives JSON at a non-default value, older payloads are upgraded, and
+// ranges, types and the run-dependent patience are the library's.
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/multitask_trainer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -36,19 +38,19 @@ std::string error_of(const std::function<void()>& f) {
   return "no UserError";
 }
 
-// The TORCH_ARG fields of `struct EnsembleTrainerOptions`, read from its header: a
-// field added to the struct but not to the schema would be missing from JSON,
-// validation, the CLI and Python alike, which no round trip can see.
-std::set<std::string> struct_fields() {
-  const std::string path = std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/../runtime/trainers/ensemble_trainer_options.h";
+// The TORCH_ARG fields of `struct <name>` in a header of the tree: a field added to
+// the struct but not to its schema would be missing from JSON, validation, the CLI
+// and Python alike, which no round trip can see.
+std::set<std::string> struct_fields(const std::string& header, const std::string& name) {
+  const std::string path = std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/../" + header;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
   std::stringstream text;
   text << in.rdbuf();
   const std::string all = text.str();
-  const size_t begin = all.find("struct EnsembleTrainerOptions {");
+  const size_t begin = all.find("struct " + name + " {");
   const size_t end = all.find("\n};", begin);
-  EXPECT_NE(begin, std::string::npos);
+  EXPECT_NE(begin, std::string::npos) << name << " in " << path;
   const std::string body = all.substr(begin, end - begin);
   std::set<std::string> names;
   const std::regex arg(R"(TORCH_ARG\((?:[^()]|\([^()]*\))*,\s*(\w+)\))");
@@ -58,17 +60,34 @@ std::set<std::string> struct_fields() {
   return names;
 }
 
+template <typename O>
+std::set<std::string> described(const OptionSchema<O>& s) {
+  std::set<std::string> names;
+  for (const OptionField<O>& f : s.fields()) EXPECT_TRUE(names.insert(f.name).second) << f.name << " twice";
+  return names;
+}
+
 TEST(TrainerOptionSchema, DescribesEveryFieldOfTheStructOnce) {
-  std::set<std::string> described;
-  for (const Field& f : schema().fields()) EXPECT_TRUE(described.insert(f.name).second) << f.name;
-  std::set<std::string> fields = struct_fields();
+  std::set<std::string> fields = struct_fields("runtime/trainers/ensemble_trainer_options.h", "EnsembleTrainerOptions");
   EXPECT_GT(fields.size(), 25u) << "the header's fields were not found";
   EXPECT_EQ(fields.erase("log"), 1u);  // a callback, not an option: never serialized
-  EXPECT_EQ(described, fields);
+  EXPECT_EQ(described(schema()), fields);
+}
+
+TEST(MultiTaskOptionSchema, DescribesEveryFieldOfTheStructAndItsModelOnce) {
+  std::set<std::string> fields = struct_fields("runtime/trainers/multitask_trainer.h", "MultiTaskTrainerOptions");
+  EXPECT_GT(fields.size(), 15u) << "the header's fields were not found";
+  for (const char* not_an_option : {"log", "layer_timer", "model"}) EXPECT_EQ(fields.erase(not_an_option), 1u);
+  std::set<std::string> model = struct_fields("ensemble/packed_transformer.h", "PackedTransformerOptions");
+  // The model's device is chosen at load; its seed is the trainer's.
+  for (const char* not_an_option : {"device", "seed"}) EXPECT_EQ(model.erase(not_an_option), 1u);
+  fields.insert(model.begin(), model.end());
+  EXPECT_EQ(described(multitask_option_schema()), fields);
 }
 
 // A value of the field's kind other than `now`, inside its range.
-nlohmann::json other_value(const Field& f, const nlohmann::json& now) {
+template <typename O>
+nlohmann::json other_value(const OptionField<O>& f, const nlohmann::json& now) {
   switch (f.kind) {
     case OptionKind::kFlag: return !now.get<bool>();
     case OptionKind::kChoice:
@@ -76,6 +95,7 @@ nlohmann::json other_value(const Field& f, const nlohmann::json& now) {
       if (!f.choices.empty()) return f.choices.front() == now.get<std::string>() ? f.choices.back() : f.choices.front();
       return now.get<std::string>() == "cpu" ? "cuda:1" : "cpu";  // the device
     case OptionKind::kNumbers: return nlohmann::json::array({0.25, 0.5});
+    case OptionKind::kIntegers: return nlohmann::json::array({5, 7});
     case OptionKind::kInteger:
     case OptionKind::kUnsigned: return now.is_null() ? 7 : now.get<int64_t>() + 3;
     case OptionKind::kNumber: {
@@ -86,22 +106,37 @@ nlohmann::json other_value(const Field& f, const nlohmann::json& now) {
   return nullptr;
 }
 
-TEST(TrainerOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
-  const EnsembleTrainerOptions defaults;
-  EnsembleTrainerOptions changed;
-  for (const Field& f : schema().fields()) {
+// Every field set to another value survives the schema's JSON, and returns that value.
+template <typename O>
+O every_field_changed(const OptionSchema<O>& s) {
+  const O defaults;
+  O changed;
+  for (const OptionField<O>& f : s.fields()) {
     const nlohmann::json v = other_value(f, f.get(defaults));
     f.set(changed, v);
-    ASSERT_NE(f.get(changed), f.get(defaults)) << f.name << " did not change";
+    EXPECT_NE(f.get(changed), f.get(defaults)) << f.name << " did not change";
     EXPECT_EQ(f.get(changed), v) << f.name;
   }
-  const nlohmann::json saved = schema().to_json(changed);
-  EXPECT_EQ(saved.at("format_version"), kTrainerOptionsFormat);
-  const EnsembleTrainerOptions loaded = schema().from_json(nlohmann::json::parse(saved.dump()));
-  for (const Field& f : schema().fields()) EXPECT_EQ(f.get(loaded), f.get(changed)) << f.name;
+  const nlohmann::json saved = s.to_json(changed);
+  EXPECT_EQ(saved.at("format_version"), s.format_version());
+  const O loaded = s.from_json(nlohmann::json::parse(saved.dump()));
+  for (const OptionField<O>& f : s.fields()) EXPECT_EQ(f.get(loaded), f.get(changed)) << f.name;
+  return changed;
+}
+
+TEST(TrainerOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
+  EnsembleTrainerOptions changed = every_field_changed(schema());
   // Through the public pair too (which validates: per-member lists as long as members).
   changed.members(2).first_member(0).device(c10::Device("cpu"));
   EXPECT_EQ(to_json(options_from_json(to_json(changed))), to_json(changed));
+}
+
+TEST(MultiTaskOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
+  MultiTaskTrainerOptions changed = every_field_changed(multitask_option_schema());
+  // Through the public pair too (which validates the combination).
+  changed.model().vocab(259).width(32).heads(2).layers(2).max_length(64).classes(3);
+  changed.buckets({16, 64}).pipeline_stages(1).pipeline_boundaries({}).micro_batches(1).batch_size(8).shared_inputs(true);
+  EXPECT_EQ(to_json(multitask_options_from_json(to_json(changed))), to_json(changed));
 }
 
 TEST(TrainerOptionSchema, AVersionOnePayloadIsUpgradedAndAMissingKeyIsAnError) {
