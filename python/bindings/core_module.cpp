@@ -342,20 +342,8 @@ void add_resume(py::module_& m) {
       py::arg("y") = py::none(), py::arg("val_x") = py::none(), py::arg("val_y") = py::none());
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "packtrain's C++ runtime (use the estimators in packtrain, not this module)";
-  m.attr("torch_version") = TORCH_VERSION;  // the torch this module was built against
-  // Bad input (packtrain::UserError: DataError, a bad sweep, acquisition or
-  // generation option) is the caller's to fix: ValueError, as for Python's own checks.
-  py::register_exception_translator([](std::exception_ptr error) {
-    try {
-      if (error) std::rethrow_exception(error);
-    } catch (const packtrain::UserError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
+// The trainer's options and schema, memory checks, data options and splits, devices.
+void add_options_and_data(py::module_& m) {
   m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()); },
         "The trainer's default options as JSON: `packtrain train`'s (the struct's own).");
   m.def("option_schema", [] { return packtrain::runtime::trainer_option_schema().describe().dump(); },
@@ -409,10 +397,12 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("data"), py::arg("split") = 0, py::arg("test_fraction") = 0.2, py::arg("split_seed") = 0,
       "A bundled data set, UCI directory or table, split as the CLI splits it (training rows in table order).");
+}
 
-  // The uncertainty, calibration and acquisition math of runtime/trainers, on a
-  // prediction dict: what the estimators call, and what the tests hold against
-  // reference libraries.
+// The uncertainty, calibration and acquisition math of runtime/trainers, on a
+// prediction dict: what the estimators call, and what the tests hold against
+// reference libraries.
+void add_uncertainty(py::module_& m) {
   namespace rt = packtrain::runtime;
   m.def(
       "decompose",
@@ -469,6 +459,12 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       py::arg("prediction"), py::arg("levels"));
+}
+
+// Calibration and acquisition (runtime/trainers/calibration.h, acquisition.h) on a
+// prediction dict.
+void add_calibration_and_acquisition(py::module_& m) {
+  namespace rt = packtrain::runtime;
   m.def(
       "regression_calibration",
       [](const py::dict& p, const at::Tensor& y, const std::vector<double>& levels, int64_t points) {
@@ -507,7 +503,9 @@ PYBIND11_MODULE(_core, m) {
         return rt::select_batch(scores, count, o);
       },
       py::arg("scores"), py::arg("count"), py::arg("selection") = "top", py::arg("power") = 1.0, py::arg("seed") = 0);
+}
 
+void add_checkpoints(py::module_& m) {
   // A checkpoint read back: a single checkpoint's trainer (everything a fitted
   // estimator does), or a member-parallel manifest's shards (predict only).
   m.def(
@@ -519,7 +517,6 @@ PYBIND11_MODULE(_core, m) {
         return py::cast(std::make_unique<LoadedEnsemble>(std::move(loaded)));
       },
       py::arg("path"), py::arg("device") = "cpu");
-  add_resume(m);
 
   py::class_<LoadedEnsemble, std::unique_ptr<LoadedEnsemble>>(m, "ShardedEnsemble")
       .def("predict", [](const LoadedEnsemble& e, const at::Tensor& x) {
@@ -530,7 +527,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("options_json", [](const LoadedEnsemble& e) { return packtrain::runtime::to_json(e.first().options()); })
       .def_property_readonly("in_features", [](const LoadedEnsemble& e) { return e.first().in_features(); })
       .def_property_readonly("classes", [](const LoadedEnsemble& e) { return e.first().classes(); });
+}
 
+void add_multitask(py::module_& m) {
   // The multi-task transformer (runtime::MultiTaskTrainer): options as its JSON.
   m.def("default_multitask_options", [] { return packtrain::runtime::to_json(packtrain::runtime::MultiTaskTrainerOptions()); });
   m.def("multitask_option_schema", [] { return packtrain::runtime::multitask_option_schema().describe().dump(); },
@@ -595,8 +594,36 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("options_json", [](const MultiTaskTrainer& t) { return packtrain::runtime::to_json(t.options()); })
       .def_property_readonly("epochs_done", &MultiTaskTrainer::epochs_done)
       .def_property_readonly("steps_done", &MultiTaskTrainer::steps_done);
+}
 
-  py::class_<EnsembleTrainer>(m, "Trainer")
+// What a trainer reports: its options, progress, losses and members.
+void add_trainer_state(py::class_<EnsembleTrainer>& trainer) {
+  trainer.def_property_readonly("options_json", [](const EnsembleTrainer& t) { return packtrain::runtime::to_json(t.options()); })
+      .def_property_readonly("prepared", &EnsembleTrainer::prepared)
+      // Identifies the prepared steps (and so their captured graphs): unchanged when
+      // prepare() on data of the same shapes kept them.
+      .def_property_readonly("steps_id", [](EnsembleTrainer& t) {
+        return t.prepared() ? reinterpret_cast<uintptr_t>(&t.steps()) : uintptr_t{0};
+      })
+      .def_property_readonly("variance_scale", &EnsembleTrainer::variance_scale)
+      .def_property_readonly("epoch", &EnsembleTrainer::epoch)
+      .def_property_readonly("steps_taken", &EnsembleTrainer::steps_taken)
+      .def_property_readonly("patience", &EnsembleTrainer::patience)
+      .def_property_readonly("in_features", &EnsembleTrainer::in_features)
+      .def_property_readonly("classes", &EnsembleTrainer::classes)
+      .def_property_readonly("train_loss_history", &EnsembleTrainer::train_loss_history)
+      .def_property_readonly("val_loss_history", &EnsembleTrainer::val_loss_history)
+      .def_property_readonly("member_status", [](const EnsembleTrainer& t) {
+        std::vector<std::string> out;
+        for (const auto& s : t.member_states()) out.emplace_back(packtrain::runtime::to_string(s.status));
+        return out;
+      });
+}
+
+// The ensemble trainer (runtime::EnsembleTrainer) behind the estimators.
+void add_trainer(py::module_& m) {
+  py::class_<EnsembleTrainer> trainer(m, "Trainer");
+  trainer
       .def(py::init([](const std::string& options_json) { return std::make_unique<EnsembleTrainer>(options_from(options_json)); }),
            py::arg("options_json"))
       .def(
@@ -674,25 +701,30 @@ PYBIND11_MODULE(_core, m) {
              const std::string& target_name) {
             t.save(path, run_description(feature_names, target_name));
           },
-          py::arg("path"), py::arg("feature_names"), py::arg("target_name"), py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("options_json", [](const EnsembleTrainer& t) { return packtrain::runtime::to_json(t.options()); })
-      .def_property_readonly("prepared", &EnsembleTrainer::prepared)
-      // Identifies the prepared steps (and so their captured graphs): unchanged when
-      // prepare() on data of the same shapes kept them.
-      .def_property_readonly("steps_id", [](EnsembleTrainer& t) {
-        return t.prepared() ? reinterpret_cast<uintptr_t>(&t.steps()) : uintptr_t{0};
-      })
-      .def_property_readonly("variance_scale", &EnsembleTrainer::variance_scale)
-      .def_property_readonly("epoch", &EnsembleTrainer::epoch)
-      .def_property_readonly("steps_taken", &EnsembleTrainer::steps_taken)
-      .def_property_readonly("patience", &EnsembleTrainer::patience)
-      .def_property_readonly("in_features", &EnsembleTrainer::in_features)
-      .def_property_readonly("classes", &EnsembleTrainer::classes)
-      .def_property_readonly("train_loss_history", &EnsembleTrainer::train_loss_history)
-      .def_property_readonly("val_loss_history", &EnsembleTrainer::val_loss_history)
-      .def_property_readonly("member_status", [](const EnsembleTrainer& t) {
-        std::vector<std::string> out;
-        for (const auto& s : t.member_states()) out.emplace_back(packtrain::runtime::to_string(s.status));
-        return out;
-      });
+          py::arg("path"), py::arg("feature_names"), py::arg("target_name"), py::call_guard<py::gil_scoped_release>());
+  add_trainer_state(trainer);
+}
+
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "packtrain's C++ runtime (use the estimators in packtrain, not this module)";
+  m.attr("torch_version") = TORCH_VERSION;  // the torch this module was built against
+  // Bad input (packtrain::UserError: DataError, a bad sweep, acquisition or
+  // generation option) is the caller's to fix: ValueError, as for Python's own checks.
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const packtrain::UserError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  add_options_and_data(m);
+  add_uncertainty(m);
+  add_calibration_and_acquisition(m);
+  add_checkpoints(m);
+  add_resume(m);
+  add_multitask(m);
+  add_trainer(m);
 }

@@ -135,59 +135,122 @@ void EnsembleTrainer::fit(const at::Tensor& x, const at::Tensor& y, const at::Te
   train(on_epoch);
 }
 
-void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
-                              const at::Tensor& val_y, const at::Tensor& fit_rows) {
+namespace {
+
+// Shapes of the training and validation rows; a patience set without validation
+// rows is refused here, before anything is built.
+void check_inputs(const EnsembleTrainerOptions& options, const at::Tensor& x, const at::Tensor& y,
+                  const at::Tensor& val_x, const at::Tensor& val_y) {
   check_xy(x, y, "training data");
-  resolved_patience(options_, val_x.defined() && val_x.size(0) > 0);  // a set patience needs validation rows
+  resolved_patience(options, val_x.defined() && val_x.size(0) > 0);  // a set patience needs validation rows
   if (val_x.defined() || val_y.defined()) {
     check_xy(val_x, val_y, "validation data");
     TORCH_CHECK(val_x.size(1) == x.size(1), "validation data have ", val_x.size(1), " features, training data ",
                 x.size(1));
   }
-  // A training set smaller than the batch trains in batches of all its rows (the
-  // static batch every step and captured graph is built for), said once.
-  const int64_t N = x.size(0), batch = std::min(options_.batch_size(), N);
-  if (batch < options_.batch_size() && batch != batch_size_ && options_.log()) {
-    options_.log()("batch size " + std::to_string(options_.batch_size()) + " is larger than the training set (" +
-                 std::to_string(N) + " rows): training with batches of " + std::to_string(N));
+}
+
+// The static batch every step and captured graph is built for: the batch size, or
+// all N rows of a smaller training set (said once, when it changes).
+int64_t static_batch(const EnsembleTrainerOptions& options, int64_t N, int64_t previous) {
+  const int64_t batch = std::min(options.batch_size(), N);
+  if (batch < options.batch_size() && batch != previous && options.log()) {
+    options.log()("batch size " + std::to_string(options.batch_size()) + " is larger than the training set (" +
+                  std::to_string(N) + " rows): training with batches of " + std::to_string(N));
   }
-  const at::Tensor fx = fit_rows.defined() ? x.index_select(0, fit_rows) : x;
-  const at::Tensor fy = fit_rows.defined() ? y.index_select(0, fit_rows) : y;
-  const size_t previous_classes = classes_.size();
-  x_scale_ = Standardizer::fit(fx, "training features");
-  // Rows beyond the fitted ones (active learning's pool), and validation rows, are
-  // standardized with the training rows' statistics: each must stay finite in float32.
-  if (fit_rows.defined()) x_scale_.check_representable(x, "training features");
-  if (val_x.defined()) x_scale_.check_representable(val_x, "validation features");
-  if (options_.head() == Head::kClassification) {
-    // Every class of the rows the trainer holds, not only of `fit_rows`: active
-    // learning labels more of them later, and the output layer is fixed now.
+  return batch;
+}
+
+// The standardization of the fitted rows (and a classifier's classes, from every
+// row the trainer holds: active learning labels more of them later, and the output
+// layer is fixed now). Other rows are standardized with these statistics: each must
+// stay finite in float32.
+struct FittedScales {
+  Standardizer x, y;
+  std::vector<double> classes;
+};
+FittedScales fit_scales(const EnsembleTrainerOptions& options, const at::Tensor& x, const at::Tensor& y,
+                        const at::Tensor& val_x, const at::Tensor& val_y, const at::Tensor& fit_rows) {
+  FittedScales f;
+  f.x = Standardizer::fit(fit_rows.defined() ? x.index_select(0, fit_rows) : x, "training features");
+  if (fit_rows.defined()) f.x.check_representable(x, "training features");
+  if (val_x.defined()) f.x.check_representable(val_x, "validation features");
+  if (options.head() == Head::kClassification) {
     const at::Tensor labels = std::get<0>(at::_unique(y.reshape({-1}), /*sorted=*/true)).contiguous();
-    classes_.assign(labels.data_ptr<double>(), labels.data_ptr<double>() + labels.numel());
-    if (classes_.size() < 2) throw DataError("classification needs at least 2 classes in the training data, got " +
-                                             std::to_string(classes_.size()));
+    f.classes.assign(labels.data_ptr<double>(), labels.data_ptr<double>() + labels.numel());
+    if (f.classes.size() < 2) {
+      throw DataError("classification needs at least 2 classes in the training data, got " +
+                      std::to_string(f.classes.size()));
+    }
   } else {
-    y_scale_ = Standardizer::fit(fy, "training targets");
-    if (fit_rows.defined()) y_scale_.check_representable(y, "training targets");
-    if (val_y.defined()) y_scale_.check_representable(val_y, "validation targets");
+    f.y = Standardizer::fit(fit_rows.defined() ? y.index_select(0, fit_rows) : y, "training targets");
+    if (fit_rows.defined()) f.y.check_representable(y, "training targets");
+    if (val_y.defined()) f.y.check_representable(val_y, "validation targets");
+  }
+  return f;
+}
+
+// Data parallel: the group is on the trainer's device and the batch splits equally.
+void check_data_parallel(const distributed::ProcessGroup& group, const EnsembleTrainerOptions& options,
+                         int64_t batch, int64_t N) {
+  const int64_t world = group.world_size();
+  if (options.device().is_cuda() && group.device() != options.device()) {
+    throw DataError("data-parallel training on " + options.device().str() + " needs the process group joined on " +
+                    "that device (its gradients go over NCCL there); it was joined on " + group.device().str());
+  }
+  if (batch % world != 0) {
+    throw DataError(batch < options.batch_size()
+                        ? "the training set's " + std::to_string(N) + " rows (fewer than the batch size " +
+                              std::to_string(options.batch_size()) + ", so the global batch) do not split into " +
+                              std::to_string(world) + " equal per-rank batches: give a batch size of at most " +
+                              std::to_string(N) + " that " + std::to_string(world) + " divides"
+                        : "the global batch " + std::to_string(batch) + " does not split into " +
+                              std::to_string(world) + " equal per-rank batches");
+  }
+}
+
+// The options' optimizer over the pack's parameters, with a sweep's per-member
+// learning rates and weight decays.
+std::unique_ptr<ensemble::PackedOptimizer> make_optimizer(const EnsembleTrainerOptions& options,
+                                                          ensemble::PackedParameters& params) {
+  std::unique_ptr<ensemble::PackedOptimizer> optimizer;
+  switch (options.optimizer()) {
+    case OptimizerKind::kAdamW:
+      optimizer = std::make_unique<ensemble::PackedAdam>(
+          params, ensemble::adamw_options().lr(options.lr()).weight_decay(options.weight_decay()));
+      break;
+    case OptimizerKind::kAdam:
+      optimizer = std::make_unique<ensemble::PackedAdam>(
+          params, ensemble::AdamOptions().lr(options.lr()).weight_decay(options.weight_decay()));
+      break;
+    case OptimizerKind::kSGD:
+      optimizer = std::make_unique<ensemble::PackedSGD>(
+          params, ensemble::SGDOptions(options.lr()).momentum(options.momentum()).weight_decay(options.weight_decay()));
+      break;
+  }
+  if (!options.member_lr().empty()) optimizer->set_lr(at::tensor(options.member_lr(), at::kDouble));
+  if (!options.member_weight_decay().empty()) {
+    optimizer->set_weight_decay(at::tensor(options.member_weight_decay(), at::kDouble));
+  }
+  return optimizer;
+}
+
+}  // namespace
+
+void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at::Tensor& val_x,
+                              const at::Tensor& val_y, const at::Tensor& fit_rows) {
+  check_inputs(options_, x, y, val_x, val_y);
+  const int64_t N = x.size(0), batch = static_batch(options_, N, batch_size_);
+  const size_t previous_classes = classes_.size();
+  FittedScales scales = fit_scales(options_, x, y, val_x, val_y, fit_rows);
+  x_scale_ = std::move(scales.x);
+  if (options_.head() == Head::kClassification) {
+    classes_ = std::move(scales.classes);
+  } else {
+    y_scale_ = std::move(scales.y);
   }
   if (!fit_rows.defined() && classes_.size() == previous_classes && reuse_steps(x, y, val_x, val_y)) return;
-  const int64_t world = group_ != nullptr ? group_->world_size() : 1;
-  if (group_ != nullptr) {
-    if (options_.device().is_cuda() && group_->device() != options_.device()) {
-      throw DataError("data-parallel training on " + options_.device().str() + " needs the process group joined on " +
-                      "that device (its gradients go over NCCL there); it was joined on " + group_->device().str());
-    }
-    if (batch % world != 0) {
-      throw DataError(batch < options_.batch_size()
-                          ? "the training set's " + std::to_string(N) + " rows (fewer than the batch size " +
-                                std::to_string(options_.batch_size()) + ", so the global batch) do not split into " +
-                                std::to_string(world) + " equal per-rank batches: give a batch size of at most " +
-                                std::to_string(N) + " that " + std::to_string(world) + " divides"
-                          : "the global batch " + std::to_string(batch) + " does not split into " +
-                                std::to_string(world) + " equal per-rank batches");
-    }
-  }
+  if (group_ != nullptr) check_data_parallel(*group_, options_, batch, N);
   batch_size_ = batch;
   steps_.reset();  // its graphs refer to the previous model and optimizer
   build_model(x.size(1));
@@ -202,26 +265,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
   val_x_ = val_x.defined() ? x_scale_.transform(val_x).to(f32) : at::Tensor();
   val_y_ = val_x.defined() ? encode_targets(val_y, "validation") : at::Tensor();
   val_targets_ = val_x.defined() ? val_y.reshape({-1}).to(at::kDouble).cpu().clone() : at::Tensor();
-
-  ensemble::PackedParameters& params = model_->parameters();
-  switch (options_.optimizer()) {
-    case OptimizerKind::kAdamW:
-      optimizer_ = std::make_unique<ensemble::PackedAdam>(
-          params, ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
-      break;
-    case OptimizerKind::kAdam:
-      optimizer_ = std::make_unique<ensemble::PackedAdam>(
-          params, ensemble::AdamOptions().lr(options_.lr()).weight_decay(options_.weight_decay()));
-      break;
-    case OptimizerKind::kSGD:
-      optimizer_ = std::make_unique<ensemble::PackedSGD>(
-          params, ensemble::SGDOptions(options_.lr()).momentum(options_.momentum()).weight_decay(options_.weight_decay()));
-      break;
-  }
-  if (!options_.member_lr().empty()) optimizer_->set_lr(at::tensor(options_.member_lr(), at::kDouble));
-  if (!options_.member_weight_decay().empty()) {
-    optimizer_->set_weight_decay(at::tensor(options_.member_weight_decay(), at::kDouble));
-  }
+  optimizer_ = make_optimizer(options_, model_->parameters());
   steps_ = std::make_unique<EnsembleSteps>(
       *model_, *optimizer_, std::vector<at::Tensor>{xs, ys},
       EnsembleStepsOptions()
@@ -233,7 +277,7 @@ void EnsembleTrainer::prepare(const at::Tensor& x, const at::Tensor& y, const at
           .seed(options_.seed() ^ 0x5DEECE66Dull)
           .capture(graphs::CaptureOptions().capture(options_.capture()).log(options_.log()))
           .shard_index(group_ != nullptr ? group_->rank() : 0)
-          .shard_count(world)
+          .shard_count(group_ != nullptr ? group_->world_size() : 1)
           .gradient_hook(group_ != nullptr ? ensemble::GradientHook([this] {
             at::Tensor gradients = model_->parameters().flat_grad();
             // One all-reduce of the flat buffer per step: Gloo on CPU (a dead or stuck
