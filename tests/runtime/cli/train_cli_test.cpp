@@ -66,6 +66,28 @@ TEST_F(Cli, TrainStopsOnTheEnsemblesValidationLossByDefaultAndNotWithoutValidati
   EXPECT_THAT(bad.out, HasSubstr("member or ensemble"));
 }
 
+// A second member architecture by name (ensemble/architectures.h): trained, saved,
+// evaluated and resumed as the MLP is; export (MLP members only) refuses it, exit 2.
+TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
+  const std::string ckpt = path("residual.ckpt");
+  const Result trained = run("train --data yacht --architecture residual-mlp --members 3 --hidden 16 --depth 1 "
+                             "--epochs 4 --device cpu --checkpoint " + ckpt);
+  ASSERT_EQ(trained.status, 0) << trained.out;
+  EXPECT_THAT(trained.out, HasSubstr("1x16 residual-mlp"));
+  const Result evaluated = run("evaluate " + ckpt);
+  ASSERT_EQ(evaluated.status, 0) << evaluated.out;
+  EXPECT_THAT(evaluated.out, HasSubstr("RMSE"));
+  const Result resumed = run("resume " + ckpt + " --epochs 6");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_THAT(resumed.out, HasSubstr("residual-mlp"));
+  const Result exported = run("export " + ckpt + " " + path("members.pt"));
+  EXPECT_EQ(exported.status, 2) << exported.out;
+  EXPECT_THAT(exported.out, HasSubstr("export writes MLP members only: this ensemble's members are residual-mlp"));
+  const Result unknown = run("train --data yacht --architecture cnn --epochs 1 --device cpu");
+  EXPECT_EQ(unknown.status, 2) << unknown.out;
+  EXPECT_THAT(unknown.out, HasSubstr("unknown architecture 'cnn' (expected mlp or residual-mlp)"));
+}
+
 TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
   const std::string ckpt = path("run.ckpt");
   const nlohmann::json trained = run_json(std::string("train ") + kSmall + " --json --checkpoint " + ckpt);
