@@ -266,6 +266,12 @@ class OptionSchema {
     }
     return start;
   }
+  // from_json of a JSON text; text that is not JSON is a UserError too.
+  O parse(const std::string& text) const {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) throw UserError(what_ + ": not valid JSON");
+    return from_json(j);
+  }
   // The schema itself, for the Python package and the docs: each field's name, kind,
   // flag, help, group, default (of `defaults`), range, choices and version.
   nlohmann::json describe(const O& defaults = O()) const {

@@ -234,6 +234,14 @@ int run_profile(const ProfileArgs& args) {
   return 0;
 }
 
+// An options schema with its defaults: the markdown table the docs hold, or (json)
+// the schema itself.
+template <typename O>
+void print_options(const OptionSchema<O>& schema, bool json) {
+  const O defaults;
+  std::cout << (json ? schema.describe(defaults).dump(2) + "\n" : option_table_markdown(schema, defaults));
+}
+
 }  // namespace
 
 void add_info_commands(CLI::App& app, int& status) {
@@ -256,17 +264,9 @@ void add_info_commands(CLI::App& app, int& status) {
   info->add_flag("--multitask-options", *multitask_options,
                  "The same for `multitask train`'s trainer options (their schema)");
   info->callback([json, collectives, device, options, multitask_options, &status] {
-    if (*options) {
-      const runtime::EnsembleTrainerOptions defaults;
-      std::cout << (*json ? runtime::trainer_option_schema().describe(defaults).dump(2) + "\n"
-                          : option_table_markdown(runtime::trainer_option_schema(), defaults));
-      status = 0;
-      return;
-    }
-    if (*multitask_options) {
-      const runtime::MultiTaskTrainerOptions defaults;
-      std::cout << (*json ? runtime::multitask_option_schema().describe(defaults).dump(2) + "\n"
-                          : option_table_markdown(runtime::multitask_option_schema(), defaults));
+    if (*options || *multitask_options) {
+      if (*options) print_options(runtime::trainer_option_schema(), *json);
+      else print_options(runtime::multitask_option_schema(), *json);
       status = 0;
       return;
     }

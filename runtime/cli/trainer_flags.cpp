@@ -1,6 +1,5 @@
 #include "packtrain/runtime/cli/trainer_flags.h"
 
-#include "packtrain/base/number_text.h"
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/cli/schema_flags.h"

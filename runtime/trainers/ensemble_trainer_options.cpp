@@ -144,11 +144,9 @@ int64_t resolved_patience(const EnsembleTrainerOptions& o, bool has_validation) 
 std::string to_json(const EnsembleTrainerOptions& o) { return trainer_option_schema().to_json(o).dump(); }
 
 EnsembleTrainerOptions options_from_json(const std::string& text) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw UserError("trainer options: not valid JSON");
   // Version 1 wrote no format_version; its checkpoints stopped on each member's own
   // loss unless they said otherwise, and trained with the patience they stored.
-  EnsembleTrainerOptions o = trainer_option_schema().from_json(j);
+  EnsembleTrainerOptions o = trainer_option_schema().parse(text);
   o.validate();
   return o;
 }

@@ -154,9 +154,7 @@ void MultiTaskTrainerOptions::validate() const {
 std::string to_json(const MultiTaskTrainerOptions& o) { return multitask_option_schema().to_json(o).dump(); }
 
 MultiTaskTrainerOptions multitask_options_from_json(const std::string& text) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw UserError("multi-task options: not valid JSON");
-  MultiTaskTrainerOptions o = multitask_option_schema().from_json(j);
+  MultiTaskTrainerOptions o = multitask_option_schema().parse(text);
   o.validate();
   return o;
 }
