@@ -14,7 +14,7 @@
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/data/standardizer.h"
 #include "packtrain/runtime/data/uci_dataset.h"
-#include "packtrain/runtime/trainers/active_learning.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>

@@ -29,7 +29,7 @@
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_step.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>

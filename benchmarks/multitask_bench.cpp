@@ -13,7 +13,7 @@
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/graphs/captured_step.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

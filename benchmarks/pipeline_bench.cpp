@@ -35,7 +35,7 @@
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/measure/layer_timing.h"
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A doc's table of a trainer's options is `packtrain info --options` (or --multitask-options).
 
-The tables are generated from the options schemas (runtime/trainers/ensemble_trainer_options.cpp,
+The tables are generated from the options schemas (runtime/trainers/ensemble/ensemble_trainer_options.cpp,
 multitask_trainer_options.cpp), the same ones --help, JSON and Python come from; this
 check (the ctests OptionTable and MultitaskOptionTable) fails when a doc's copy
 differs, and `--write` replaces the copy.

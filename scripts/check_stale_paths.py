@@ -5,7 +5,7 @@ A comment that says `see runtime/ensemble_trainer.h` outlives a move of that
 file unless something reads it. This script reads the comments of the C++,
 CUDA, Python, shell and CMake files and the whole text of the Markdown files
 the repository tracks, takes every token that looks like a repository path
-(`runtime/trainers/ensemble_steps.h`, `ensemble/optimizers/`,
+(`runtime/trainers/ensemble/ensemble_steps.h`, `ensemble/optimizers/`,
 `packtrain/graphs/captured_step.h`, `optimizers/adam_math.h` beside its
 folder) and reports those that name no tracked file or folder, and every
 relative Markdown link that leads nowhere from its own file's folder (or to a

@@ -3,7 +3,7 @@
 # of CI. The build's compile commands force-include a GCC precompiled header that
 # clang cannot read; this runs them with the header's three Torch includes instead
 # (cmake/PacktrainHelpers.cmake: packtrain_torch_pch), from build/clang-tidy/.
-#   bash scripts/clang_tidy.sh ensemble/packed_step.cpp runtime/trainers/ensemble_trainer.cpp
+#   bash scripts/clang_tidy.sh ensemble/packed_step.cpp runtime/trainers/ensemble/ensemble_trainer.cpp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: bash scripts/clang_tidy.sh FILE.cpp..." >&2; exit 2; }

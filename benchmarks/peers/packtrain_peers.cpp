@@ -18,7 +18,7 @@
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/io/svg_plot.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>

@@ -90,7 +90,7 @@ TIERS = [
     ["torch-loop"],
 ]
 UNROLLED = {"torch-cudagraph:unrolled", "jax:scan", "jax:scan-unrolled"}
-# packtrain's default unroll, runtime::kDefaultUnroll (runtime/trainers/ensemble_steps.h),
+# packtrain's default unroll, runtime::kDefaultUnroll (runtime/trainers/ensemble/ensemble_steps.h),
 # which packtrain_bench uses unless PACKTRAIN_BENCH_UNROLL says otherwise; on a GPU the
 # benchmark's JSON context states the U it ran, and that is used.
 DEFAULT_UNROLL = 8

@@ -7,17 +7,17 @@
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/acquisition.h"
-#include "packtrain/runtime/trainers/calibration.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/loaded_ensemble.h"
-#include "packtrain/runtime/trainers/predictive_distribution.h"
-#include "packtrain/runtime/trainers/run_resume.h"
-#include "packtrain/runtime/trainers/variance_calibration.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
+#include "packtrain/runtime/trainers/ensemble/run_resume.h"
+#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 
 #include <ATen/ATen.h>
@@ -49,7 +49,7 @@ void to_python_logging(const std::string& message) {
 // value is a ValueError, as scikit-learn's estimators raise for invalid parameters.
 // The swept options (lr, weight_decay, dropout) may be lists, as the CLI's comma
 // lists: more than one value is a sweep of their cross product, `members` seeds
-// each, in one pack (runtime/trainers/hyperparameter_sweep.h); `grid` gets the
+// each, in one pack (runtime/trainers/ensemble/hyperparameter_sweep.h); `grid` gets the
 // lists and the options their first values.
 packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& overrides_json,
                                                           packtrain::runtime::SweepGrid& grid) {
@@ -306,7 +306,7 @@ py::dict task_metrics_dict(const packtrain::runtime::TaskMetrics& m) {
   return d;
 }
 
-// Resuming a run (runtime/trainers/run_resume.h): a checkpoint of `packtrain train`
+// Resuming a run (runtime/trainers/ensemble/run_resume.h): a checkpoint of `packtrain train`
 // (its data reloaded and checked to be the run's) or of an estimator's save() (its
 // training and validation rows given again, checked against the checkpoint's); a
 // member-parallel manifest resumes whole in this process. Returns the trainer,
@@ -424,7 +424,7 @@ void add_uncertainty(py::module_& m) {
         return d;
       },
       py::arg("prediction"));
-  // Recalibration (runtime/trainers/variance_calibration.h) of a regression prediction dict.
+  // Recalibration (runtime/trainers/uncertainty/variance_calibration.h) of a regression prediction dict.
   const auto combined = [](const py::dict& p) {
     rt::EnsemblePrediction e = prediction_from(p);
     const rt::Head head = e.member_variance.defined() ? rt::Head::kGaussian : rt::Head::kMean;
@@ -461,7 +461,7 @@ void add_uncertainty(py::module_& m) {
       py::arg("prediction"), py::arg("levels"));
 }
 
-// Calibration and acquisition (runtime/trainers/calibration.h, acquisition.h) on a
+// Calibration and acquisition (runtime/trainers/uncertainty/calibration.h, acquisition.h) on a
 // prediction dict.
 void add_calibration_and_acquisition(py::module_& m) {
   namespace rt = packtrain::runtime;

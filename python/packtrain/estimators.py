@@ -24,7 +24,7 @@ import torch
 
 from . import _core
 
-# The trainer's options schema (runtime/trainers/ensemble_trainer_options.cpp), the
+# The trainer's options schema (runtime/trainers/ensemble/ensemble_trainer_options.cpp), the
 # one the CLI's flags are generated from: each field's name, kind, default, range.
 _SCHEMA = {f["name"]: f for f in json.loads(_core.option_schema()) if f["python"]}
 _TRAINER_DEFAULTS = {name: f["default"] for name, f in _SCHEMA.items()}

@@ -1,5 +1,5 @@
-// `packtrain active-learn`: the pool-based active-learning loop (runtime/trainers/active_learning.h)
-// with acquisition by a strategy (runtime/trainers/acquisition.h) against random
+// `packtrain active-learn`: the pool-based active-learning loop (runtime/trainers/uncertainty/active_learning.h)
+// with acquisition by a strategy (runtime/trainers/uncertainty/acquisition.h) against random
 // acquisition, on one pack, for regression and classification; writes the
 // learning curve as CSV and SVG.
 #include "packtrain/runtime/cli/cli_common.h"
@@ -9,7 +9,7 @@
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
-#include "packtrain/runtime/trainers/active_learning.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
 #include <fmt/format.h>

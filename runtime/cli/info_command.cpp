@@ -9,8 +9,8 @@
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/measure/launch_profile.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>

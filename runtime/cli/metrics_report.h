@@ -2,8 +2,8 @@
 // `train`, `resume` and `evaluate`.
 #pragma once
 
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +27,7 @@ void print_gathered_metrics(const runtime::EnsembleMetrics& metrics, runtime::He
 // non-empty bin (classification), with the diagonal a calibrated model follows.
 std::string reliability_svg(const runtime::EnsembleMetrics& metrics, runtime::Head head, const std::string& title);
 
-// A sweep's configurations (runtime/trainers/hyperparameter_sweep.h): one JSON object
+// A sweep's configurations (runtime/trainers/ensemble/hyperparameter_sweep.h): one JSON object
 // each, and the same as a table with the deselected ones marked.
 nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head);
 void print_sweep(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head,

@@ -1,5 +1,5 @@
 // packtrain multitask train | resume | score | generate: one transformer trunk with an
-// acceptability classifier and a causal-LM head (runtime/trainers/multitask_trainer.h).
+// acceptability classifier and a causal-LM head (runtime/trainers/multitask/multitask_trainer.h).
 //
 //   train     with no arguments: the bundled language-identification task (fortune
 //             cookies in 5 languages; --task cola: CoLA acceptability), both tasks
@@ -23,8 +23,8 @@
 #include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
-#include "packtrain/runtime/trainers/multitask_resume.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_resume.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>

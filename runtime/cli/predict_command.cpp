@@ -9,12 +9,12 @@
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/cli/enum_option.h"
-#include "packtrain/runtime/trainers/acquisition.h"
-#include "packtrain/runtime/trainers/ensemble_export.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/loaded_ensemble.h"
-#include "packtrain/runtime/trainers/member_parallel.h"
-#include "packtrain/runtime/trainers/predictive_distribution.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_export.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/ensemble/member_parallel.h"
+#include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>

@@ -3,7 +3,7 @@
 // where it goes), with the members that stopped or diverged as notes.
 #pragma once
 
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include <chrono>
 #include <cstdint>

@@ -17,12 +17,12 @@
 #include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
-#include "packtrain/runtime/trainers/ensemble_export.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
-#include "packtrain/runtime/trainers/member_parallel.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_export.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/ensemble/member_parallel.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
-#include "packtrain/runtime/trainers/run_resume.h"
+#include "packtrain/runtime/trainers/ensemble/run_resume.h"
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>

@@ -3,7 +3,7 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/cli/schema_flags.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>

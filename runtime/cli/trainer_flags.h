@@ -1,12 +1,12 @@
 // The ensemble trainer's options as command-line flags (and config-file keys),
 // shared by `train` and `active-learn`, and the data flags of every command that
 // loads data. The trainer's flags are generated from its options schema
-// (runtime/trainers/ensemble_trainer_options.cpp, via schema_flags.h) and bind onto
+// (runtime/trainers/ensemble/ensemble_trainer_options.cpp, via schema_flags.h) and bind onto
 // EnsembleTrainerOptions itself: the defaults --help shows are the struct's own.
 #pragma once
 
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include <CLI/CLI.hpp>
 
@@ -20,7 +20,7 @@ namespace packtrain::cli {
 // the options hold a c10::Device, which has no "auto").
 // --lr, --weight-decay and --dropout take comma lists: with more than one value, the
 // run is a sweep of their cross product, --members seeds each, in one pack
-// (runtime/trainers/hyperparameter_sweep.h).
+// (runtime/trainers/ensemble/hyperparameter_sweep.h).
 struct TrainerFlags {
   runtime::EnsembleTrainerOptions options;
   std::string device = "auto";

@@ -23,7 +23,7 @@ inline constexpr EnumNames<PlacementBalance, 2> kPlacementBalanceNames{
 
 // Seconds per micro-batch, the median of the repeats: forward + backward of each
 // piece, and the forward alone of the embeddings and of a block (what a stage whose
-// backward recomputes its forward runs once more: trainers/pipeline_stage_steps.h).
+// backward recomputes its forward runs once more: trainers/multitask/pipeline_stage_steps.h).
 // Plain data: runtime/measure/layer_timing.h measures them, a caller passes them.
 struct LayerTimes {
   double embedding = 0, block = 0, heads = 0;

@@ -3,7 +3,7 @@
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/profiling/nvtx.h"
-#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
+#include "packtrain/runtime/trainers/multitask/pipeline_stage_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -7,7 +7,7 @@
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/graphs/graph_log.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include <torch/arg.h>
 

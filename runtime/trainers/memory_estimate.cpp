@@ -6,9 +6,9 @@
 
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/active_learning.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -14,7 +14,7 @@ for layer in base profiling ensemble graphs runtime; do
   [[ -d "$inc/packtrain/$layer" ]] || { echo "FAIL: no $inc/packtrain/$layer"; exit 1; }
   [[ ! -e "$inc/$layer" ]] || { echo "FAIL: generic $layer/ at the include root"; exit 1; }
 done
-[[ -f "$inc/packtrain/runtime/trainers/ensemble_trainer.h" ]] || { echo "FAIL: trainer header not installed"; exit 1; }
+[[ -f "$inc/packtrain/runtime/trainers/ensemble/ensemble_trainer.h" ]] || { echo "FAIL: trainer header not installed"; exit 1; }
 [[ ! -e "$inc/packtrain/runtime/cli" ]] || { echo "FAIL: CLI headers installed"; exit 1; }
 cmake -S "$src/tests/install" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }

@@ -1,6 +1,6 @@
 // Trains a small pack through the installed headers and libraries: prints
 // "consumer: ok <rmse>" when the ensemble learned a linear target.
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include <ATen/ATen.h>
 

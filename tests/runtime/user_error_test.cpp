@@ -7,7 +7,7 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/distributed/collective_error.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 
 #include <gtest/gtest.h>
 

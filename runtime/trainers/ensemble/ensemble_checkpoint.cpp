@@ -1,13 +1,13 @@
 // EnsembleTrainer's checkpoints: encode (save), decode (read_checkpoint, restore)
 // and the selection of members from a member-parallel run's shards.
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include "packtrain/ensemble/optimizers/packed_optimizer.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/graphs/device_batcher.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>

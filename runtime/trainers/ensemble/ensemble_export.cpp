@@ -1,9 +1,9 @@
-#include "packtrain/runtime/trainers/ensemble_export.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_export.h"
 
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/io/model_export.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include <fmt/format.h>
 

@@ -1,12 +1,12 @@
 // EnsembleTrainer::predict and the mixture statistics and metrics of members'
-// predictions (runtime/trainers/ensemble_predictions.h).
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
+// predictions (runtime/trainers/ensemble/ensemble_predictions.h).
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
 
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/variance_calibration.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -4,8 +4,8 @@
 // members gathered from its shards with the same functions.
 #pragma once
 
-#include "packtrain/runtime/trainers/calibration.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -53,7 +53,7 @@ struct EnsemblePrediction {
 EnsemblePrediction combine_members(EnsemblePrediction members, Head head, const std::vector<double>& classes = {});
 // Per-member and ensemble metrics of a combined prediction against y (N), original
 // units: RMSE and Gaussian NLL, or accuracy and NLL (labels must be in `classes`),
-// and the ensemble's calibration (runtime/trainers/calibration.h) at `levels`.
+// and the ensemble's calibration (runtime/trainers/uncertainty/calibration.h) at `levels`.
 EnsembleMetrics ensemble_metrics(const EnsemblePrediction& prediction, const at::Tensor& y, Head head,
                                  const std::vector<double>& classes = {},
                                  const std::vector<double>& levels = kDefaultIntervalLevels);

@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include "packtrain/profiling/nvtx.h"
 

@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include "packtrain/ensemble/architectures.h"
 #include "packtrain/ensemble/member_seed.h"
@@ -9,10 +9,10 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
-#include "packtrain/runtime/trainers/ensemble_validation.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
-#include "packtrain/runtime/trainers/variance_calibration.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_validation.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -10,8 +10,8 @@
 
 #include "packtrain/ensemble/packed_model.h"
 #include "packtrain/runtime/data/standardizer.h"
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include <ATen/core/Tensor.h>
 

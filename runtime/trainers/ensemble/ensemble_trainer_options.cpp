@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
@@ -54,7 +54,7 @@ void describe_optimizer(Schema& s) {
       .help_text("Weight decay (decoupled for adamw); several sweep them as --lr")
       .in_group("Optimizer").at_least(0).finite_only().sweepable();
   s.option(PACKTRAIN_OPTION(momentum)).help_text("SGD momentum (Nesterov off)").in_group("Optimizer").at_least(0).below(1);
-  // Per-member values: a sweep's pack (runtime/trainers/hyperparameter_sweep.h).
+  // Per-member values: a sweep's pack (runtime/trainers/ensemble/hyperparameter_sweep.h).
   s.option(PACKTRAIN_OPTION(member_lr)).internal().above(0).finite_only().added_in(2, nlohmann::json::array());
   s.option(PACKTRAIN_OPTION(member_weight_decay)).internal().at_least(0).finite_only().added_in(2, nlohmann::json::array());
   s.option(PACKTRAIN_OPTION(member_dropout)).internal().at_least(0).below(1).added_in(2, nlohmann::json::array());

@@ -9,7 +9,7 @@
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/graphs/device_batcher.h"
 #include "packtrain/graphs/graph_log.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include <c10/core/Device.h>
 #include <torch/arg.h>
@@ -57,7 +57,7 @@ inline std::string_view to_string(EarlyStopping kind) { return kEarlyStoppingNam
 inline EarlyStopping parse_early_stopping(std::string_view name) { return kEarlyStoppingNames.parse(name); }
 
 // What a regression ensemble does with its validation rows once trained
-// (runtime/trainers/variance_calibration.h).
+// (runtime/trainers/uncertainty/variance_calibration.h).
 enum class Recalibration {
   kNone,      // predicts as trained
   kVariance,  // one scale s fitted on the validation rows: the predictive mixture
@@ -87,7 +87,7 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(double, momentum) = 0.9;  // SGD only (Nesterov off)
   // Per-member learning rates and weight decays (members() values each, or empty:
   // every member uses lr / weight_decay). A hyperparameter sweep trains in one pack
-  // this way (runtime/trainers/hyperparameter_sweep.h): the optimizers already read
+  // this way (runtime/trainers/ensemble/hyperparameter_sweep.h): the optimizers already read
   // both as (K) device tensors, so one captured step serves every configuration.
   TORCH_ARG(std::vector<double>, member_lr) = {};
   TORCH_ARG(std::vector<double>, member_weight_decay) = {};

@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/ensemble_validation.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_validation.h"
 
 #include "packtrain/ensemble/packed_loss.h"
 

@@ -5,7 +5,7 @@
 // after its members, each over-confident alone, got worse on their own losses.
 #pragma once
 
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include <ATen/core/Tensor.h>
 

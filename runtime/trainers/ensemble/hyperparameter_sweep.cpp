@@ -1,9 +1,9 @@
-// Hyperparameter sweeps in one pack (runtime/trainers/hyperparameter_sweep.h).
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+// Hyperparameter sweeps in one pack (runtime/trainers/ensemble/hyperparameter_sweep.h).
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 
 #include "packtrain/base/number_text.h"
 #include "packtrain/base/user_error.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
-#include "packtrain/runtime/trainers/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
 
-#include "packtrain/runtime/trainers/member_parallel.h"
+#include "packtrain/runtime/trainers/ensemble/member_parallel.h"
 
 #include <c10/util/Exception.h>
 

@@ -5,8 +5,8 @@
 #pragma once
 
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

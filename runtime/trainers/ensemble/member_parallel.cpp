@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/member_parallel.h"
+#include "packtrain/runtime/trainers/ensemble/member_parallel.h"
 
 #include "packtrain/base/number_text.h"
 #include "packtrain/runtime/data/data_error.h"

@@ -5,7 +5,7 @@
 // from every rank for the ensemble statistics.
 #pragma once
 
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 
 #include <ATen/core/Tensor.h>
 

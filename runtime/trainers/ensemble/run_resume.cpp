@@ -1,5 +1,5 @@
 // Resuming an ensemble run: see run_resume.h.
-#include "packtrain/runtime/trainers/run_resume.h"
+#include "packtrain/runtime/trainers/ensemble/run_resume.h"
 
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"

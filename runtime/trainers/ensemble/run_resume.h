@@ -9,8 +9,8 @@
 
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/member_parallel.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/member_parallel.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

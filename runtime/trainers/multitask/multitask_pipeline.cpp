@@ -1,8 +1,8 @@
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
 
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
+#include "packtrain/runtime/trainers/multitask/pipeline_stage_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -51,7 +51,7 @@ class PipelineStageSteps;
 enum class StageExecution {
   // The forward keeps its autograd graph until the micro-batch's backward (eager).
   kAutograd,
-  // Static steps (runtime/trainers/pipeline_stage_steps.h): captured as CUDA graphs
+  // Static steps (runtime/trainers/multitask/pipeline_stage_steps.h): captured as CUDA graphs
   // on a GPU, eager on the CPU; the backward recomputes the stage's forward.
   kStatic,
 };

@@ -1,5 +1,5 @@
 // Resuming a multi-task run: see multitask_resume.h.
-#include "packtrain/runtime/trainers/multitask_resume.h"
+#include "packtrain/runtime/trainers/multitask/multitask_resume.h"
 
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/fingerprint.h"

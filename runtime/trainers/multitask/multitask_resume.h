@@ -8,7 +8,7 @@
 
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/runtime/data/labelled_texts.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <c10/core/Device.h>
 

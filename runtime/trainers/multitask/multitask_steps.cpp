@@ -1,6 +1,6 @@
 // The multi-task steps: the two graph caches (training, eval) over one pool, the
 // step functions they capture, and the evaluation's fixed-size batching.
-#include "packtrain/runtime/trainers/multitask_steps.h"
+#include "packtrain/runtime/trainers/multitask/multitask_steps.h"
 
 #include "packtrain/profiling/nvtx.h"
 

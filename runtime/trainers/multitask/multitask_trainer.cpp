@@ -2,7 +2,7 @@
 // length buckets, data-parallel setup and training epochs. Evaluation, decoding and
 // checkpoints: multitask_trainer_{evaluation,decoding,checkpoint}.cpp; options:
 // multitask_trainer_options.cpp.
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include "multitask_trainer_internal.h"
 #include "packtrain/graphs/captured_step.h"
@@ -11,8 +11,8 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
-#include "packtrain/runtime/trainers/multitask_steps.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

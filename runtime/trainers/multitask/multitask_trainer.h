@@ -6,7 +6,7 @@
 // Static shapes: sentences are tokenized once (runtime/data/byte_tokenizer.h), grouped
 // into length buckets and uploaded to the device; every batch is one bucket's
 // padded length, so each bucket has one captured training graph and one eval graph
-// (MultiTaskSteps, runtime/trainers/multitask_steps.h). Texts longer than the
+// (MultiTaskSteps, runtime/trainers/multitask/multitask_steps.h). Texts longer than the
 // longest bucket are truncated to it and counted (the stated policy). Losses and
 // eval counts accumulate on the device and are read once per epoch. A step that
 // runs eagerly (CPU, capture off, a failed capture) says why in options().log().
@@ -75,7 +75,7 @@ struct MultiTaskTrainerOptions {
   TORCH_ARG(int64_t, eval_batch_size) = 64;
   TORCH_ARG(uint64_t, seed) = 0;  // model initialization and batch order
   TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
-  // Pipeline model parallel (runtime/trainers/multitask_pipeline.h): the model's
+  // Pipeline model parallel (runtime/trainers/multitask/multitask_pipeline.h): the model's
   // blocks split over this many ranks, each batch run as micro_batches pieces.
   TORCH_ARG(int64_t, pipeline_stages) = 1;
   TORCH_ARG(int64_t, micro_batches) = 1;

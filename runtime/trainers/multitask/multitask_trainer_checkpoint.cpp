@@ -1,7 +1,7 @@
 // MultiTaskTrainer's checkpoints: save (one file, or a pipeline's stage files and
 // their manifest), MultiTaskCheckpoint::read, and load (a stage per rank, or the
 // stages assembled into the whole model in one process).
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include "multitask_trainer_internal.h"
 #include "packtrain/profiling/nvtx.h"
@@ -9,8 +9,8 @@
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
-#include "packtrain/runtime/trainers/multitask_steps.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

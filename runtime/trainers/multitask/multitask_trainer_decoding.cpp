@@ -1,12 +1,12 @@
 // MultiTaskTrainer's decoding: the captured decode step per decoding kind, generate.
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include "multitask_trainer_internal.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

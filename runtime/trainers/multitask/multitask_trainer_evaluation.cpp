@@ -1,12 +1,12 @@
 // MultiTaskTrainer's evaluation (one process or pipelined) and scoring.
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include "multitask_trainer_internal.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
-#include "packtrain/runtime/trainers/multitask_steps.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

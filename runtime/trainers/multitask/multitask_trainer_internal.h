@@ -5,7 +5,7 @@
 #pragma once
 
 #include "packtrain/graphs/captured_step.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -1,5 +1,5 @@
 // MultiTaskTrainerOptions: validation and JSON both ways (merged over the defaults).
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"

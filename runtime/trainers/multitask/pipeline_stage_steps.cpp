@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
+#include "packtrain/runtime/trainers/multitask/pipeline_stage_steps.h"
 
 #include "packtrain/ensemble/packed_loss.h"
 

@@ -1,9 +1,9 @@
-// Acquisition scores and batch selection (runtime/trainers/acquisition.h).
-#include "packtrain/runtime/trainers/acquisition.h"
+// Acquisition scores and batch selection (runtime/trainers/uncertainty/acquisition.h).
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 
 #include "packtrain/base/user_error.h"
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
-#include "packtrain/runtime/trainers/predictive_distribution.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

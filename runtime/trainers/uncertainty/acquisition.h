@@ -16,7 +16,7 @@
 
 namespace packtrain::runtime {
 
-struct EnsemblePrediction;  // runtime/trainers/ensemble_predictions.h
+struct EnsemblePrediction;  // runtime/trainers/ensemble/ensemble_predictions.h
 
 enum class AcquisitionStrategy {
   // Regression.

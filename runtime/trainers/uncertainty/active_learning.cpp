@@ -1,4 +1,4 @@
-#include "packtrain/runtime/trainers/active_learning.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/data_error.h"

@@ -9,9 +9,9 @@
 // acquisition strategy, 1: random), run g, member m of that run's ensemble.
 #pragma once
 
-#include "packtrain/runtime/trainers/acquisition.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>

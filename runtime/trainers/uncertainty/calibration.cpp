@@ -1,8 +1,8 @@
-// Proper scores and calibration of an ensemble's predictions (runtime/trainers/calibration.h).
-#include "packtrain/runtime/trainers/calibration.h"
+// Proper scores and calibration of an ensemble's predictions (runtime/trainers/uncertainty/calibration.h).
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
 
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
-#include "packtrain/runtime/trainers/predictive_distribution.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -15,7 +15,7 @@
 
 namespace packtrain::runtime {
 
-struct EnsemblePrediction;  // runtime/trainers/ensemble_predictions.h
+struct EnsemblePrediction;  // runtime/trainers/ensemble/ensemble_predictions.h
 
 inline const std::vector<double> kDefaultIntervalLevels{0.5, 0.9, 0.95};
 inline constexpr int64_t kDefaultCalibrationPoints = 100;  // the miscalibration area's grid, as uncertainty-toolbox

@@ -1,8 +1,8 @@
-// The regression ensemble's predictive mixture (runtime/trainers/predictive_distribution.h).
-#include "packtrain/runtime/trainers/predictive_distribution.h"
+// The regression ensemble's predictive mixture (runtime/trainers/uncertainty/predictive_distribution.h).
+#include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
 
 #include "packtrain/base/user_error.h"
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

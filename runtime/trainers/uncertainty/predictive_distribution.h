@@ -14,7 +14,7 @@
 
 namespace packtrain::runtime {
 
-struct EnsemblePrediction;  // runtime/trainers/ensemble_predictions.h
+struct EnsemblePrediction;  // runtime/trainers/ensemble/ensemble_predictions.h
 
 // total² = aleatoric² + epistemic²: the mixture's variance is the members' mean
 // variance (the noise they predict; 0 for a mean head) plus the variance of their

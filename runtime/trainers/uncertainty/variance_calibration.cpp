@@ -1,8 +1,8 @@
 // Fitting and applying a regression ensemble's variance scale
-// (runtime/trainers/variance_calibration.h).
-#include "packtrain/runtime/trainers/variance_calibration.h"
+// (runtime/trainers/uncertainty/variance_calibration.h).
+#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -13,7 +13,7 @@
 
 namespace packtrain::runtime {
 
-struct EnsemblePrediction;  // runtime/trainers/ensemble_predictions.h
+struct EnsemblePrediction;  // runtime/trainers/ensemble/ensemble_predictions.h
 
 // The s minimizing the moment-matched Gaussian's NLL of y (N) under a combined
 // regression prediction scaled by s: in closed form, the mean over the rows of

@@ -7,8 +7,8 @@
 #include "packtrain/runtime/distributed/collective_watchdog.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -20,9 +20,9 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/trainers/multitask_pipeline.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
-#include "packtrain/runtime/trainers/pipeline_stage_steps.h"
+#include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/pipeline_stage_steps.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

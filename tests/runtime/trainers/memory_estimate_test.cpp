@@ -5,10 +5,10 @@
 #include "packtrain/ensemble/optimizers/packed_optimizer.h"
 #include "packtrain/ensemble/packed_transformer.h"
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/active_learning.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

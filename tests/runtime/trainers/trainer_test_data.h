@@ -2,7 +2,7 @@
 // far from standardized, and a small, fast trainer configuration.
 #pragma once
 
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

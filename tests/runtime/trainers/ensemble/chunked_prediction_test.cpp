@@ -5,11 +5,11 @@
 // calibration verdict over scores that are not finite, and a sweep too large for
 // the memory is refused by the estimate before its per-member values are built.
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/acquisition.h"
-#include "packtrain/runtime/trainers/calibration.h"
-#include "packtrain/runtime/trainers/ensemble_predictions.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 #include "tests/runtime/trainers/trainer_test_data.h"
 #include "tests/support/test_support.h"
 

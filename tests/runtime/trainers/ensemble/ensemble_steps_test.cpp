@@ -6,7 +6,7 @@
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_step.h"
-#include "packtrain/runtime/trainers/ensemble_steps.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -1,12 +1,12 @@
 // The options schemas (base/option_schema.h) of the ensemble trainer
-// (runtime/trainers/ensemble_trainer_options.cpp) and the multi-task trainer
+// (runtime/trainers/ensemble/ensemble_trainer_options.cpp) and the multi-task trainer
 // (multitask_trainer_options.cpp): every field of the structs is described, every
 // field survives JSON at a non-default value, older payloads are upgraded, and
 // ranges, types and the run-dependent patience are the library's.
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
-#include "packtrain/runtime/trainers/ensemble_trainer_options.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -68,14 +68,14 @@ std::set<std::string> described(const OptionSchema<O>& s) {
 }
 
 TEST(TrainerOptionSchema, DescribesEveryFieldOfTheStructOnce) {
-  std::set<std::string> fields = struct_fields("runtime/trainers/ensemble_trainer_options.h", "EnsembleTrainerOptions");
+  std::set<std::string> fields = struct_fields("runtime/trainers/ensemble/ensemble_trainer_options.h", "EnsembleTrainerOptions");
   EXPECT_GT(fields.size(), 25u) << "the header's fields were not found";
   EXPECT_EQ(fields.erase("log"), 1u);  // a callback, not an option: never serialized
   EXPECT_EQ(described(schema()), fields);
 }
 
 TEST(MultiTaskOptionSchema, DescribesEveryFieldOfTheStructAndItsModelOnce) {
-  std::set<std::string> fields = struct_fields("runtime/trainers/multitask_trainer.h", "MultiTaskTrainerOptions");
+  std::set<std::string> fields = struct_fields("runtime/trainers/multitask/multitask_trainer.h", "MultiTaskTrainerOptions");
   EXPECT_GT(fields.size(), 15u) << "the header's fields were not found";
   for (const char* not_an_option : {"log", "layer_timer", "model"}) EXPECT_EQ(fields.erase(not_an_option), 1u);
   std::set<std::string> model = struct_fields("ensemble/packed_transformer.h", "PackedTransformerOptions");

@@ -1,4 +1,4 @@
-// The library's resume (runtime/trainers/run_resume.h, multitask_resume.h): a run
+// The library's resume (runtime/trainers/ensemble/run_resume.h, multitask_resume.h): a run
 // stopped at a checkpoint and resumed continues exactly as the uninterrupted run
 // (bit for bit on the CPU, as `packtrain resume` is tested), and a checkpoint whose
 // data changed since is refused with a UserError.
@@ -6,8 +6,8 @@
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/multitask_resume.h"
-#include "packtrain/runtime/trainers/run_resume.h"
+#include "packtrain/runtime/trainers/multitask/multitask_resume.h"
+#include "packtrain/runtime/trainers/ensemble/run_resume.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -8,7 +8,7 @@
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/trainers/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

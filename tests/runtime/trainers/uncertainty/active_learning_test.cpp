@@ -5,7 +5,7 @@
 // random acquisition on a bundled data set, measured here, over the same seeds.
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/uci_dataset.h"
-#include "packtrain/runtime/trainers/active_learning.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>

@@ -4,11 +4,11 @@
 // fits it on its validation rows, keeps it through a checkpoint, and refits it to
 // the members a sweep keeps. (The scale is also checked against uncertainty-toolbox's
 // Gaussian NLL minimized by scipy in python/tests/test_calibration.py.)
-#include "packtrain/runtime/trainers/calibration.h"
-#include "packtrain/runtime/trainers/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/hyperparameter_sweep.h"
-#include "packtrain/runtime/trainers/predictive_distribution.h"
-#include "packtrain/runtime/trainers/variance_calibration.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
+#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 #include "tests/runtime/trainers/trainer_test_data.h"
 #include "tests/support/test_support.h"
 
