@@ -1,7 +1,8 @@
 """The data sets the CLI reads — the nine bundled UCI sets (concrete,
 energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant,
-power-plant, protein-tertiary-structure), UCI-format directories, CSV/TSV tables — split as the CLI
-splits them (C++: runtime/data), for the estimators and the examples."""
+power-plant, protein-tertiary-structure), the array sets optdigits and mnist1d (images and
+sequences, flattened to rows), UCI-format and array (.npy) directories, CSV/TSV tables — split as
+the CLI splits them (C++: runtime/data), for the estimators and the examples."""
 from collections import namedtuple
 
 from . import _core

@@ -1,5 +1,6 @@
 #include "packtrain/runtime/data/dataset.h"
 
+#include "packtrain/runtime/data/array_dataset.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/uci_dataset.h"
@@ -16,12 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Subdirectories of `dir` holding a data.txt, sorted.
+// Subdirectories of `dir` holding a data.txt or .npy arrays, sorted.
 std::vector<std::string> bundled_names(const fs::path& dir) {
   std::vector<std::string> names;
   std::error_code walk, probe;
   for (fs::directory_iterator it(dir, walk), end; !walk && it != end; it.increment(walk)) {
-    if (fs::is_regular_file(it->path() / "data.txt", probe)) names.push_back(it->path().filename().string());
+    if (fs::is_regular_file(it->path() / "data.txt", probe) || is_array_directory(it->path())) {
+      names.push_back(it->path().filename().string());
+    }
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -53,17 +56,20 @@ fs::path resolve(const std::string& argument) {
   throw DataError(argument + ": no such file or directory, nor a bundled data set (" + bundled_summary() + ")");
 }
 
+bool has_table_options(const DatasetSpec& spec) {
+  return !spec.features.empty() || !spec.target.empty() || spec.format.delimiter != 0 ||
+         spec.format.header != HeaderMode::kDetect;
+}
+
 Dataset load_uci_directory(const fs::path& dir, const DatasetSpec& spec) {
-  const bool table_options = !spec.features.empty() || !spec.target.empty() || spec.format.delimiter != 0 ||
-                             spec.format.header != HeaderMode::kDetect;
-  if (table_options) {
+  if (has_table_options(spec)) {
     throw DataError(dir.string() + ": a UCI-format directory takes its columns from index_features.txt and "
                     "index_target.txt; features, target and table format apply to table files only");
   }
   std::error_code ec;
   if (!fs::exists(dir / "data.txt", ec)) throw DataError(dir.string() + ": not a UCI-format data set directory (no data.txt)");
   RegressionData uci = load_uci(dir);
-  Dataset data{uci.name, dir, {}, std::to_string(uci.target_column), uci.features, uci.targets, std::nullopt};
+  Dataset data{uci.name, dir, {}, std::to_string(uci.target_column), uci.features, uci.targets, std::nullopt, {}, {}};
   for (int64_t column : uci.feature_columns) data.feature_names.push_back(std::to_string(column));
   // A UCI-format directory of one's own may come without standard splits.
   if (fs::exists(dir / "n_splits.txt", ec)) data.uci_splits = uci_split_count(dir);
@@ -99,7 +105,7 @@ Dataset load_table_file(const fs::path& file, const DatasetSpec& spec) {
   const int64_t target = spec.target.empty() ? table.cols() - 1 : table.column_index(spec.target);
   const std::vector<int64_t> features = feature_columns(table, spec.features, target);
   Dataset data{file.stem().string(), file, {}, table.columns[target], table.numeric(features), table.numeric({target}),
-               std::nullopt};
+               std::nullopt, {}, {}};
   for (int64_t c : features) data.feature_names.push_back(table.columns[c]);
   return data;
 }
@@ -111,8 +117,9 @@ Dataset subset(const Dataset& data, const std::vector<int64_t>& rows) {
   const at::Tensor index = at::tensor(rows, at::kLong);
   out.features = data.features.index_select(0, index);
   out.targets = data.targets.index_select(0, index);
-  // The standard split files index the full data set, not this subset.
+  // The standard split files and an array directory's split index the full data set, not this subset.
   out.uci_splits.reset();
+  out.own_split.reset();
   return out;
 }
 
@@ -137,11 +144,28 @@ fs::path bundled_data_dir() {
 Dataset load_dataset(const DatasetSpec& spec) {
   if (spec.path.empty()) {
     throw DataError("no data set given: name a bundled set (" + bundled_summary() +
-                    "), a UCI-format directory or a table file");
+                    "), a UCI-format directory, an array directory or a table file");
   }
   const fs::path path = resolve(spec.path);
   std::error_code ec;
-  return fs::is_directory(path, ec) ? load_uci_directory(path, spec) : load_table_file(path, spec);
+  Dataset data;
+  if (fs::is_directory(path, ec) && is_array_directory(path)) {
+    if (has_table_options(spec)) {
+      throw DataError(path.string() + ": an array directory's features and labels are its .npy files; features, "
+                      "target and table format apply to table files only");
+    }
+    data = load_array_directory(path);
+  } else if (fs::is_directory(path, ec)) {
+    data = load_uci_directory(path, spec);
+  } else if (path.extension() == ".npy") {
+    throw DataError(path.string() + ": a .npy file is read as part of an array directory: put the features in "
+                    "features.npy and the labels in labels.npy (or train_ and test_ pairs) in one directory, and "
+                    "give the directory");
+  } else {
+    data = load_table_file(path, spec);
+  }
+  if (data.sample_shape.empty()) data.sample_shape = {data.features.size(1)};
+  return data;
 }
 
 DataSplit uci_split(const Dataset& data, int k) {

@@ -1,5 +1,6 @@
 // The one entry point from a user's data argument to tensors: a bundled data
-// set's name, a UCI-format directory, or a CSV / TSV / whitespace table file.
+// set's name, a UCI-format directory, an array directory of .npy files
+// (array_dataset.h), or a CSV / TSV / whitespace table file.
 #pragma once
 
 #include "packtrain/runtime/data/data_split.h"
@@ -22,14 +23,19 @@ struct Dataset {
   at::Tensor features;                     // (N, I) float64, CPU
   at::Tensor targets;                      // (N, 1) float64, CPU
   std::optional<int> uci_splits;           // standard splits of a UCI directory (n_splits.txt)
+  // One sample's shape before flattening to the I features: (C, H, W) for images,
+  // (C, L) for sequences, (I) for a table; its product is always I.
+  std::vector<int64_t> sample_shape;
+  std::optional<DataSplit> own_split;      // an array directory's own train / test split
 };
 
 // The rows `rows` (0-based) of `data`, in that order, with the same names and source.
 Dataset subset(const Dataset& data, const std::vector<int64_t>& rows);
 
 struct DatasetSpec {
-  // A bundled data set's name (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant, power-plant, protein-tertiary-structure), a
-  // UCI-format directory, or a CSV / TSV / whitespace table file.
+  // A bundled data set's name (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant,
+  // power-plant, protein-tertiary-structure; the image sets optdigits and mnist1d), a UCI-format directory, an array
+  // directory (features.npy and labels.npy, or train_ and test_ pairs), or a CSV / TSV / whitespace table file.
   std::string path;
   TableFormat format;                  // table files only
   std::vector<std::string> features;  // table files: names or indices; empty = every column but the target
@@ -42,8 +48,9 @@ struct DatasetSpec {
 std::filesystem::path bundled_data_dir();
 
 // Resolves spec.path, an existing file or directory first, else a bundled name,
-// and loads it. A UCI directory takes its columns from its index files, so
-// spec.features / target / format must be left empty there. DataError for an
+// and loads it. A UCI or array directory takes its columns from its own files, so
+// spec.features / target / format must be left empty there; a lone .npy file is
+// refused (it belongs in an array directory). DataError for an
 // unknown name (listing the bundled sets), a target that is also a feature, a
 // repeated feature, or a table with no feature column left.
 Dataset load_dataset(const DatasetSpec& spec);

@@ -5,6 +5,7 @@
 #include "packtrain/runtime/data/fingerprint.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace packtrain::runtime {
@@ -104,6 +105,13 @@ SplitData load_split_data(const DataArgs& a) {
   } else if (out.all.uci_splits) {
     out.split = uci_split(out.all, a.split);
     how = fmt::format("split {}", a.split);
+  } else if (out.all.own_split) {
+    if (a.split != 0) {
+      throw DataError(fmt::format("{}: --split {}: an array directory has one train / test split, its own",
+                                  out.all.source.string(), a.split));
+    }
+    out.split = *out.all.own_split;
+    how = "own train / test split";
   } else {
     out.split = split_by_fractions(rows, a.val_fraction, a.test_fraction, a.split_seed);
     how = fmt::format("random split (seed {})", a.split_seed);
@@ -114,9 +122,12 @@ SplitData load_split_data(const DataArgs& a) {
     carve_validation(out.split, a.val_fraction, a.split_seed);
   }
   check_split(out.split, rows);
-  out.description = fmt::format("{} {} ({} train / {} validation / {} test rows, {} features)", out.all.name, how,
+  out.description = fmt::format("{} {} ({} train / {} validation / {} test rows, {} features{})", out.all.name, how,
                                 out.split.train.size(), out.split.validation.size(), out.split.test.size(),
-                                out.all.features.size(1));
+                                out.all.features.size(1),
+                                out.all.sample_shape.size() > 1
+                                    ? fmt::format(", samples of shape ({})", fmt::join(out.all.sample_shape, ", "))
+                                    : "");
   out.fingerprint = fingerprint(out);
   return out;
 }

@@ -207,7 +207,8 @@ TEST(LoadDataset, WineQualityIsBundledWithIntegerScores) {
 TEST(LoadDataset, UnknownNameListsTheBundledSets) {
   const std::string error = error_of([] { load_dataset(spec("concret")); });
   EXPECT_THAT(error, HasSubstr("concret: no such file or directory, nor a bundled data set"));
-  EXPECT_THAT(error, HasSubstr("bostonHousing, concrete, energy, kin8nm, naval-propulsion-plant, power-plant, protein-tertiary-structure, wine-quality-red, yacht"));
+  EXPECT_THAT(error, HasSubstr("bostonHousing, concrete, energy, kin8nm, mnist1d, naval-propulsion-plant, optdigits, power-plant, "
+                              "protein-tertiary-structure, wine-quality-red, yacht"));
   EXPECT_THAT(error_of([] { load_dataset(DatasetSpec{}); }), HasSubstr("no data set given"));
 }
 

@@ -1,0 +1,25 @@
+// Array directories: a data set stored as NumPy .npy arrays (images, sequences),
+// read by runtime/data/npy_file.h, flattened to a table's (N, I) with the sample
+// shape kept, e.g. the bundled optdigits (1, 8, 8) and mnist1d (1, 40).
+#pragma once
+
+#include "packtrain/runtime/data/dataset.h"
+
+#include <filesystem>
+
+namespace packtrain::runtime {
+
+// Whether `dir` holds features.npy, or train_features.npy (the two layouts below).
+bool is_array_directory(const std::filesystem::path& dir);
+
+// A directory with
+//   features.npy (N, ...) and labels.npy (N): split later like a table file, or
+//   train_features.npy, train_labels.npy, test_features.npy, test_labels.npy: its
+//   own split, the training rows first (Dataset::own_split).
+// Features in any accepted dtype (npy_file.h), flattened in C order to (N, I) float64
+// with Dataset::sample_shape the rest of their shape; labels, whole numbers >= 0, as
+// the (N, 1) float64 targets of a classification set. DataError naming the file for
+// any problem, both layouts at once, or train and test samples of different shapes.
+Dataset load_array_directory(const std::filesystem::path& dir);
+
+}  // namespace packtrain::runtime
