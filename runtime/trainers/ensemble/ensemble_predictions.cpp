@@ -71,7 +71,11 @@ EnsemblePrediction EnsembleTrainer::predict_standardized(const at::Tensor& xs) c
   for (int64_t k = 0; k < options_.members(); ++k) {
     if (members_[k].usable) out.included.push_back(k);
   }
-  if (out.included.empty()) throw std::runtime_error("every member diverged: no usable member to predict with");
+  if (out.included.empty()) {
+    throw UserError(
+        "every member diverged (a non-finite loss before any good weights): no usable member to predict with; "
+        "train again with a lower learning rate");
+  }
   const at::Tensor raw = model_->forward(xs).to(at::kDouble).cpu();  // (K, N, O)
   if (options_.head() == Head::kClassification) {
     out.member_probabilities = raw.softmax(-1);

@@ -431,7 +431,7 @@ EpochReport EnsembleTrainer::run_epoch() {
   // One loss report per epoch (readback every epoch); waiting here costs one
   // synchronization per epoch, which the per-member decisions below need anyway.
   const std::vector<LossReport> losses = steps_->wait_losses();
-  TORCH_CHECK(!losses.empty(), "internal: no loss report after an epoch");
+  TORCH_INTERNAL_ASSERT(!losses.empty(), "no loss report after an epoch");
   if (data_parallel) {
     at::Tensor mean = losses.back().mean.contiguous();
     group_->all_reduce_mean_(mean, "training-loss all-reduce", steps_taken_ + report.steps);  // each rank saw its shard

@@ -83,9 +83,10 @@ TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
   const Result exported = run("export " + ckpt + " " + path("members.pt"));
   EXPECT_EQ(exported.status, 2) << exported.out;
   EXPECT_THAT(exported.out, HasSubstr("export writes MLP members only: this ensemble's members are residual-mlp"));
-  const Result unknown = run("train --data yacht --architecture cnn --epochs 1 --device cpu");
+  const Result unknown = run("train --data yacht --architecture no-such-net --epochs 1 --device cpu");
   EXPECT_EQ(unknown.status, 2) << unknown.out;
-  EXPECT_THAT(unknown.out, HasSubstr("unknown architecture 'cnn' (expected mlp or residual-mlp)"));
+  EXPECT_THAT(unknown.out, HasSubstr("unknown architecture 'no-such-net' (expected mlp"));
+  EXPECT_THAT(unknown.out, HasSubstr("residual-mlp"));
 }
 
 TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {

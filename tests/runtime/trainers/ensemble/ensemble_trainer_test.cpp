@@ -220,7 +220,7 @@ TEST_P(EnsembleTrainerTest, AResidualMlpPackTrainsAndResumesExactlyAndRefusesWha
         t.prepare(d.x, d.y);
       },
       UserError);
-  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(options).architecture("cnn")), UserError);
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(options).architecture("no-such-architecture")), UserError);
 }
 
 TEST_P(EnsembleTrainerTest, ACheckpointForAnotherModelShapeOrOtherDataIsRefused) {
