@@ -5,8 +5,8 @@
 
 namespace packtrain::ensemble {
 
-PackedLinear::PackedLinear(at::Tensor weight, at::Tensor bias)
-    : weight_(std::move(weight)), bias_(std::move(bias)) {
+PackedLinear::PackedLinear(at::Tensor weight, at::Tensor bias, PackOfOne pack_of_one)
+    : weight_(std::move(weight)), bias_(std::move(bias)), pack_of_one_(pack_of_one) {
   TORCH_CHECK(weight_.dim() == 3, "packed weight must be (K, I, O), got ", weight_.sizes());
   TORCH_CHECK(bias_.dim() == 3 && bias_.size(0) == weight_.size(0) && bias_.size(1) == 1 &&
                   bias_.size(2) == weight_.size(2),
@@ -29,10 +29,33 @@ void PackedLinear::check_input(const at::Tensor& x) const {
               x.scalar_type(), " differs from the weights' ", weight_.scalar_type());
 }
 
+at::Tensor PackedLinear::batched(const at::Tensor& x) const {
+  return x.dim() == 2 ? x.unsqueeze(0).expand({members(), x.size(0), x.size(1)}) : x;
+}
+
 at::Tensor PackedLinear::forward(const at::Tensor& x) const {
-  // A shared batch is broadcast over members with a stride-0 view, not copied.
-  const at::Tensor batched = x.dim() == 2 ? x.unsqueeze(0).expand({members(), x.size(0), x.size(1)}) : x;
-  return at::baddbmm(bias_, batched, weight_);
+  if (plain_gemm()) {
+    const int64_t I = in_features(), O = out_features();
+    const at::Tensor rows = x.reshape({-1, I});  // (B, I)
+    return at::addmm(bias_.view({O}), rows, weight_.view({I, O})).view({1, rows.size(0), O});
+  }
+  return at::baddbmm(bias_, batched(x), weight_);
+}
+
+at::Tensor PackedLinear::forward_onto(const at::Tensor& residual, const at::Tensor& x) const {
+  const int64_t B = x.size(-2), O = out_features();
+  TORCH_CHECK(residual.dim() == 3 && residual.size(0) == members() && residual.size(1) == B &&
+                  residual.size(2) == O,
+              "packed linear residual for input ", x.sizes(), ": expected [", members(), ", ", B, ", ", O,
+              "], got ", residual.sizes());
+  // The in-place GEMM writes a fresh sum, never a view of the residual or the bias.
+  if (plain_gemm()) {
+    const int64_t I = in_features();
+    const at::Tensor rows = x.reshape({-1, I});  // (B, I)
+    at::Tensor out = residual.reshape({-1, O}) + bias_.view({O});
+    return out.addmm_(rows, weight_.view({I, O})).view({1, rows.size(0), O});
+  }
+  return (residual + bias_).baddbmm_(batched(x), weight_);
 }
 
 }  // namespace packtrain::ensemble

@@ -16,13 +16,13 @@ namespace packtrain::ensemble {
 
 namespace {
 
-std::string block(int64_t l) { return "block" + std::to_string(l); }
+std::string block_prefix(int64_t l) { return "block" + std::to_string(l); }
 
 std::vector<ParameterSpec> transformer_specs(const PackedTransformerOptions& o) {
   const int64_t d = o.width(), r = o.mlp_ratio() * o.width();
   std::vector<ParameterSpec> specs{{"tok_emb.weight", {o.vocab(), d}}, {"pos_emb.weight", {o.max_length(), d}}};
   for (int64_t l = 0; l < o.layers(); ++l) {
-    const std::string b = block(l);
+    const std::string b = block_prefix(l);
     specs.push_back({b + ".ln1.weight", {1, d}});
     specs.push_back({b + ".ln1.bias", {1, d}});
     specs.push_back({b + ".attn.qkv.weight", {d, 3 * d}});
@@ -99,7 +99,42 @@ PackedTransformer::PackedTransformer(PackedTransformerOptions options, Transform
       stage_(checked_stage(stage, options_)),
       parameters_(options_.members(), stage_specs(options_, stage_),
                   c10::TensorOptions().dtype(options_.dtype()).device(options_.device())) {
+  const auto linear = [&](const std::string& prefix) {
+    return PackedLinear(param(prefix + ".weight"), param(prefix + ".bias"), PackOfOne::kPlainGemm);
+  };
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
+    const std::string b = block_prefix(l);
+    blocks_.push_back({param(b + ".ln1.weight"), param(b + ".ln1.bias"), linear(b + ".attn.qkv"),
+                       linear(b + ".attn.out"), param(b + ".ln2.weight"), param(b + ".ln2.bias"),
+                       linear(b + ".mlp.fc"), linear(b + ".mlp.proj")});
+  }
+  if (last_stage()) {
+    ln_f_weight_ = param("ln_f.weight");
+    ln_f_bias_ = param("ln_f.bias");
+    classifier_ = linear("cls");
+    if (!options_.tie_lm_head()) lm_head_ = linear("lm");
+  }
   reinitialize(options_.seed());
+}
+
+const PackedTransformer::Block& PackedTransformer::block(int64_t layer) const {
+  TORCH_CHECK(layer >= stage_.first_layer && layer < stage_.end_layer, "transformer block ", layer,
+              ": this model holds blocks ", stage_.first_layer, "..", stage_.end_layer - 1);
+  return blocks_[static_cast<size_t>(layer - stage_.first_layer)];
+}
+
+const PackedLinear& PackedTransformer::classifier() const {
+  TORCH_CHECK(last_stage(), "transformer classifier: this stage (blocks ", stage_.first_layer, "..",
+              stage_.end_layer, ") does not hold the heads");
+  return classifier_;
+}
+
+const PackedLinear& PackedTransformer::lm_head() const {
+  TORCH_CHECK(last_stage(), "transformer LM head: this stage (blocks ", stage_.first_layer, "..", stage_.end_layer,
+              ") does not hold the heads");
+  TORCH_CHECK(!options_.tie_lm_head(),
+              "transformer LM head: tied to the token embedding, it has no weights of its own");
+  return lm_head_;
 }
 
 void PackedTransformer::reinitialize(uint64_t seed) {
@@ -142,47 +177,18 @@ void PackedTransformer::reinitialize(uint64_t seed) {
 
 // A pack of one is one model: its norms and matmuls run on (d) and (I, O) views of
 // its parameters as at::layer_norm with weight and bias (one kernel each way, which
-// also reduces the weight and bias gradients) and plain GEMMs (addmm, mm). Views,
-// not select(0, 0): a view's gradient is a reshape, a select's a zero-filled copy.
-// K > 1 members need per-member scales: layer_norm, then one addcmul; baddbmm.
-at::Tensor PackedTransformer::norm(const at::Tensor& x, const std::string& prefix) const {
+// also reduces the weight and bias gradients) and plain GEMMs (addmm, mm: the linear
+// layers' PackOfOne::kPlainGemm). Views, not select(0, 0): a view's gradient is a
+// reshape, a select's a zero-filled copy. K > 1 members need per-member scales:
+// layer_norm, then one addcmul; baddbmm.
+at::Tensor PackedTransformer::norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
   const int64_t d = options_.width();
-  const at::Tensor weight = param(prefix + ".weight");  // (K, 1, d)
-  const at::Tensor bias = param(prefix + ".bias");      // (K, 1, d)
   if (members() == 1) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), 1e-5);
   return at::addcmul(bias, at::layer_norm(x, {d}, {}, {}, 1e-5), weight);
 }
 
-at::Tensor PackedTransformer::linear(const at::Tensor& x, const std::string& prefix) const {
-  const at::Tensor weight = param(prefix + ".weight");  // (K, I, O)
-  const at::Tensor bias = param(prefix + ".bias");      // (K, 1, O)
-  if (members() == 1) {
-    const int64_t I = weight.size(1), O = weight.size(2);
-    const at::Tensor rows = x.reshape({-1, I});  // (N, I)
-    return at::addmm(bias.view({O}), rows, weight.view({I, O})).view({1, rows.size(0), O});
-  }
-  return at::baddbmm(bias, x, weight);
-}
-
-// residual + linear(x): the bias is added to the residual, and the GEMM accumulates
-// into that sum in place (beta = 1), so neither the bias broadcast copy nor a separate
-// residual add is made. The in-place op is on a fresh tensor, never a view.
-at::Tensor PackedTransformer::residual_linear(const at::Tensor& residual, const at::Tensor& x,
-                                              const std::string& prefix) const {
-  const at::Tensor weight = param(prefix + ".weight");  // (K, I, O)
-  const at::Tensor bias = param(prefix + ".bias");      // (K, 1, O)
-  if (members() == 1) {
-    const int64_t I = weight.size(1), O = weight.size(2);
-    const at::Tensor rows = x.reshape({-1, I});  // (N, I)
-    at::Tensor out = residual.reshape({-1, O}) + bias.view({O});
-    return out.addmm_(rows, weight.view({I, O})).view({1, rows.size(0), O});
-  }
-  return (residual + bias).baddbmm_(x, weight);
-}
-
-at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, int64_t layer) const {
-  const std::string b = block(layer);
-  return residual_linear(x, at::gelu(linear(norm(x, b + ".ln2"), b + ".mlp.fc")), b + ".mlp.proj");
+at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, const Block& block) const {
+  return block.mlp_proj.forward_onto(x, at::gelu(block.mlp_fc.forward(norm(x, block.ln2_weight, block.ln2_bias))));
 }
 
 at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
@@ -205,21 +211,20 @@ at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
               K, ", B, T, ", d, "), got ", hidden.sizes());
   const int64_t B = hidden.size(1), T = hidden.size(2);
   at::Tensor x = hidden.reshape({K, B * T, d});
-  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
-    const std::string b = block(l);
+  for (const Block& block : blocks_) {
     // q, k, v: (K*B, H, T, dh) strided views of the qkv output (columns [3][H][dh]),
     // which SDPA reads in place. Unbinding dim 2 of (K*B, T, 3, H, dh) makes the
     // backward one stack of the three gradients straight into the qkv output's layout
     // (a copy into (3, K*B, H, T, dh) and three selects would cost a zeroed buffer and
     // a copy per tensor, and the stack then a permuting copy).
     const std::vector<at::Tensor> qkv =
-        linear(norm(x, b + ".ln1"), b + ".attn.qkv").view({K * B, T, 3, H, dh}).unbind(2);
+        block.qkv.forward(norm(x, block.ln1_weight, block.ln1_bias)).view({K * B, T, 3, H, dh}).unbind(2);
     const at::Tensor attended = at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
                                                                  qkv[2].transpose(1, 2), {}, 0.0, /*is_causal=*/true);
     // (K*B, H, T, dh) -> (K, B*T, d): a view where the kernel returns it (K*B, T, H, dh)-major,
     // as the fused CPU one does.
-    x = residual_linear(x, attended.transpose(1, 2).reshape({K, B * T, d}), b + ".attn.out");
-    x = mlp_residual(x, l);
+    x = block.attn_out.forward_onto(x, attended.transpose(1, 2).reshape({K, B * T, d}));
+    x = mlp_residual(x, block);
   }
   return x.view({K, B, T, d});
 }
@@ -228,7 +233,7 @@ at::Tensor PackedTransformer::final_norm(const at::Tensor& x) const {
   TORCH_CHECK(last_stage(), "transformer final norm: this stage (blocks ", stage_.first_layer, "..",
               stage_.end_layer, ") does not hold it");
   const int64_t K = x.size(0), B = x.size(1), T = x.size(2), d = x.size(3);
-  return norm(x.reshape({K, B * T, d}), "ln_f").view({K, B, T, d});
+  return norm(x.reshape({K, B * T, d}), ln_f_weight_, ln_f_bias_).view({K, B, T, d});
 }
 
 at::Tensor PackedTransformer::trunk(const at::Tensor& tokens) const {
@@ -244,7 +249,7 @@ at::Tensor PackedTransformer::classify(const at::Tensor& hidden, const at::Tenso
               lengths.sizes());
   const at::Tensor last = (lengths - 1).view({1, B, 1, 1}).expand({K, B, 1, d});
   const at::Tensor pooled = hidden.gather(2, last).squeeze(2);  // (K, B, d)
-  return linear(pooled, "cls");
+  return classifier_.forward(pooled);
 }
 
 at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
@@ -252,7 +257,7 @@ at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
   const at::Tensor h = hidden.reshape({K, B * T, d});
   at::Tensor logits;
   if (!options_.tie_lm_head()) {
-    logits = linear(h, "lm");
+    logits = lm_head_.forward(h);
   } else if (K == 1) {
     logits = at::mm(h.reshape({B * T, d}), param("tok_emb.weight").view({options_.vocab(), d}).t());
   } else {
@@ -275,6 +280,7 @@ KvCache PackedTransformer::make_cache(int64_t rows) const {
 
 at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Tensor& position,
                                           KvCache& cache) const {
+  TORCH_CHECK(whole(), "decode step: decoding needs the whole model, not a pipeline stage");
   const int64_t K = members(), R = cache.rows, d = options_.width(), H = options_.heads(), dh = d / H;
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == K && tokens.size(1) == R && tokens.scalar_type() == at::kLong,
               "decode step: tokens must be (", K, ", ", R, ") int64, got ", tokens.scalar_type(), " ", tokens.sizes());
@@ -285,8 +291,8 @@ at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Te
   const at::Tensor visible =
       (at::arange(options_.max_length(), position.options()) <= position.view({1})).view({1, 1, 1, -1});
   for (int64_t l = 0; l < options_.layers(); ++l) {
-    const std::string b = block(l);
-    const at::Tensor qkv = linear(norm(x, b + ".ln1"), b + ".attn.qkv")
+    const Block& block = blocks_[static_cast<size_t>(l)];
+    const at::Tensor qkv = block.qkv.forward(norm(x, block.ln1_weight, block.ln1_bias))
                                .view({K, R, 3, H, dh})
                                .permute({2, 0, 1, 3, 4})
                                .reshape({3, K * R, H, 1, dh});
@@ -294,10 +300,10 @@ at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Te
     keys.index_copy_(2, position.view({1}), qkv[1]);
     values.index_copy_(2, position.view({1}), qkv[2]);
     const at::Tensor attended = at::scaled_dot_product_attention(qkv[0], keys, values, visible);
-    x = residual_linear(x, attended.reshape({K, R, d}), b + ".attn.out");
-    x = mlp_residual(x, l);
+    x = block.attn_out.forward_onto(x, attended.reshape({K, R, d}));
+    x = mlp_residual(x, block);
   }
-  return norm(x, "ln_f");
+  return norm(x, ln_f_weight_, ln_f_bias_);
 }
 
 }  // namespace packtrain::ensemble

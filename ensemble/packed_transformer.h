@@ -8,7 +8,10 @@
 // Parameters live in one PackedParameters flat buffer (member-major, so packed
 // optimizers, checkpoints and the flat-gradient all-reduce work unchanged); every
 // matmul is a baddbmm over the K members, or a plain GEMM (addmm, mm) when K = 1, and
-// a pack of one normalizes with at::layer_norm's own weight and bias. Inputs are
+// a pack of one normalizes with at::layer_norm's own weight and bias. The linear
+// layers are PackedLinear views of the flat buffer (PackOfOne::kPlainGemm), made once
+// at construction; the buffer is only ever written in place (checkpoint loads,
+// reinitialize, write_member_rows), so they stay its views. Inputs are
 // right-padded token rows (B, T) with per-row lengths: causal attention never lets a
 // real token see a pad, so no padding mask is needed, and losses ignore pad positions.
 //
@@ -25,6 +28,7 @@
 // the device, so its shapes never change and the step can be captured as a graph.
 #pragma once
 
+#include "packtrain/ensemble/packed_linear.h"
 #include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
@@ -78,6 +82,16 @@ struct KvCache {
 
 class PackedTransformer {
  public:
+  // Views of one block's parameters in parameters() (d = width, r = mlp_ratio * d).
+  struct Block {
+    at::Tensor ln1_weight, ln1_bias;  // (K, 1, d)
+    PackedLinear qkv;                 // (K, d, 3d): columns [3][heads][head_dim]
+    PackedLinear attn_out;            // (K, d, d)
+    at::Tensor ln2_weight, ln2_bias;  // (K, 1, d)
+    PackedLinear mlp_fc;              // (K, d, r)
+    PackedLinear mlp_proj;            // (K, r, d)
+  };
+
   // Throws (c10::Error) for a stage that is not a non-empty range of the model's blocks.
   explicit PackedTransformer(PackedTransformerOptions options, TransformerStage stage = {});
 
@@ -92,6 +106,13 @@ class PackedTransformer {
   bool first_stage() const { return stage_.first_layer == 0; }
   bool last_stage() const { return stage_.end_layer == options_.layers(); }
   bool whole() const { return first_stage() && last_stage(); }
+
+  // Block `layer` (one this model holds: first_layer <= layer < end_layer), the
+  // classification head and the untied LM head (last stage; throws elsewhere, and
+  // lm_head when the LM head is tied to the token embedding).
+  const Block& block(int64_t layer) const;
+  const PackedLinear& classifier() const;
+  const PackedLinear& lm_head() const;
 
   // tokens (B, T) int64, shared by the members, T <= max_length. Returns the final
   // normalized hidden states (K, B, T, d). The whole model only.
@@ -119,15 +140,17 @@ class PackedTransformer {
 
  private:
   at::Tensor param(const std::string& name) const { return parameters_.at(name); }
-  at::Tensor norm(const at::Tensor& x, const std::string& prefix) const;  // x (K, N, d)
-  at::Tensor linear(const at::Tensor& x, const std::string& prefix) const;  // x (K, N, in)
-  // residual (K, N, out) + linear(x, prefix)
-  at::Tensor residual_linear(const at::Tensor& residual, const at::Tensor& x, const std::string& prefix) const;
-  at::Tensor mlp_residual(const at::Tensor& x, int64_t layer) const;  // x + mlp(x)
+  // x (K, N, d) normalized with weight and bias (K, 1, d).
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const;
+  at::Tensor mlp_residual(const at::Tensor& x, const Block& block) const;  // x + mlp(x)
 
   PackedTransformerOptions options_;
   TransformerStage stage_;
   PackedParameters parameters_;
+  std::vector<Block> blocks_;           // blocks first_layer .. end_layer - 1
+  at::Tensor ln_f_weight_, ln_f_bias_;  // (K, 1, d), last stage
+  PackedLinear classifier_;             // (K, d, C), last stage
+  PackedLinear lm_head_;                // (K, d, V), last stage with an untied LM head
 };
 
 }  // namespace packtrain::ensemble

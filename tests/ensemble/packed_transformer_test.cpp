@@ -1,7 +1,8 @@
 // PackedTransformer and the multi-task step: one trunk forward gives the gradients
 // of the two-model approach (two forwards through the shared trunk, summed loss);
 // decoding with the KV cache equals recomputing the whole prefix; padding is never
-// read; member k of a pack is the model a pack of one builds with the same seed.
+// read; member k of a pack is the model a pack of one builds with the same seed; its
+// linear layers stay views of the flat buffer through loads and reinitialization.
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_loss.h"
@@ -13,10 +14,15 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace packtrain::ensemble {
 namespace {
 
 using packtrain::testing::all_close;
+using packtrain::testing::all_equal;
 
 constexpr int64_t kPad = 256;
 
@@ -174,6 +180,106 @@ TEST_P(PackedTransformerTest, AttentionOverMoreThan65535MemberRowsEqualsItsHalve
   const double scale = whole_grad.abs().max().item<double>();
   ASSERT_GT(scale, 0);
   EXPECT_TRUE(all_close(whole_grad / scale, model.parameters().flat_grad() / scale, 1e-4));
+}
+
+// Every linear layer computes with the parameters' own leaf tensors (so gradients
+// land in the flat gradient buffer), which lie inside the flat buffer.
+void expect_layers_are_views_of_the_flat_buffer(const PackedTransformer& model, const std::string& when) {
+  const PackedParameters& p = model.parameters();
+  const auto inside = [](const at::Tensor& t, const at::Tensor& flat) {
+    const char* begin = static_cast<const char*>(flat.data_ptr());
+    const char* end = begin + flat.numel() * flat.element_size();
+    const char* first = static_cast<const char*>(t.data_ptr());
+    return first >= begin && first + t.numel() * t.element_size() <= end;
+  };
+  std::vector<std::pair<std::string, PackedLinear>> layers;
+  for (int64_t l = model.stage().first_layer; l < model.stage().end_layer; ++l) {
+    const std::string b = "block" + std::to_string(l);
+    const PackedTransformer::Block& block = model.block(l);
+    layers.insert(layers.end(), {{b + ".attn.qkv", block.qkv},
+                                 {b + ".attn.out", block.attn_out},
+                                 {b + ".mlp.fc", block.mlp_fc},
+                                 {b + ".mlp.proj", block.mlp_proj}});
+    EXPECT_TRUE(block.ln1_weight.is_same(p.at(b + ".ln1.weight"))) << when << " " << b;
+    EXPECT_TRUE(block.ln2_bias.is_same(p.at(b + ".ln2.bias"))) << when << " " << b;
+  }
+  if (model.last_stage()) {
+    layers.emplace_back("cls", model.classifier());
+    if (!model.options().tie_lm_head()) layers.emplace_back("lm", model.lm_head());
+  }
+  ASSERT_FALSE(layers.empty());
+  for (const auto& [name, layer] : layers) {
+    EXPECT_EQ(layer.pack_of_one(), PackOfOne::kPlainGemm) << when << " " << name;
+    EXPECT_TRUE(layer.weight().is_same(p.at(name + ".weight"))) << when << " " << name;
+    EXPECT_TRUE(layer.bias().is_same(p.at(name + ".bias"))) << when << " " << name;
+    EXPECT_TRUE(inside(layer.weight(), p.flat())) << when << " " << name;
+    EXPECT_TRUE(inside(layer.bias(), p.flat())) << when << " " << name;
+  }
+}
+
+// What is written into the flat buffer in place — through parameters(), a
+// checkpoint load (a copy into flat()), reinitialize, member rows — is what the
+// layers compute with; gradients land in flat_grad().
+TEST_P(PackedTransformerTest, LinearLayersStayViewsOfTheFlatBufferThroughLoadsAndReinitialization) {
+  for (const int64_t K : {int64_t{1}, int64_t{2}}) {
+    const std::string k = "K=" + std::to_string(K);
+    const PackedTransformerOptions options = small(device(), K).tie_lm_head(false);
+    PackedTransformer model(options), other(PackedTransformerOptions(options).seed(99));
+    expect_layers_are_views_of_the_flat_buffer(model, k + " fresh");
+    const TextBatch batch = random_batch(3, 9, 13, device());
+    const auto outputs = [&](const PackedTransformer& m) {
+      const at::Tensor hidden = m.trunk(batch.tokens);
+      return std::make_pair(m.classify(hidden, batch.lengths), m.lm_logits(hidden));
+    };
+    {
+      at::NoGradGuard no_grad;
+      model.parameters().at("block1.mlp.proj.weight").fill_(0.25);
+      const at::Tensor& proj = model.block(1).mlp_proj.weight();
+      EXPECT_TRUE(all_equal(proj, at::full_like(proj, 0.25))) << k << ": a write through parameters()";
+
+      model.parameters().flat().copy_(other.parameters().flat());  // what a checkpoint load does
+      const auto [cls, lm] = outputs(model);
+      const auto [other_cls, other_lm] = outputs(other);
+      EXPECT_TRUE(all_close(cls, other_cls, 1e-12)) << k << ": after a load";
+      EXPECT_TRUE(all_close(lm, other_lm, 1e-12)) << k << ": after a load";
+      expect_layers_are_views_of_the_flat_buffer(model, k + " loaded");
+
+      model.reinitialize(options.seed());
+      const PackedTransformer fresh(options);
+      const auto [reinit_cls, reinit_lm] = outputs(model);
+      const auto [fresh_cls, fresh_lm] = outputs(fresh);
+      EXPECT_TRUE(all_close(reinit_cls, fresh_cls, 1e-12)) << k << ": after reinitialize";
+      EXPECT_TRUE(all_close(reinit_lm, fresh_lm, 1e-12)) << k << ": after reinitialize";
+      EXPECT_FALSE(at::allclose(reinit_lm, other_lm)) << k << ": another seed, other logits";
+
+      model.parameters().write_member_rows(other.parameters().member_row(K - 1).unsqueeze(0), {0});
+      EXPECT_TRUE(all_equal(model.block(0).qkv.weight()[0], other.block(0).qkv.weight()[K - 1])) << k;
+      expect_layers_are_views_of_the_flat_buffer(model, k + " member rows written");
+    }
+    model.parameters().zero_grad();
+    const auto [cls, lm] = outputs(model);
+    torch::autograd::backward({cls.square().sum() + lm.square().sum()});
+    const at::Tensor& grad = model.block(0).qkv.weight().grad();
+    ASSERT_TRUE(grad.defined()) << k;
+    EXPECT_GT(grad.abs().max().item<double>(), 0.0) << k;
+    const char* flat_grad = static_cast<const char*>(model.parameters().flat_grad().data_ptr());
+    const char* first = static_cast<const char*>(grad.data_ptr());
+    EXPECT_TRUE(first >= flat_grad &&
+                first + grad.numel() * grad.element_size() <=
+                    flat_grad + model.parameters().flat_grad().numel() * model.parameters().flat_grad().element_size())
+        << k << ": the qkv weight's gradient lies in flat_grad()";
+  }
+}
+
+TEST_P(PackedTransformerTest, AStageHoldsTheLayersOfItsBlocksOnly) {
+  const PackedTransformerOptions options = small(device()).layers(3).tie_lm_head(false);
+  const PackedTransformer first(options, {0, 1}), last(options, {1, 3});
+  expect_layers_are_views_of_the_flat_buffer(first, "first stage");
+  expect_layers_are_views_of_the_flat_buffer(last, "last stage");
+  EXPECT_THROW(first.block(1), c10::Error);
+  EXPECT_THROW(first.classifier(), c10::Error);
+  EXPECT_THROW(last.block(0), c10::Error);
+  EXPECT_THROW(PackedTransformer(small(device())).lm_head(), c10::Error) << "a tied LM head has no weights";
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedTransformerTest);
