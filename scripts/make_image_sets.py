@@ -54,7 +54,7 @@ def make_mnist1d(out_dir):
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
-    data = make_dataset(args)  # no download: the templates are constants in mnist1d/data.py
+    data = make_dataset(args)  # no download: the templates are constants in the package (get_templates)
     os.makedirs(out_dir, exist_ok=True)
     for split, x, y in (("train", data["x"], data["y"]), ("test", data["x_test"], data["y_test"])):
         features = np.ascontiguousarray(x, dtype=np.float32)[:, None, :]
