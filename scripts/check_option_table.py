@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A doc's table of a trainer's options is `packtrain info --options` (or --multitask-options).
+"""A doc's table of a trainer's options is `packtrain info --options` (or --multitask-options, ...).
 
 The tables are generated from the options schemas (runtime/trainers/ensemble/ensemble_trainer_options.cpp,
-multitask_trainer_options.cpp), the same ones --help, JSON and Python come from; this
-check (the ctests OptionTable and MultitaskOptionTable) fails when a doc's copy
-differs, and `--write` replaces the copy.
+multitask_trainer_options.cpp, runtime/trainers/uncertainty/active_learning.cpp and acquisition.cpp),
+the same ones --help, JSON and Python come from; this check (the ctests OptionTable,
+MultitaskOptionTable, ActiveLearningOptionTable and AcquisitionOptionTable) fails when
+a doc's copy differs, and `--write` replaces the copy.
 
     scripts/check_option_table.py --binary build/bin/packtrain [--doc docs/guide.md] [--flag=--options] [--write]
 """
@@ -25,8 +26,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", required=True, help="the packtrain binary")
     parser.add_argument("--doc", default=str(pathlib.Path(__file__).resolve().parent.parent / "docs" / "guide.md"))
-    parser.add_argument("--flag", default="--options", choices=["--options", "--multitask-options"],
-                        help="which table: train's (--options) or multitask train's")
+    parser.add_argument("--flag", default="--options", choices=["--options", "--multitask-options", "--active-learning-options", "--acquisition-options"],
+                        help="which table: train's (--options), multitask train's, active-learn's or acquire's")
     parser.add_argument("--write", action="store_true", help="replace the docs' table with the generated one")
     args = parser.parse_args()
     BEGIN = begin_marker(args.flag)

@@ -8,6 +8,7 @@
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/uncertainty/calibration.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
@@ -478,6 +479,10 @@ void add_calibration_and_acquisition(py::module_& m) {
         return classification_calibration_dict(rt::classification_calibration(probabilities, target, bins));
       },
       py::arg("probabilities"), py::arg("target"), py::arg("bins") = rt::kDefaultConfidenceBins);
+  m.def("acquisition_option_schema", [] { return rt::acquisition_option_schema().describe().dump(); },
+        "`acquire`'s options schema as JSON (as option_schema for the trainer's): acquire()'s defaults.");
+  m.def("active_learning_option_schema", [] { return rt::active_learning_option_schema().describe().dump(); },
+        "`active-learn`'s loop and acquisition options schema as JSON.");
   m.def("acquisition_strategies", [] {
     std::vector<std::string> names;
     for (const auto& [value, name] : rt::kAcquisitionStrategyNames.entries) names.emplace_back(name);
@@ -492,7 +497,8 @@ void add_calibration_and_acquisition(py::module_& m) {
         o.seed = seed;
         return rt::acquisition_scores(prediction_from(p), o);
       },
-      py::arg("prediction"), py::arg("strategy"), py::arg("ucb_beta") = 2.0, py::arg("seed") = 0);
+      py::arg("prediction"), py::arg("strategy"), py::arg("ucb_beta") = rt::AcquisitionOptions().ucb_beta,
+      py::arg("seed") = rt::AcquisitionOptions().seed);
   m.def(
       "select_batch",
       [](const at::Tensor& scores, int64_t count, const std::string& selection, double power, uint64_t seed) {
@@ -502,7 +508,9 @@ void add_calibration_and_acquisition(py::module_& m) {
         o.seed = seed;
         return rt::select_batch(scores, count, o);
       },
-      py::arg("scores"), py::arg("count"), py::arg("selection") = "top", py::arg("power") = 1.0, py::arg("seed") = 0);
+      py::arg("scores"), py::arg("count"),
+      py::arg("selection") = std::string(rt::kBatchSelectionNames.name(rt::AcquisitionOptions().selection)),
+      py::arg("power") = rt::AcquisitionOptions().power, py::arg("seed") = rt::AcquisitionOptions().seed);
 }
 
 void add_checkpoints(py::module_& m) {

@@ -33,6 +33,9 @@ _DATA_DEFAULTS = dict(_core.default_data_options())
 _DATA_DEFAULTS["select"] = "all"  # train --select: a sweep keeps all configurations, or the best
 _OPTION_NAMES = tuple(_TRAINER_DEFAULTS)
 _SWEPT = tuple(name for name, f in _SCHEMA.items() if f["sweep"])  # lists sweep them, as the CLI's comma lists
+# acquire()'s defaults: `packtrain acquire`'s, from its options schema (runtime/trainers/uncertainty/acquisition.h);
+# the strategy's depends on the head (None: epistemic for a regressor, bald for a classifier).
+_ACQUISITION_DEFAULTS = {f["name"]: f["default"] for f in json.loads(_core.acquisition_option_schema())}
 
 # What the C++ integer types hold (int64; the seeds are unsigned 64-bit).
 _INT64_MAX, _UINT64_MAX = 2**63 - 1, 2**64 - 1
@@ -395,7 +398,9 @@ class _PackedEnsemble(_Base):
             raise ValueError(f"X has {x.shape[0]} rows but y has {t.shape[0]}: give one target per row")
         return self._trainer.evaluate(x, t, [float(v) for v in levels])
 
-    def acquire(self, X_pool, count=10, strategy=None, selection="top", power=1.0, seed=0, ucb_beta=2.0):
+    def acquire(self, X_pool, count=10, strategy=None, selection=_ACQUISITION_DEFAULTS["selection"],
+                power=_ACQUISITION_DEFAULTS["power"], seed=_ACQUISITION_DEFAULTS["seed"],
+                ucb_beta=_ACQUISITION_DEFAULTS["ucb_beta"]):
         """Which rows of an unlabelled pool to label next, as `packtrain acquire` picks
         them: (indices, scores), the `count` chosen rows' positions in X_pool in the
         order chosen and every row's score (higher: more worth a label). strategy:

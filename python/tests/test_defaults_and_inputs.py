@@ -3,6 +3,7 @@ training sets train in one smaller batch, sweeps take lists, and bad parameters 
 calls raise a clear ValueError/TypeError/MemoryError/RuntimeError before any work.
 
 Run by CTest (python_tests) on the build tree's package; PACKTRAIN_BINARY names the CLI."""
+import inspect
 import json
 import logging
 import os
@@ -25,16 +26,16 @@ def data(n, seed=0, features=3):
     return x, x @ np.arange(1.0, features + 1)
 
 
-def train_help_defaults():
-    """--flag: the default `packtrain train --help` shows ("--members INT=16 ..."; a
+def train_help_defaults(command="train"):
+    """--flag: the default `packtrain train --help` (or `command`'s) shows ("--members INT=16 ..."; a
     sweepable flag's one-element list "--lr FLOAT=[0.003] ..." as its element), or
     None for a flag without a value (--layer-norm)."""
     if not CLI:
         pytest.skip("PACKTRAIN_BINARY is not set (run through ctest)")
-    text = subprocess.run([CLI, "train", "--help"], check=True, capture_output=True, text=True).stdout
+    text = subprocess.run([CLI, command, "--help"], check=True, capture_output=True, text=True).stdout
     defaults = {}
     for line in text.splitlines():
-        m = re.match(r"^\s+(--[a-z][\w-]*)(?:\s+[A-Z][A-Z:|]*(?:=(\S+))?)?", line)
+        m = re.match(r"^\s+(?:-\w,)?(--[a-z][\w-]*)(?:\s+[A-Z][A-Z:|]*(?:=(\S+))?)?", line)  # -b,--count too
         if m:
             shown = m.group(2)
             if shown is not None and re.fullmatch(r"\[[^,\]]*\]", shown):
@@ -83,6 +84,26 @@ def test_every_default_is_train_helps(estimator):
     omitted = {"head", "min_variance", "recalibration"} if estimator == "EnsembleClassifier" else set()
     assert set(params) - {"val_fraction", "split_seed", "select"} == \
         {name for name, f in fields.items() if f["python"]} - omitted
+
+
+def test_every_acquire_default_is_the_schemas_and_acquire_helps():
+    """acquire()'s parameters are `packtrain acquire`'s options: each default equals its
+    schema field's (runtime/trainers/uncertainty/acquisition.h) and what `acquire --help`
+    shows; the strategy's is the head's (None here, epistemic|bald there)."""
+    helps = train_help_defaults("acquire")
+    fields = {f["name"]: f for f in json.loads(_core.acquisition_option_schema())}
+    params = inspect.signature(packtrain.EnsembleRegressor.acquire).parameters
+    assert set(fields) <= set(params), set(fields) - set(params)
+    for name, field in fields.items():
+        default, shown = params[name].default, helps[field["flag"]]
+        if name == "strategy":
+            assert default is None and shown == "epistemic|bald", shown
+            assert field["default"] == "epistemic" and "bald (classification)" in field["help"]
+            continue
+        assert default == field["default"], (name, default, field["default"])
+        assert (str(default) == shown if isinstance(default, str) else type(default)(shown) == default), (name, shown)
+    assert params["count"].default == int(helps["--count"])
+    assert inspect.signature(packtrain.EnsembleClassifier.acquire) == inspect.signature(packtrain.EnsembleRegressor.acquire)
 
 
 def test_default_patience_is_off_without_validation_rows_as_the_clis(tmp_path):

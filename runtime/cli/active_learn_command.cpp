@@ -4,10 +4,9 @@
 // learning curve as CSV and SVG.
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/commands.h"
-#include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/cli/output_paths.h"
+#include "packtrain/runtime/cli/schema_flags.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
-#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
@@ -40,9 +39,7 @@ struct ActiveLearnCommand {
 // The acquisition strategy's name: the given one, else bald (classification) or
 // epistemic (regression), its options checked.
 std::string checked_strategy(ActiveLearnCommand& c, bool cls) {
-  if (!c.strategy_given) {
-    c.loop.acquisition().strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
-  }
+  if (!c.strategy_given) c.loop.acquisition().strategy = runtime::default_strategy(cls);
   const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.loop.acquisition().strategy));
   try {  // before any round is trained
     runtime::check_acquisition_options(c.loop.acquisition(), cls);
@@ -161,27 +158,9 @@ void add_active_learn_command(CLI::App& app, int& status) {
       "test RMSE or accuracy, both strategies) as CSV and SVG.");
   add_data_options(a, c->data);
   add_trainer_options(a, c->trainer);
-  a->add_option("--initial", c->loop.initial(), "Labelled rows at the start")->capture_default_str()->check(positive())->group("Active learning");
-  a->add_option("--acquire", c->loop.acquire(), "Rows labelled per round")->capture_default_str()->check(positive())->group("Active learning");
-  a->add_option("--rounds", c->loop.rounds(), "Trainings (acquisitions happen between them)")->capture_default_str()->check(positive())->group("Active learning");
-  a->add_option("--runs", c->loop.ensembles(), "Independent runs (ensembles) per strategy, all in one pack")->capture_default_str()->check(positive())->group("Active learning");
-  a->add_option("--al-seed", c->loop.seed(), "Seed of the initial labelled set, random acquisition and the rounds' re-initializations")->capture_default_str()->group("Active learning");
-  add_enum_option(a, "--strategy", c->loop.acquisition().strategy, runtime::kAcquisitionStrategyNames,
-                  "How the pool is scored; default epistemic (regression) or bald (classification)")
-      ->default_str("epistemic|bald")
-      ->each([c](const std::string&) { c->strategy_given = true; })
-      ->group("Active learning");
-  add_enum_option(a, "--selection", c->loop.acquisition().selection, runtime::kBatchSelectionNames,
-                  "top: the highest scores; power/softmax: drawn with probability ~ score^power or exp(power*score)")
-      ->group("Active learning");
-  a->add_option("--power", c->loop.acquisition().power, "Exponent (power) or inverse temperature (softmax) of the sampling")
-      ->capture_default_str()
-      ->check(finite_non_negative())
-      ->group("Active learning");
-  a->add_option("--ucb-beta", c->loop.acquisition().ucb_beta, "UCB: mean + beta * total std")
-      ->capture_default_str()
-      ->check(between(-runtime::kMaxUcbBeta, runtime::kMaxUcbBeta))
-      ->group("Active learning");
+  // The loop's and its acquisition's flags, --help and checks: their schema (active_learning.cpp).
+  add_schema_flags(a, runtime::active_learning_option_schema(), c->loop);
+  a->get_option("--strategy")->default_str("epistemic|bald")->each([c](const std::string&) { c->strategy_given = true; });
   a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
   a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");
   a->add_flag("--json", c->json, "Print the result as JSON on stdout")->group("Output");

@@ -11,6 +11,7 @@
 #include "packtrain/runtime/measure/launch_profile.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -263,10 +264,18 @@ void add_info_commands(CLI::App& app, int& status) {
   auto multitask_options = std::make_shared<bool>(false);
   info->add_flag("--multitask-options", *multitask_options,
                  "The same for `multitask train`'s trainer options (their schema)");
-  info->callback([json, collectives, device, options, multitask_options, &status] {
-    if (*options || *multitask_options) {
+  auto active_learning_options = std::make_shared<bool>(false);
+  info->add_flag("--active-learning-options", *active_learning_options,
+                 "The same for `active-learn`'s loop and acquisition options (beside train's trainer options)");
+  auto acquisition_options = std::make_shared<bool>(false);
+  info->add_flag("--acquisition-options", *acquisition_options, "The same for `acquire`'s acquisition options");
+  info->callback([json, collectives, device, options, multitask_options, active_learning_options, acquisition_options,
+                  &status] {
+    if (*options || *multitask_options || *active_learning_options || *acquisition_options) {
       if (*options) print_options(runtime::trainer_option_schema(), *json);
-      else print_options(runtime::multitask_option_schema(), *json);
+      else if (*multitask_options) print_options(runtime::multitask_option_schema(), *json);
+      else if (*active_learning_options) print_options(runtime::active_learning_option_schema(), *json);
+      else print_options(runtime::acquisition_option_schema(), *json);
       status = 0;
       return;
     }

@@ -2,13 +2,13 @@
 #include "packtrain/runtime/cli/cli_common.h"
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/range_checks.h"
+#include "packtrain/runtime/cli/schema_flags.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/metrics_report.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/cli/enum_option.h"
 #include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
@@ -340,7 +340,7 @@ int run_acquire(AcquireCommand c) {
   check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"pool", c.pool}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   const bool cls = m.first().options().head() == runtime::Head::kClassification;
-  if (!c.strategy_given) c.options.strategy = cls ? runtime::AcquisitionStrategy::kBald : runtime::AcquisitionStrategy::kEpistemic;
+  if (!c.strategy_given) c.options.strategy = runtime::default_strategy(cls);
   try {  // before the pool is read and scored
     runtime::check_acquisition_options(c.options, cls);
   } catch (const UserError& e) {
@@ -472,20 +472,15 @@ void add_acquire_command(CLI::App& app, int& status) {
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();
   a->add_option("pool", acquire->pool, "CSV/TSV/whitespace table of unlabelled feature rows")->required();
-  add_enum_option(a, "--strategy", acquire->options.strategy, runtime::kAcquisitionStrategyNames,
-                  "How rows are scored; default epistemic (regression) or bald (classification)")
-      ->default_str("epistemic|bald")
-      ->each([acquire](const std::string&) { acquire->strategy_given = true; });
   a->add_option("--count,-b", acquire->count, "Rows to choose (the batch size b)")->capture_default_str()->check(positive());
-  add_enum_option(a, "--selection", acquire->options.selection, runtime::kBatchSelectionNames,
-                  "top: the b highest scores; power/softmax: b drawn with probability ~ score^power or exp(power*score)");
-  a->add_option("--power", acquire->options.power, "Exponent (power) or inverse temperature (softmax) of the sampling")
-      ->capture_default_str()
-      ->check(finite_non_negative());
-  a->add_option("--ucb-beta", acquire->options.ucb_beta, "UCB: mean + beta * total std")
-      ->capture_default_str()
-      ->check(between(-runtime::kMaxUcbBeta, runtime::kMaxUcbBeta));
-  a->add_option("--seed", acquire->options.seed, "Seed of random scores and sampled batches")->capture_default_str();
+  // --strategy, --selection, --power, --ucb-beta, --seed: their schema (acquisition.h).
+  add_schema_flags(a, runtime::acquisition_option_schema(), acquire->options);
+  // A negative --seed is refused by the uint64 range alone (make_integer_options_exact:
+  // "must be an integer between 0 and 18446744073709551615"), as acquire always did.
+  a->get_option("--seed")->get_validator()->active(false);  // its only check so far: non_negative()
+  a->get_option("--strategy")->default_str("epistemic|bald")->each([acquire](const std::string&) {
+    acquire->strategy_given = true;
+  });
   a->add_option("-o,--output", acquire->output, "Output file (written atomically; default: stdout)");
   a->add_flag("--json", acquire->json, "Write JSON instead of CSV");
   a->add_option("--device", acquire->device, "auto, cpu, cuda or cuda:N")->capture_default_str();

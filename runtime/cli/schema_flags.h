@@ -20,10 +20,13 @@ namespace packtrain::cli {
 
 namespace detail {
 
-// The CLI11 check of a bounded number: the field's own rule, before conversion.
+// The CLI11 check of a bounded number: the field's own rule, before conversion; a
+// closed range as the CLI's other ranges say it (range_checks.h's between(): "must
+// be between -1000000 and 1000000"), with no type label, which --help would show.
 template <typename O>
 CLI::Validator field_bounds(const OptionField<O>& f) {
-  const std::string rule = f.rule();
+  const bool closed = f.min && f.max && !f.min_open && !f.max_open;
+  const std::string rule = closed ? fmt::format("between {} and {}", *f.min, *f.max) : f.rule();
   const std::string label = rule == "> 0" ? "POSITIVE" : rule == ">= 0" ? "NONNEGATIVE" : "";
   return bound(label, rule, [f](double v) { return f.accepts(v); });
 }

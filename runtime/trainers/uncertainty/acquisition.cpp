@@ -7,7 +7,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -55,11 +54,22 @@ void check_acquisition_options(const AcquisitionOptions& o, bool classification)
   if (o.strategy != AcquisitionStrategy::kRandom && strategy_for_classification(o.strategy) != classification) {
     throw UserError(fit_error(o.strategy, classification));
   }
-  if (o.strategy == AcquisitionStrategy::kUcb && !(std::abs(o.ucb_beta) <= kMaxUcbBeta)) {
-    throw UserError(fmt::format("the UCB beta must be finite and between {:g} and {:g}, got {}",
-                                            -kMaxUcbBeta, kMaxUcbBeta, o.ucb_beta));
-  }
-  if (o.selection != BatchSelection::kTop) check_power(o);
+  o.validate();
+}
+
+const OptionSchema<AcquisitionOptions>& acquisition_option_schema() {
+  static const OptionSchema<AcquisitionOptions> schema = [] {
+    OptionSchema<AcquisitionOptions> s("acquisition options", /*format_version=*/1);
+    describe_acquisition_options(s, [](auto& o) -> auto& { return o; }, "Acquisition", "seed", "--seed");
+    return s;
+  }();
+  return schema;
+}
+
+void AcquisitionOptions::validate() const { acquisition_option_schema().check_ranges(*this); }
+
+AcquisitionStrategy default_strategy(bool classification) {
+  return classification ? AcquisitionStrategy::kBald : AcquisitionStrategy::kEpistemic;
 }
 
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& o) {

@@ -7,11 +7,13 @@
 #pragma once
 
 #include "packtrain/base/enum_names.h"
+#include "packtrain/base/option_schema.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace packtrain::runtime {
@@ -54,23 +56,66 @@ inline constexpr EnumNames<BatchSelection, 3> kBatchSelectionNames{
     "batch selection",
     {{{BatchSelection::kTop, "top"}, {BatchSelection::kPower, "power"}, {BatchSelection::kSoftmax, "softmax"}}}};
 
+// Described once, with their defaults' meaning, ranges and flags, by
+// acquisition_option_schema() (describe_acquisition_options below): a field added
+// here needs one line there to reach validate(), JSON, `acquire`'s and
+// `active-learn`'s flags, `packtrain info` and Python's defaults.
 struct AcquisitionOptions {
-  AcquisitionStrategy strategy = AcquisitionStrategy::kEpistemic;
+  /// Example: AcquisitionOptions{.strategy = AcquisitionStrategy::kBald, .selection = BatchSelection::kPower}
+  AcquisitionStrategy strategy = AcquisitionStrategy::kEpistemic;  // a classifier's default: default_strategy
   BatchSelection selection = BatchSelection::kTop;
   double ucb_beta = 2.0;  // UCB's multiple of the total std
   double power = 1.0;     // the sampling exponent (power) or inverse temperature (softmax)
   uint64_t seed = 0;      // random scores, sampled batches
+
+  // UserError naming the first field outside its schema range (whether or not the
+  // strategy and selection use it); check_acquisition_options adds the head's fit.
+  void validate() const;
 };
+
+// The strategy a run takes when none is given: bald for a classifier, else epistemic
+// (the CLI's and Python's "default epistemic|bald").
+AcquisitionStrategy default_strategy(bool classification);
 
 // UCB's beta is bounded: mean + beta * std of a larger one overflows, and it means
 // "by the std alone" long before.
 inline constexpr double kMaxUcbBeta = 1e6;
 
+// The acquisition options' fields, described once, on the schema of any options
+// struct O that holds an AcquisitionOptions where `access` (O& -> AcquisitionOptions&)
+// says: AcquisitionOptions itself (acquisition_option_schema: `acquire`'s flags) or
+// ActiveLearningOptions::acquisition() (`active-learn`'s). `seed_name` is the seed's
+// JSON name; `seed_flag` its flag, "" for none (active-learn seeds by --al-seed).
+template <typename O, typename Access>
+void describe_acquisition_options(OptionSchema<O>& s, Access access, const std::string& group,
+                                  const std::string& seed_name, const std::string& seed_flag) {
+  s.choice("strategy", [access](auto& o) -> auto& { return access(o).strategy; }, kAcquisitionStrategyNames)
+      .help_text("How the pool is scored; default epistemic (regression) or bald (classification)")
+      .in_group(group);
+  s.choice("selection", [access](auto& o) -> auto& { return access(o).selection; }, kBatchSelectionNames)
+      .help_text("top: the b highest scores; power/softmax: b drawn with probability ~ score^power or exp(power*score)")
+      .in_group(group);
+  s.option("power", [access](auto& o) -> auto& { return access(o).power; })
+      .help_text("Exponent (power) or inverse temperature (softmax) of the sampling")
+      .in_group(group).at_least(0).finite_only();
+  s.option("ucb_beta", [access](auto& o) -> auto& { return access(o).ucb_beta; })
+      .help_text("UCB: mean + beta * total std")
+      .in_group(group).at_least(-kMaxUcbBeta).at_most(kMaxUcbBeta);
+  OptionField<O>& seed = s.option(seed_name, [access](auto& o) -> auto& { return access(o).seed; })
+                             .help_text("Seed of random scores and sampled batches")
+                             .in_group(group);
+  if (seed_flag.empty()) seed.no_flag();
+  else seed.flag_name(seed_flag);
+}
+
+// `packtrain acquire`'s options: the fields above, format version 1.
+const OptionSchema<AcquisitionOptions>& acquisition_option_schema();
+
 // UserError, saying what to use instead, when `options` cannot score
-// the predictions of a classifier (or a regressor): a strategy of the other head, a
-// UCB beta that is not finite or beyond +-kMaxUcbBeta, a sampling power that is not
-// finite and >= 0. Check before the work that ends in scoring (a pool read, rounds
-// of training).
+// the predictions of a classifier (or a regressor): a strategy of the other head, or
+// a field outside its schema range (validate(): a UCB beta that is not finite or
+// beyond +-kMaxUcbBeta, a sampling power that is not finite and >= 0). Check before
+// the work that ends in scoring (a pool read, rounds of training).
 void check_acquisition_options(const AcquisitionOptions& options, bool classification);
 
 // Scores (N, float64) of the prediction's rows under `options.strategy`; throws

@@ -112,11 +112,36 @@ double stddev(const std::vector<double>& v) {
 
 }  // namespace
 
+const OptionSchema<ActiveLearningOptions>& active_learning_option_schema() {
+  static const OptionSchema<ActiveLearningOptions> schema = [] {
+    OptionSchema<ActiveLearningOptions> s("active-learning options", /*format_version=*/1);
+    const std::string group = "Active learning";
+    s.option(PACKTRAIN_OPTION(initial)).help_text("Labelled rows at the start").in_group(group).above(0);
+    s.option(PACKTRAIN_OPTION(acquire)).help_text("Rows labelled per round").in_group(group).above(0);
+    s.option(PACKTRAIN_OPTION(rounds)).help_text("Trainings (acquisitions happen between them)").in_group(group).above(0);
+    s.option(PACKTRAIN_OPTION(ensembles))
+        .flag_name("--runs")
+        .help_text("Independent runs (ensembles) per strategy, all in one pack")
+        .in_group(group).above(0);
+    s.option(PACKTRAIN_OPTION(random_baseline))
+        .flag_name("--no-random-baseline").sets_false()
+        .help_text("Leave out the random-acquisition baseline (its runs and its column)")
+        .in_group(group);
+    s.option(PACKTRAIN_OPTION(seed))
+        .flag_name("--al-seed")
+        .help_text("Seed of the initial labelled set, random acquisition and the rounds' re-initializations")
+        .in_group(group);
+    describe_acquisition_options(s, [](auto& o) -> auto& { return o.acquisition(); }, group, "acquisition_seed", "");
+    return s;
+  }();
+  return schema;
+}
+
 void ActiveLearningOptions::validate() const {
-  require(initial() > 0, "initial must be positive, got " + std::to_string(initial()));
-  require(acquire() > 0, "acquire must be positive, got " + std::to_string(acquire()));
-  require(rounds() > 0, "rounds must be positive, got " + std::to_string(rounds()));
-  require(ensembles() > 0, "ensembles must be positive, got " + std::to_string(ensembles()));
+  for (const OptionField<ActiveLearningOptions>& f : active_learning_option_schema().fields()) {
+    const std::string problem = f.problem(*this);  // "initial must be > 0, got 0"
+    require(problem.empty(), problem);
+  }
 }
 
 // --- PoolPartition ---------------------------------------------------------------

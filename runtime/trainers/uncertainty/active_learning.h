@@ -26,6 +26,9 @@
 
 namespace packtrain::runtime {
 
+// Described once by active_learning_option_schema() (active_learning.cpp): a field
+// added here is its TORCH_ARG and one line there, and reaches validate(), JSON,
+// `active-learn`'s flags and --help, and `packtrain info --active-learning-options`.
 struct ActiveLearningOptions {
   /// Example: ActiveLearningOptions().initial(20).acquire(10).rounds(8).ensembles(4).seed(1)
   // n: labelled rows at the start, one seeded set shared by every run and strategy,
@@ -42,9 +45,13 @@ struct ActiveLearningOptions {
   TORCH_ARG(AcquisitionOptions, acquisition) = {};
 
  public:
-  // Throws UserError naming the field and value.
+  // Throws UserError naming the field and value (the schema's ranges).
   void validate() const;
 };
+
+// The fields of ActiveLearningOptions and of its acquisition options (the latter's
+// seed as "acquisition_seed", without a flag), format version 1.
+const OptionSchema<ActiveLearningOptions>& active_learning_option_schema();
 
 struct LearningCurvePoint {
   int64_t round = 0;     // 0-based: round r trained on initial + r * acquire rows

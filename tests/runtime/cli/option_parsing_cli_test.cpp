@@ -207,5 +207,67 @@ TEST_F(Cli, RunsTooLargeForMemoryAreUsageErrors) {
   expect_usage_error(sweep, "--members", "a sweep of 2 x 10^8 members");
 }
 
+// `info_flag`'s schema (`packtrain info <info_flag> --json`) is what `command --help`
+// lists: each field with a flag, with the schema's default and help; and the
+// markdown table `info <info_flag>` prints has a row per flag. Returns the flags.
+int expect_help_lists_its_schema(const std::string& command, const std::string& info_flag) {
+  const nlohmann::json schema = run_json("info " + info_flag + " --json");
+  const Result help = run(command + " --help");
+  const Result table = run("info " + info_flag);
+  EXPECT_EQ(help.status, 0) << help.out;
+  EXPECT_EQ(table.status, 0) << table.out;
+  int flags = 0;
+  for (const nlohmann::json& f : schema) {
+    const std::string flag = f.at("flag");
+    if (flag.empty()) continue;
+    ++flags;
+    const size_t at = help.out.find("  " + flag + " ");
+    const size_t at_end = help.out.find("  " + flag + "\n");
+    if (at == std::string::npos && at_end == std::string::npos) {
+      ADD_FAILURE() << flag << " not in " << command << " --help";
+      continue;
+    }
+    const size_t begin = std::min(at, at_end);
+    const std::string line = help.out.substr(begin, help.out.find('\n', begin) - begin);
+    if (f.at("kind") != "flag") {
+      // The strategy's default is the head's (runtime::default_strategy).
+      const std::string shown = f.at("name") == "strategy" ? "epistemic|bald" : f.at("shown").get<std::string>();
+      EXPECT_THAT(line, HasSubstr("=" + shown)) << command << " " << flag;
+    }
+    EXPECT_THAT(help.out, HasSubstr(f.at("help").get<std::string>())) << command << " " << flag;
+    EXPECT_THAT(table.out, HasSubstr("| `" + flag + "` |")) << info_flag << " " << flag;
+  }
+  return flags;
+}
+
+TEST_F(Cli, ActiveLearnAndAcquireFlagsAreTheirOptionSchemas) {
+  // initial, acquire, rounds, runs, no-random-baseline, al-seed and the acquisition's
+  // four (its seed is --al-seed's business there: --seed is the trainer's).
+  EXPECT_EQ(expect_help_lists_its_schema("active-learn", "--active-learning-options"), 10);
+  EXPECT_EQ(expect_help_lists_its_schema("acquire", "--acquisition-options"), 5);  // strategy ... seed
+  // Their bounds are the schema's, in the CLI's words.
+  expect_usage_error(run("active-learn --runs 0 --device cpu"), "--runs: must be > 0, got 0", "runs 0");
+  expect_usage_error(run("acquire " + path("missing.ckpt") + " " + path("missing.csv") + " --power -1"),
+                     "--power: must be >= 0 and finite, got -1", "power -1");
+}
+
+// --no-random-baseline (the schema's random_baseline, off): the curve has no random
+// column, and the pack only the strategy's runs.
+TEST_F(Cli, ActiveLearnWithoutTheRandomBaseline) {
+  const std::string out = " --csv " + path("c.csv") + " --plot " + path("c.svg");
+  const std::string args = "active-learn --members 2 --epochs 2 --rounds 2 --initial 20 --acquire 5 --hidden 8 "
+                           "--device cpu --quiet --json" + out;
+  const nlohmann::json with = run_json(args);
+  const nlohmann::json without = run_json(args + " --no-random-baseline");
+  EXPECT_EQ(with.at("pack_members"), 4);
+  EXPECT_EQ(without.at("pack_members"), 2);
+  ASSERT_EQ(without.at("curve").size(), 2u);
+  EXPECT_TRUE(without.at("curve")[1].at("random_rmse").is_null());
+  EXPECT_TRUE(with.at("curve")[1].at("random_rmse").is_number());
+  // The strategy's runs are seeded alike with or without the baseline beside them.
+  EXPECT_NEAR(without.at("curve")[0].at("epistemic_rmse").get<double>(),
+              with.at("curve")[0].at("epistemic_rmse").get<double>(), 1e-9);
+}
+
 }  // namespace
 }  // namespace packtrain::cli_testing

@@ -1,12 +1,15 @@
 // The options schemas (base/option_schema.h) of the ensemble trainer
-// (runtime/trainers/ensemble/ensemble_trainer_options.cpp) and the multi-task trainer
-// (multitask_trainer_options.cpp): every field of the structs is described, every
+// (runtime/trainers/ensemble/ensemble_trainer_options.cpp), the multi-task trainer
+// (multitask_trainer_options.cpp), active learning and acquisition
+// (runtime/trainers/uncertainty/): every field of the structs is described, every
 // field survives JSON at a non-default value, older payloads are upgraded, and
 // ranges, types and the run-dependent patience are the library's.
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -41,7 +44,8 @@ std::string error_of(const std::function<void()>& f) {
 // The TORCH_ARG fields of `struct <name>` in a header of the tree: a field added to
 // the struct but not to its schema would be missing from JSON, validation, the CLI
 // and Python alike, which no round trip can see.
-std::set<std::string> struct_fields(const std::string& header, const std::string& name) {
+// `plain`: the struct's plain members (`double power = 1.0;`) instead of TORCH_ARGs.
+std::set<std::string> struct_fields(const std::string& header, const std::string& name, bool plain = false) {
   const std::string path = std::string(PACKTRAIN_SOURCE_DATA_DIR) + "/../" + header;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
@@ -53,7 +57,7 @@ std::set<std::string> struct_fields(const std::string& header, const std::string
   EXPECT_NE(begin, std::string::npos) << name << " in " << path;
   const std::string body = all.substr(begin, end - begin);
   std::set<std::string> names;
-  const std::regex arg(R"(TORCH_ARG\((?:[^()]|\([^()]*\))*,\s*(\w+)\))");
+  const std::regex arg(plain ? R"(\n  [\w:<>]+ (\w+) = )" : R"(TORCH_ARG\((?:[^()]|\([^()]*\))*,\s*(\w+)\))");
   for (auto it = std::sregex_iterator(body.begin(), body.end(), arg); it != std::sregex_iterator(); ++it) {
     names.insert((*it)[1]);
   }
@@ -221,6 +225,75 @@ TEST(TrainerOptionSchema, DescribesItselfForPythonAndTheDocs) {
   EXPECT_FALSE(by_name.at("first_member").at("python").get<bool>());
   EXPECT_EQ(by_name.at("first_member").at("flag"), "");
   EXPECT_EQ(by_name.at("early_stopping").at("default"), "ensemble");
+}
+
+// --- active learning and acquisition (runtime/trainers/uncertainty/)
+
+TEST(AcquisitionOptionSchema, DescribesEveryFieldOfTheStructOnce) {
+  const std::set<std::string> fields =
+      struct_fields("runtime/trainers/uncertainty/acquisition.h", "AcquisitionOptions", /*plain=*/true);
+  EXPECT_EQ(fields, (std::set<std::string>{"strategy", "selection", "ucb_beta", "power", "seed"}));
+  EXPECT_EQ(described(acquisition_option_schema()), fields);
+}
+
+TEST(ActiveLearningOptionSchema, DescribesEveryFieldOfTheStructAndItsAcquisitionOnce) {
+  std::set<std::string> fields =
+      struct_fields("runtime/trainers/uncertainty/active_learning.h", "ActiveLearningOptions");
+  EXPECT_GT(fields.size(), 5u) << "the header's fields were not found";
+  EXPECT_EQ(fields.erase("acquisition"), 1u);  // nested: its own fields, below
+  for (const OptionField<AcquisitionOptions>& f : acquisition_option_schema().fields()) {
+    fields.insert(f.name == "seed" ? "acquisition_seed" : f.name);  // the loop has a seed of its own
+  }
+  EXPECT_EQ(described(active_learning_option_schema()), fields);
+}
+
+TEST(AcquisitionOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
+  const AcquisitionOptions changed = every_field_changed(acquisition_option_schema());
+  EXPECT_NE(changed.strategy, AcquisitionOptions().strategy);
+  EXPECT_NE(changed.seed, AcquisitionOptions().seed);
+  const nlohmann::json saved = acquisition_option_schema().to_json(changed);
+  EXPECT_EQ(acquisition_option_schema().to_json(acquisition_option_schema().parse(saved.dump())), saved);
+}
+
+TEST(ActiveLearningOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
+  const ActiveLearningOptions changed = every_field_changed(active_learning_option_schema());
+  // The nested acquisition's fields reach the nested struct.
+  const AcquisitionOptions defaults;
+  EXPECT_NE(changed.acquisition().strategy, defaults.strategy);
+  EXPECT_NE(changed.acquisition().selection, defaults.selection);
+  EXPECT_NE(changed.acquisition().ucb_beta, defaults.ucb_beta);
+  EXPECT_NE(changed.acquisition().power, defaults.power);
+  EXPECT_NE(changed.acquisition().seed, defaults.seed);
+  EXPECT_NE(changed.seed(), ActiveLearningOptions().seed());
+  EXPECT_NO_THROW(changed.validate());
+}
+
+TEST(ActiveLearningOptionSchema, ValidateChecksTheSchemasRanges) {
+  const auto problem = [](const ActiveLearningOptions& o) { return error_of([&] { o.validate(); }); };
+  EXPECT_EQ(problem(ActiveLearningOptions().initial(0)), "active learning: initial must be > 0, got 0");
+  EXPECT_EQ(problem(ActiveLearningOptions().ensembles(-2)), "active learning: ensembles must be > 0, got -2");
+  ActiveLearningOptions bad_power;
+  bad_power.acquisition().power = -1;
+  EXPECT_EQ(problem(bad_power), "active learning: power must be >= 0 and finite, got -1");
+  EXPECT_EQ(problem(ActiveLearningOptions()), "no UserError");
+  AcquisitionOptions beta;
+  beta.ucb_beta = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THAT(error_of([&] { beta.validate(); }), HasSubstr("ucb_beta must be in [-1e+06, 1e+06], got nan"));
+  beta.ucb_beta = 1e6;
+  EXPECT_EQ(error_of([&] { beta.validate(); }), "no UserError");
+}
+
+TEST(ActiveLearningOptionSchema, NamesItsFlagsAsTheCliDid) {
+  std::map<std::string, std::string> flags;
+  for (const auto& f : active_learning_option_schema().fields()) flags[f.name] = f.flag;
+  EXPECT_EQ(flags.at("ensembles"), "--runs");
+  EXPECT_EQ(flags.at("seed"), "--al-seed");
+  EXPECT_EQ(flags.at("ucb_beta"), "--ucb-beta");
+  EXPECT_EQ(flags.at("random_baseline"), "--no-random-baseline");
+  EXPECT_EQ(flags.at("acquisition_seed"), "");  // --seed is the trainer's
+  EXPECT_EQ(acquisition_option_schema().find("seed")->flag, "--seed");
+  EXPECT_EQ(default_strategy(/*classification=*/true), AcquisitionStrategy::kBald);
+  EXPECT_EQ(default_strategy(/*classification=*/false), AcquisitionOptions().strategy);
 }
 
 }  // namespace
