@@ -18,6 +18,7 @@
 #include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
 #include "packtrain/runtime/trainers/ensemble/run_resume.h"
 #include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
+#include "packtrain/runtime/trainers/multitask/multitask_resume.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 
@@ -602,6 +603,21 @@ void add_multitask(py::module_& m) {
       .def_property_readonly("options_json", [](const MultiTaskTrainer& t) { return packtrain::runtime::to_json(t.options()); })
       .def_property_readonly("epochs_done", &MultiTaskTrainer::epochs_done)
       .def_property_readonly("steps_done", &MultiTaskTrainer::steps_done);
+  // Resuming a run of `packtrain multitask train` (runtime/trainers/multitask/multitask_resume.h):
+  // its sentence files reloaded and checked against their fingerprints, the trainer
+  // ready for train_epoch() until the run's (or `epochs`) total. Returns the trainer,
+  // that total and the training sentences cut to the longest bucket.
+  m.def(
+      "resume_multitask",
+      [](const std::string& path, const std::string& device, int64_t epochs) {
+        packtrain::runtime::ResumedMultiTask run = without_gil([&] {
+          return packtrain::runtime::resume_multitask(
+              packtrain::runtime::MultiTaskCheckpoint::read(path),
+              {.epochs = epochs, .device = c10::Device(device), .log = to_python_logging, .note = to_python_logging});
+        });
+        return py::make_tuple(py::cast(std::move(run.trainer)), run.files.epochs, run.truncated);
+      },
+      py::arg("path"), py::arg("device") = "cpu", py::arg("epochs") = 0);
 }
 
 // What a trainer reports: its options, progress, losses and members.

@@ -31,7 +31,8 @@ if (Path(__file__).parent / "data").is_dir():
 from . import _core  # noqa: E402
 from .datasets import load_dataset  # noqa: E402
 from .estimators import EnsembleClassifier, EnsembleRegressor, load, resume  # noqa: E402
-from .multitask import MultiTaskModel  # noqa: E402
+from .multitask import MultiTaskModel, resume_multitask  # noqa: E402
 
 __version__ = _build_info.PACKTRAIN_VERSION
-__all__ = ["EnsembleRegressor", "EnsembleClassifier", "MultiTaskModel", "load", "load_dataset", "resume", "__version__"]
+__all__ = ["EnsembleRegressor", "EnsembleClassifier", "MultiTaskModel", "load", "load_dataset", "resume", "resume_multitask",
+           "__version__"]

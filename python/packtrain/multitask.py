@@ -9,6 +9,7 @@ backward per step; on a GPU each length bucket's step is one captured graph).
 Options and defaults are `packtrain multitask train`'s (read from the C++ trainer).
 """
 import json
+import os
 
 from . import _core
 from .estimators import _resolve_device
@@ -35,7 +36,10 @@ class MultiTaskModel:
         self._trainer = _core.MultiTask(json.dumps(self.options), _resolve_device(self.device))
         self.truncated_ = self._trainer.set_training_data(texts, labels)
         self.history_ = []
-        for _ in range(int(epochs)):
+        return self._train(int(epochs), callback)
+
+    def _train(self, epochs, callback):
+        for _ in range(epochs):
             report = self._trainer.train_epoch()
             self.history_.append(report)
             if callback is not None and callback(report) is False:
@@ -72,3 +76,21 @@ class MultiTaskModel:
         model = cls(device=device, **{k: v for k, v in json.loads(trainer.options_json).items() if k in _DEFAULTS})
         model._trainer = trainer
         return model
+
+
+def resume_multitask(checkpoint, epochs=None, device="auto", callback=None):
+    """Continues a run of `packtrain multitask train` from its checkpoint exactly as
+    if it had not stopped (`packtrain multitask resume` from Python) and returns the
+    MultiTaskModel: the sentence files the checkpoint names are reloaded and checked
+    to be the ones it was trained on. `epochs`: train until this many epochs in all
+    (default: the run's own; it must be above the checkpoint's); `callback` as in
+    fit(). A checkpoint of MultiTaskModel.save() names no files: load() it instead."""
+    path = os.fspath(checkpoint)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint (write one with `packtrain multitask train -o`)")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+    trainer, total, truncated = _core.resume_multitask(path, _resolve_device(device), 0 if epochs is None else epochs)
+    model = MultiTaskModel(device=device, **{k: v for k, v in json.loads(trainer.options_json).items() if k in _DEFAULTS})
+    model._trainer, model.truncated_, model.history_ = trainer, truncated, []
+    return model._train(total - trainer.epochs_done, callback)

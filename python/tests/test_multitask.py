@@ -39,3 +39,30 @@ def test_rejects_unknown_options_and_mismatched_labels():
         packtrain.MultiTaskModel(widht=3)
     with pytest.raises(ValueError, match="differ in length"):
         packtrain.MultiTaskModel(device="cpu", **SMALL).fit(TEXTS, LABELS[:-1], epochs=1)
+
+
+def _yes_no_tsv(rows):
+    lines = [f"{k % 2}\t{'yes the cat sat.' if k % 2 else 'no a dog ran.'}" for k in range(rows)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.skipif(not CLI, reason="needs the packtrain CLI (PACKTRAIN_BINARY) to write a run's checkpoint")
+def test_resume_multitask_continues_a_cli_run_exactly(tmp_path):
+    (tmp_path / "train.tsv").write_text(_yes_no_tsv(16))
+    (tmp_path / "dev.tsv").write_text(_yes_no_tsv(8))
+    shape = ["--width", "16", "--layers", "1", "--heads", "2", "--max-length", "32", "--batch", "4",
+             "--buckets", "16,32", "--device", "cpu", "-q", "--train", str(tmp_path / "train.tsv"),
+             "--dev", str(tmp_path / "dev.tsv")]
+    for epochs, name in ((1, "a.ckpt"), (3, "b.ckpt")):
+        subprocess.run([CLI, "multitask", "train", *shape, "--epochs", str(epochs), "-o", str(tmp_path / name)],
+                       check=True, capture_output=True)
+    reports = []
+    resumed = packtrain.resume_multitask(tmp_path / "a.ckpt", epochs=3, device="cpu", callback=reports.append)
+    assert [r["epoch"] for r in reports] == [2, 3] and resumed.history_ == reports
+    straight = packtrain.MultiTaskModel.load(tmp_path / "b.ckpt")
+    texts = ["yes the cat sat.", "no a dog ran."]
+    np.testing.assert_array_equal(resumed.score(texts), straight.score(texts))  # as if it had not stopped
+    with pytest.raises(ValueError, match="is at epoch 3"):
+        packtrain.resume_multitask(tmp_path / "b.ckpt", epochs=3, device="cpu")
+    with pytest.raises(FileNotFoundError):
+        packtrain.resume_multitask(tmp_path / "none.ckpt")
