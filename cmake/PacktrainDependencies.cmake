@@ -95,6 +95,12 @@ set(PACKTRAIN_FMT_TARGET fmt::fmt-header-only)
 # header they share) agree.
 add_compile_definitions(FMT_HEADER_ONLY=1)
 
+# --- libzip: .npz archives (runtime/data/npy_file.cpp; Debian's libzip-dev) -----
+# Through pkg-config: Debian's libzip CMake package names tools (zipcmp, ...) that
+# libzip-dev does not install, so find_package(libzip) fails without them.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET GLOBAL libzip)
+
 if(PACKTRAIN_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -6,8 +6,9 @@
 #      ${PACKTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/packtrain}/venv-torch-2.11.0
 #    CMake finds Torch there (cmake/PacktrainDependencies.cmake).
 #  - Debian packages: compiler, CMake, Ninja, ccache, GoogleTest/GMock, Google
-#    Benchmark, fmt, CLI11, nlohmann-json, and Gloo's headers (LibTorch's wheel ships
-#    Gloo compiled in but not its headers, which c10d's ProcessGroupGloo.hpp includes).
+#    Benchmark, fmt, CLI11, nlohmann-json, libzip (.npz archives), and Gloo's headers
+#    (LibTorch's wheel ships Gloo compiled in but not its headers, which c10d's
+#    ProcessGroupGloo.hpp includes).
 #  - The CUDA toolkit (nvcc, NCCL, NVTX) is expected on the machine already; its
 #    absence is reported, not installed.
 #
@@ -29,7 +30,7 @@ venv="$cache/venv-torch-$TORCH_VERSION"
 
 # --- Debian packages -------------------------------------------------------
 debs=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev libbenchmark-dev
-      libfmt-dev libcli11-dev nlohmann-json3-dev python3-venv libgloo-dev)
+      libfmt-dev libcli11-dev nlohmann-json3-dev pkg-config libzip-dev python3-venv libgloo-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

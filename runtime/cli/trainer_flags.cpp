@@ -19,7 +19,7 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
 
 void add_data_options(CLI::App* app, runtime::DataArgs& a) {
   app->add_option("--data", a.data,
-                  "Bundled data set (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant, power-plant, protein-tertiary-structure; images and sequences: optdigits, mnist1d), a directory in the UCI format, an array directory (features.npy + labels.npy, or train_/test_ pairs of them), or a CSV/TSV file")
+                  "Bundled data set (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant, power-plant, protein-tertiary-structure; images and sequences: optdigits, mnist1d), a directory in the UCI format, an array directory (features.npy + labels.npy, or train_/test_ pairs of them) or an .npz of the same arrays, or a CSV/TSV file")
       ->capture_default_str()->group("Data");
   app->add_option("--features", a.features, "Table files: feature columns, comma-separated names or 0-based indices (default: all but the target)")->group("Data");
   app->add_option("--target", a.target, "Table files: the target column, a name or index (default: the last column)")->group("Data");

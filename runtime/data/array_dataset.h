@@ -1,4 +1,4 @@
-// Array directories: a data set stored as NumPy .npy arrays (images, sequences),
+// Array directories and .npz archives: a data set stored as NumPy arrays (images, sequences),
 // read by runtime/data/npy_file.h, flattened to a table's (N, I) with the sample
 // shape kept, e.g. the bundled optdigits (1, 8, 8) and mnist1d (1, 40).
 #pragma once
@@ -21,5 +21,11 @@ bool is_array_directory(const std::filesystem::path& dir);
 // the (N, 1) float64 targets of a classification set. DataError naming the file for
 // any problem, both layouts at once, or train and test samples of different shapes.
 Dataset load_array_directory(const std::filesystem::path& dir);
+
+// An .npz archive (np.savez or np.savez_compressed) with the same arrays as members:
+// features and labels, or train_features, train_labels, test_features, test_labels.
+// DataError naming the archive (and the member) as for a directory, and for a
+// missing array, listing the ones it holds.
+Dataset load_npz_file(const std::filesystem::path& file);
 
 }  // namespace packtrain::runtime

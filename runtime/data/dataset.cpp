@@ -160,7 +160,13 @@ Dataset load_dataset(const DatasetSpec& spec) {
   } else if (path.extension() == ".npy") {
     throw DataError(path.string() + ": a .npy file is read as part of an array directory: put the features in "
                     "features.npy and the labels in labels.npy (or train_ and test_ pairs) in one directory, and "
-                    "give the directory");
+                    "give the directory (or np.savez them into one .npz file)");
+  } else if (path.extension() == ".npz") {
+    if (has_table_options(spec)) {
+      throw DataError(path.string() + ": an .npz archive's features and labels are its arrays; features, target and "
+                      "table format apply to table files only");
+    }
+    data = load_npz_file(path);
   } else {
     data = load_table_file(path, spec);
   }

@@ -35,7 +35,8 @@ Dataset subset(const Dataset& data, const std::vector<int64_t>& rows);
 struct DatasetSpec {
   // A bundled data set's name (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant,
   // power-plant, protein-tertiary-structure; the image sets optdigits and mnist1d), a UCI-format directory, an array
-  // directory (features.npy and labels.npy, or train_ and test_ pairs), or a CSV / TSV / whitespace table file.
+  // directory (features.npy and labels.npy, or train_ and test_ pairs) or an .npz archive of them, or a CSV / TSV /
+  // whitespace table file.
   std::string path;
   TableFormat format;                  // table files only
   std::vector<std::string> features;  // table files: names or indices; empty = every column but the target

@@ -7,12 +7,14 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <zip.h>
 
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -232,18 +234,22 @@ NpyHeader parse_npy_header(std::string_view bytes, const fs::path& file) {
   return header;
 }
 
-NpyArray read_npy(const fs::path& file) {
-  const std::string bytes = read_bytes(file, ".npy file");
+namespace {
+
+// The array of the .npy bytes `bytes` (of a file, or an .npz member), `file` naming it in errors.
+NpyArray npy_from_bytes(std::string_view bytes, const fs::path& file) {
   const NpyHeader header = parse_npy_header(bytes, file);
   const DtypeName& type = dtype_info(header.dtype);
   const uint64_t available = bytes.size() - static_cast<uint64_t>(header.data_offset);
-  // The element count, bounded by the bytes there are (no overflow for any header).
+  // The element count, capped above the most elements any input can hold (so neither
+  // it nor its byte count overflows, whatever the header says).
+  constexpr uint64_t cap = kMaxInputBytes + 1;
   uint64_t count = 1;
   for (int64_t d : header.shape) {
-    if (d != 0 && count > available / static_cast<uint64_t>(d)) count = available + 1;
+    if (d != 0 && count > cap / static_cast<uint64_t>(d)) count = cap;
     else count *= static_cast<uint64_t>(d);
   }
-  if (count > available) {
+  if (count >= cap) {
     throw DataError(fmt::format("{}: truncated: shape {} of {} needs more than the {} data bytes the file has",
                                 file.string(), shape_text(header.shape), type.descr, available));
   }
@@ -258,8 +264,64 @@ NpyArray read_npy(const fs::path& file) {
   return {header.shape, raw.to(at::kDouble).reshape(header.shape)};
 }
 
+}  // namespace
+
+NpyArray read_npy(const fs::path& file) { return npy_from_bytes(read_bytes(file, ".npy file"), file); }
+
+std::map<std::string, NpyArray> read_npz(const fs::path& file) {
+  check_input_file(file, ".npz file");
+  int code = 0;
+  const std::unique_ptr<zip_t, decltype(&zip_discard)> archive(zip_open(file.c_str(), ZIP_RDONLY, &code), &zip_discard);
+  if (!archive) {
+    zip_error_t error;
+    zip_error_init_with_code(&error, code);
+    const std::string why = zip_error_strerror(&error);
+    zip_error_fini(&error);
+    throw DataError(fmt::format("{}: not a readable .npz (zip) archive: {}", file.string(), why));
+  }
+  std::map<std::string, NpyArray> arrays;
+  uint64_t total = 0;
+  const zip_int64_t entries = zip_get_num_entries(archive.get(), 0);
+  for (zip_int64_t i = 0; i < entries; ++i) {
+    zip_stat_t stat;
+    if (zip_stat_index(archive.get(), static_cast<zip_uint64_t>(i), 0, &stat) != 0 ||
+        (stat.valid & (ZIP_STAT_NAME | ZIP_STAT_SIZE)) != (ZIP_STAT_NAME | ZIP_STAT_SIZE)) {
+      throw DataError(fmt::format("{}: member {} of the archive cannot be read: {}", file.string(), i,
+                                  zip_strerror(archive.get())));
+    }
+    const std::string name = stat.name;
+    if (name.size() < 4 || name.substr(name.size() - 4) != ".npy") {
+      throw DataError(fmt::format("{}: member '{}' is not a .npy array (an .npz holds NAME.npy members, as np.savez "
+                                  "writes them)",
+                                  file.string(), name));
+    }
+    total += stat.size;
+    if (total > kMaxInputBytes) {
+      throw DataError(fmt::format("{}: its arrays unpack to more than the {} bytes an input may have", file.string(),
+                                  kMaxInputBytes));
+    }
+    const std::unique_ptr<zip_file_t, decltype(&zip_fclose)> member(
+        zip_fopen_index(archive.get(), static_cast<zip_uint64_t>(i), 0), &zip_fclose);
+    std::string bytes(static_cast<size_t>(stat.size), '\0');
+    const zip_int64_t got = member ? zip_fread(member.get(), bytes.data(), bytes.size()) : -1;
+    char extra = 0;
+    if (got != static_cast<zip_int64_t>(bytes.size()) || zip_fread(member.get(), &extra, 1) != 0) {
+      throw DataError(fmt::format("{}: member '{}' cannot be unpacked: {}", file.string(), name,
+                                  member ? zip_file_strerror(member.get()) : zip_strerror(archive.get())));
+    }
+    const fs::path shown = file.string() + "[" + name + "]";
+    arrays.emplace(name.substr(0, name.size() - 4), npy_from_bytes(bytes, shown));
+  }
+  return arrays;
+}
+
 NpyFeaturesAndLabels read_npy_features_and_labels(const fs::path& features_file, const fs::path& labels_file) {
   const NpyArray features = read_npy(features_file);
+  return features_and_labels(features, features_file, read_npy(labels_file), labels_file);
+}
+
+NpyFeaturesAndLabels features_and_labels(const NpyArray& features, const fs::path& features_file,
+                                         const NpyArray& labels, const fs::path& labels_file) {
   if (features.shape.size() < 2) {
     throw DataError(fmt::format("{}: features of shape {}: expected a row axis and at least one more, (N, I), "
                                 "(N, C, L) or (N, C, H, W)",
@@ -280,7 +342,6 @@ NpyFeaturesAndLabels read_npy_features_and_labels(const fs::path& features_file,
                                                                                       : "not finite"));
   }
 
-  const NpyArray labels = read_npy(labels_file);
   if (labels.shape.size() != 1) {
     throw DataError(fmt::format("{}: labels of shape {}: expected one dimension, (N){}", labels_file.string(),
                                 shape_text(labels.shape),

@@ -1,5 +1,6 @@
-// Reads NumPy .npy array files (format versions 1.0, 2.0 and 3.0) with the same
-// bounds and error policy as tables: a regular file of at most kMaxInputBytes, and
+// Reads NumPy .npy array files (format versions 1.0, 2.0 and 3.0), and .npz archives
+// of them, with the same bounds and error policy as tables: a regular file of at most
+// kMaxInputBytes, and
 // every problem — a malformed header, a dtype or layout it does not read, truncated
 // or trailing data, a non-finite feature, a label that is not a class index, row
 // counts that disagree — is a DataError naming the file and what is wrong.
@@ -9,6 +10,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -40,6 +43,13 @@ struct NpyArray {
 // exactly shape's elements (truncated, or bytes left over, each named with the counts).
 NpyArray read_npy(const std::filesystem::path& file);
 
+// The arrays of a .npz archive, as np.savez and np.savez_compressed write it (a zip of
+// NAME.npy members, stored or deflated): each by NAME. Bounded like a .npy file (the
+// archive at most kMaxInputBytes, its members together unpacked too); DataError
+// naming the archive (and "archive[member.npy]" for an array's own problems) for a
+// file that is not a zip, a member that is not NAME.npy or fails to unpack (its CRC).
+std::map<std::string, NpyArray> read_npz(const std::filesystem::path& file);
+
 // An array set's features and labels, read together (features.npy and labels.npy).
 struct NpyFeaturesAndLabels {
   at::Tensor features;                // (N, I) float64: each sample flattened in C order
@@ -57,5 +67,8 @@ inline constexpr int64_t kMaxNpyLabel = int64_t{1} << 24;
 // (0-based) and element: "labels.npy: row 7: label 2.5 is not a whole number".
 NpyFeaturesAndLabels read_npy_features_and_labels(const std::filesystem::path& features_file,
                                                   const std::filesystem::path& labels_file);
+// The same checks on arrays already read (an .npz's members); the paths name them in errors.
+NpyFeaturesAndLabels features_and_labels(const NpyArray& features, const std::filesystem::path& features_file,
+                                         const NpyArray& labels, const std::filesystem::path& labels_file);
 
 }  // namespace packtrain::runtime

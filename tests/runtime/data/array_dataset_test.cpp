@@ -1,7 +1,8 @@
-// Array directories as data sets: the two layouts, the sample shape, the own
-// train / test split through load_split_data, the bundled optdigits and mnist1d by
-// name, and what is refused.
+// Array directories and .npz archives as data sets: the two layouts, the sample
+// shape, the own train / test split through load_split_data, the bundled optdigits
+// and mnist1d by name, and what is refused.
 #include "packtrain/runtime/data/array_dataset.h"
+#include "packtrain/runtime/data/npy_file.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "tests/runtime/data/data_error_message.h"
 #include "tests/runtime/data/npy_bytes.h"
@@ -9,8 +10,10 @@
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
+#include <zip.h>
 
 #include <filesystem>
+#include <map>
 
 namespace packtrain::runtime {
 namespace {
@@ -86,7 +89,7 @@ TEST_F(ArrayDirectory, RefusalsNameTheFile) {
   write("test_features.npy", pt::npy("<f4", "(2, 6)", pt::raw_bytes(std::vector<float>(12, 1.0f))));
   write("test_labels.npy", pt::npy("<i8", "(2,)", pt::raw_bytes(std::vector<int64_t>{0, 1})));
   EXPECT_THAT(error_of([&] { load_split_data(args()); }),
-              HasSubstr("test_features.npy: test samples of shape (6), training samples of shape (2, 3)"));
+              HasSubstr(": test samples of shape (6), training samples of shape (2, 3)"));
   write_pair("", 4);
   EXPECT_THAT(error_of([&] { load_split_data(args()); }), HasSubstr("both features.npy and train_features.npy"));
   DataArgs with_target = args();
@@ -103,6 +106,82 @@ TEST_F(ArrayDirectory, RefusalsNameTheFile) {
 TEST_F(ArrayDirectory, AMissingLabelsFileIsNamed) {
   write("features.npy", pt::npy("<f4", "(2, 6)", pt::raw_bytes(std::vector<float>(12, 1.0f))));
   EXPECT_THAT(error_of([&] { load_split_data(args()); }), HasSubstr("labels.npy: cannot open file"));
+}
+
+// An .npz archive written with libzip as np.savez (stored) or np.savez_compressed
+// (deflated) writes one: a NAME.npy member per array.
+class NpzArchive : public ArrayDirectory {
+ protected:
+  std::string archive(const std::vector<std::pair<std::string, std::string>>& members, bool deflate = true) {
+    const fs::path file = dir_ / "arrays.npz";
+    int code = 0;
+    zip_t* zip = zip_open(file.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &code);
+    EXPECT_NE(zip, nullptr) << code;
+    for (const auto& [name, bytes] : members) {
+      zip_source_t* source = zip_source_buffer(zip, bytes.data(), bytes.size(), 0);
+      const zip_int64_t index = zip_file_add(zip, name.c_str(), source, ZIP_FL_OVERWRITE);
+      EXPECT_GE(index, 0) << zip_strerror(zip);
+      zip_set_file_compression(zip, static_cast<zip_uint64_t>(index), deflate ? ZIP_CM_DEFLATE : ZIP_CM_STORE, 0);
+    }
+    EXPECT_EQ(zip_close(zip), 0);
+    return file.string();
+  }
+  DataArgs npz_args(const std::string& file) const {
+    DataArgs a;
+    a.data = file;
+    return a;
+  }
+  const std::string features_ = pt::npy("<f4", "(4, 1, 3)", pt::raw_bytes(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                                                               9, 10, 11}));
+  const std::string labels_ = pt::npy("<i8", "(4,)", pt::raw_bytes(std::vector<int64_t>{0, 1, 0, 1}));
+};
+
+TEST_F(NpzArchive, StoredOrDeflatedMembersLoadLikeADirectory) {
+  for (const bool deflate : {false, true}) {
+    const std::string file = archive({{"features.npy", features_}, {"labels.npy", labels_}}, deflate);
+    const std::map<std::string, NpyArray> arrays = read_npz(file);
+    ASSERT_EQ(arrays.size(), 2u);
+    EXPECT_THAT(arrays.at("features").shape, ElementsAre(4, 1, 3));
+    DataArgs a = npz_args(file);
+    a.val_fraction = 0;
+    a.test_fraction = 0.25;
+    const SplitData data = load_split_data(a);
+    EXPECT_EQ(data.all.name, "arrays");
+    EXPECT_THAT(data.all.sample_shape, ElementsAre(1, 3));
+    EXPECT_EQ(data.all.features[3][2].item<double>(), 11);
+    EXPECT_EQ(data.split.test.size(), 1u);
+  }
+  // train_ and test_ arrays: its own split
+  const std::string file = archive({{"train_features.npy", features_}, {"train_labels.npy", labels_},
+                                    {"test_features.npy", features_}, {"test_labels.npy", labels_}});
+  DataArgs a = npz_args(file);
+  a.val_fraction = 0;
+  const SplitData data = load_split_data(a);
+  EXPECT_EQ(data.split.train.size(), 4u);
+  EXPECT_EQ(data.split.test.size(), 4u);
+}
+
+TEST_F(NpzArchive, RefusalsNameTheArchiveAndTheMember) {
+  const std::string truncated = pt::npy("<f4", "(4, 1, 3)", pt::raw_bytes(std::vector<float>{0, 1}));
+  const std::string bad = archive({{"features.npy", truncated}, {"labels.npy", labels_}});
+  EXPECT_THAT(error_of([&] { load_split_data(npz_args(bad)); }),
+              HasSubstr("arrays.npz[features.npy]: truncated: shape (4, 1, 3) of <f4 needs 48 data bytes"));
+  const std::string no_labels = archive({{"features.npy", features_}});
+  EXPECT_THAT(error_of([&] { load_split_data(npz_args(no_labels)); }),
+              HasSubstr("arrays.npz: no array 'labels' (it holds: features)"));
+  const std::string other = archive({{"features.npy", features_}, {"notes.txt", "hello"}});
+  EXPECT_THAT(error_of([&] { read_npz(other); }), HasSubstr("arrays.npz: member 'notes.txt' is not a .npy array"));
+  const std::string mismatch = archive({{"features.npy", features_},
+                                        {"labels.npy", pt::npy("<i8", "(3,)", pt::raw_bytes(std::vector<int64_t>{0, 1, 2}))}});
+  EXPECT_THAT(error_of([&] { load_split_data(npz_args(mismatch)); }),
+              HasSubstr("arrays.npz[labels.npy]: 3 labels for the 4 rows of"));
+  packtrain::testing::write_bytes(dir_ / "plain.npz", "not a zip archive");
+  EXPECT_THAT(error_of([&] { read_npz(dir_ / "plain.npz"); }),
+              HasSubstr("plain.npz: not a readable .npz (zip) archive: Not a zip archive"));
+  DataArgs with_target = npz_args(archive({{"features.npy", features_}, {"labels.npy", labels_}}));
+  with_target.target = "1";
+  EXPECT_THAT(error_of([&] { load_split_data(with_target); }),
+              HasSubstr("an .npz archive's features and labels are its arrays"));
 }
 
 TEST(BundledArrays, LoadByNameWithTheirSplits) {
