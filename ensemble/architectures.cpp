@@ -1,8 +1,10 @@
 #include "packtrain/ensemble/architectures.h"
 
 #include "packtrain/base/user_error.h"
+#include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/residual_mlp.h"
 
+#include <sstream>
 #include <string>
 
 namespace packtrain::ensemble {
@@ -33,15 +35,21 @@ double mlp_parameters(const PackSpec& s) {
   return (I * H + H) + (D - 1) * (H * H + H) + (H * O + O) + norms;
 }
 
-std::unique_ptr<PackedModel> make_residual_mlp(const PackSpec& s) {
-  // What the residual blocks have no place for is refused, not silently dropped.
-  const auto lacks = [](const std::string& what) {
-    throw UserError("the residual-mlp architecture has no " + what + " (it is " +
-                    "input, blocks of h + fc2(relu(fc1(h))), relu, output): use --architecture mlp for it");
+// What an architecture of plain ReLU layers (no other activation, no normalization,
+// no dropout) has no place for is refused, not silently dropped: a UserError naming
+// it and what the architecture `name` is.
+void refuse_beyond_relu_layers(const PackSpec& s, const std::string& name, const std::string& what_it_is) {
+  const auto lacks = [&](const std::string& what) {
+    throw UserError("the " + name + " architecture has no " + what + " (it is " + what_it_is +
+                    "): use --architecture mlp for it");
   };
   if (s.activation != Activation::kReLU) lacks("activation other than relu");
   if (s.layer_norm) lacks("layer norm");
   if (s.dropout != 0 || !s.member_dropout.empty()) lacks("dropout");
+}
+
+std::unique_ptr<PackedModel> make_residual_mlp(const PackSpec& s) {
+  refuse_beyond_relu_layers(s, "residual-mlp", "input, blocks of h + fc2(relu(fc1(h))), relu, output");
   return std::make_unique<ResidualMLP>(with_common(ResidualMLPOptions(s.in_features, s.out_features), s).blocks(s.depth));
 }
 
@@ -51,6 +59,36 @@ double residual_mlp_parameters(const PackSpec& s) {
   return (I * H + H) + D * 2 * (H * H + H) + (H * O + O);
 }
 
+// The cnn's options from the spec: its sample shape (a UserError naming what to pass
+// when there is none, or when it does not hold the rows' features), channels and
+// kernel (the architecture's defaults when the spec leaves them empty, 0).
+PackedCNNOptions cnn_options(const PackSpec& s) {
+  if (s.input_shape.empty()) {
+    throw UserError("the cnn architecture needs the shape of each sample, {C, H, W} (images) or {C, L} "
+                    "(sequences), and these rows of " + std::to_string(s.in_features) +
+                    " features have none: pass input_shape (image and sequence data sets carry it), or use "
+                    "--architecture mlp for a table");
+  }
+  PackedCNNOptions o = with_common(PackedCNNOptions(s.input_shape, s.out_features), s).depth(s.depth);
+  if (!s.channels.empty()) o.channels(s.channels);
+  if (s.kernel_size != 0) o.kernel_size(s.kernel_size);
+  o.validate();
+  if (o.in_features() != s.in_features) {
+    std::ostringstream shape;
+    shape << c10::IntArrayRef(s.input_shape);
+    throw UserError("cnn input shape " + shape.str() + " holds " + std::to_string(o.in_features()) +
+                    " values per sample, but the rows have " + std::to_string(s.in_features) + " features");
+  }
+  return o;
+}
+
+std::unique_ptr<PackedModel> make_cnn(const PackSpec& s) {
+  refuse_beyond_relu_layers(s, "cnn", "conv blocks of relu and max-pool 2, flatten, a relu MLP head, output");
+  return std::make_unique<PackedCNN>(cnn_options(s));
+}
+
+double cnn_parameters(const PackSpec& s) { return cnn_options(s).parameters_per_member(); }
+
 }  // namespace
 
 const std::vector<Architecture>& architectures() {
@@ -59,6 +97,9 @@ const std::vector<Architecture>& architectures() {
        mlp_parameters},
       {"residual-mlp", "an input layer to width hidden, depth residual blocks h + fc2(relu(fc1(h))), relu, output",
        make_residual_mlp, residual_mlp_parameters},
+      {"cnn", "convolution blocks (channels, odd kernel, relu, max-pool 2) over each sample's {C, H, W} or "
+              "{C, L}, flatten, depth hidden layers of width hidden, output",
+       make_cnn, cnn_parameters},
   };
   return table;
 }

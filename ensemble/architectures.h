@@ -21,8 +21,9 @@
 namespace packtrain::ensemble {
 
 // What a trainer asks of a pack, whatever its architecture: the shape, the hidden
-// width and depth (an MLP's hidden layers; a residual MLP's blocks), the MLP's
-// activation, LayerNorm and dropout, and where member i draws from.
+// width and depth (an MLP's hidden layers; a residual MLP's blocks; a CNN's head), the
+// MLP's activation, LayerNorm and dropout, a CNN's sample shape and convolutions, and
+// where member i draws from.
 struct PackSpec {
   int64_t in_features = 1, out_features = 1;
   int64_t members = 1, hidden = 64, depth = 2;
@@ -30,6 +31,13 @@ struct PackSpec {
   bool layer_norm = false;
   double dropout = 0.0;
   std::vector<double> member_dropout;  // empty, or one rate per member
+  // Convolutional members (cnn): the sample shape each row of I values holds, {C, H, W}
+  // (images) or {C, L} (sequences), empty when the data has none (the cnn refuses it);
+  // each convolution block's output channels and the kernel size (empty, 0: the
+  // architecture's defaults, PackedCNNOptions).
+  std::vector<int64_t> input_shape;
+  std::vector<int64_t> channels;
+  int64_t kernel_size = 0;
   uint64_t seed = 0;
   int64_t first_member = 0;
   c10::Device device = c10::Device(c10::DeviceType::CPU);

@@ -346,6 +346,8 @@ constexpr const char* kLowerRunSize = "lower --members, --hidden, --depth or --b
 // steps on the training rows (with the validation rows when there are any).
 SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, bool writes_checkpoints = true) {
   SplitData data = runtime::load_split_data(data_args);
+  // Image and sequence rows: their sample shape, for the architectures that need it (cnn).
+  if (data.all.sample_shape.size() > 1) trainer.set_input_shape(data.all.sample_shape);
   const runtime::EnsembleTrainerOptions& o = trainer.options();
   if (o.device().is_cpu()) runtime::retain_freed_cpu_memory();
   if (o.patience().value_or(0) > 0 && data.split.validation.empty()) {

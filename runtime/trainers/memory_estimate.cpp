@@ -65,6 +65,8 @@ double parameters_per_member(const EnsembleTrainerOptions& o, double I, double O
   spec.hidden = o.hidden();
   spec.depth = o.depth();
   spec.layer_norm = o.layer_norm();
+  spec.input_shape = o.input_shape();
+  spec.channels = o.channels();
   return ensemble::architecture(o.architecture()).parameters_per_member(spec);
 }
 

@@ -6,6 +6,7 @@
 // restores exactly those.
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/pack.h"
+#include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_model.h"
 #include "packtrain/ensemble/packed_step.h"
@@ -26,12 +27,23 @@ constexpr int64_t kMembers = 4, kIn = 5, kOut = 3, kBatch = 16, kSteps = 30;
 constexpr uint64_t kSeed = 7;
 
 // What the template needs of an architecture: the pack, and member k's standalone
-// module built independently (not unpacked from the pack).
+// module built independently (not unpacked from the pack), and its input width.
 struct Architecture {
   std::string name;
   std::function<std::unique_ptr<PackedModel>(c10::Device, uint64_t seed)> pack;
   std::function<StandaloneMember(c10::Device, uint64_t seed, int64_t member)> standalone;
+  int64_t in = kIn;
 };
+
+// Convolutional members: 2-D samples {2, 4, 4} through two blocks, 1-D {2, 6} through one.
+PackedCNNOptions cnn_2d(c10::Device d, uint64_t seed) {
+  return PackedCNNOptions({2, 4, 4}, kOut).members(kMembers).channels({3, 4}).hidden(12).depth(1).seed(seed)
+      .dtype(at::kDouble).device(d);
+}
+PackedCNNOptions cnn_1d(c10::Device d, uint64_t seed) {
+  return PackedCNNOptions({2, 6}, kOut).members(kMembers).channels({3}).kernel_size(5).hidden(12).depth(2)
+      .seed(seed).dtype(at::kDouble).device(d);
+}
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> all{
@@ -56,6 +68,12 @@ const std::vector<Architecture>& architectures() {
              ResidualMLPOptions(kIn, kOut).members(kMembers).hidden(12).blocks(2).seed(seed).dtype(at::kDouble).device(d),
              k);
        }},
+      {"cnn",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_2d(d, seed), k); }, 32},
+      {"cnn_1d",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d(d, seed), k); }, 12},
   };
   return all;
 }
@@ -92,7 +110,7 @@ class PackedModelContract : public ::testing::TestWithParam<Case> {
 TEST_P(PackedModelContract, EachMemberIsItsStandaloneModuleAtInitialization) {
   const auto pack = arch().pack(device(), kSeed);
   EXPECT_EQ(pack->members(), kMembers);
-  const at::Tensor x = at::randn({kBatch, kIn}, at::TensorOptions().dtype(at::kDouble)).to(device());
+  const at::Tensor x = at::randn({kBatch, arch().in}, at::TensorOptions().dtype(at::kDouble)).to(device());
   const at::Tensor packed_out = pack->forward(x);
   ASSERT_EQ(packed_out.sizes(), (std::vector<int64_t>{kMembers, kBatch, kOut}));
   for (int64_t k = 0; k < kMembers; ++k) {
@@ -120,7 +138,7 @@ TEST_P(PackedModelContract, TrainingEqualsEachMemberTrainedAloneWithAdamW) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   for (int64_t step = 0; step < kSteps; ++step) {
-    const at::Tensor x = at::randn({kMembers, kBatch, kIn}, gen, f64).to(device());
+    const at::Tensor x = at::randn({kMembers, kBatch, arch().in}, gen, f64).to(device());
     const at::Tensor y = at::randn({kMembers, kBatch, kOut}, gen, f64).to(device());
     packed_train_step(*pack, optimizer, x, y, LossKind::kMSE);
     for (int64_t k = 0; k < kMembers; ++k) {

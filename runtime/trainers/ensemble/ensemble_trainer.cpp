@@ -114,6 +114,8 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   spec.layer_norm = options_.layer_norm();
   spec.dropout = options_.dropout();
   spec.member_dropout = options_.member_dropout();
+  spec.input_shape = options_.input_shape();
+  spec.channels = options_.channels();
   spec.seed = options_.seed();
   spec.first_member = options_.first_member();
   spec.device = options_.device();

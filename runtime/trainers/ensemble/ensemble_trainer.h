@@ -123,6 +123,10 @@ class EnsembleTrainer {
     check_every_steps_ = check_every_steps;
   }
   int64_t per_rank_batch() const;
+  // The shape of one sample of the rows x holds, {C, H, W} or {C, L} (call before
+  // prepare): the cnn architecture reshapes each row to it; the checkpoint keeps it
+  // (options().input_shape()). Data sets give it (Dataset::sample_shape).
+  void set_input_shape(std::vector<int64_t> shape) { options_.input_shape(std::move(shape)); }
   // The static batch prepare() built the steps for: options().batch_size(), or all
   // the training rows when there are fewer (0 before prepare).
   int64_t batch_size() const { return batch_size_; }

@@ -31,6 +31,12 @@ void describe_model(Schema& s) {
       .in_group("Model").added_in(2, "mlp");
   s.option(PACKTRAIN_OPTION(hidden)).help_text("Width of each hidden layer").in_group("Model").above(0);
   s.option(PACKTRAIN_OPTION(depth)).help_text("Number of hidden layers (residual-mlp: residual blocks)").in_group("Model").at_least(0);
+  s.option(PACKTRAIN_OPTION(channels))
+      .not_python()
+      .help_text("cnn: output channels of each convolution block (kernel 3, relu, max-pool 2), comma-separated")
+      .in_group("Model").above(0).added_in(3, ensemble::kDefaultCnnChannels);
+  // One sample's shape, from the data set (EnsembleTrainer::set_input_shape).
+  s.option(PACKTRAIN_OPTION(input_shape)).internal().above(0).added_in(3, nlohmann::json::array());
   s.choice(PACKTRAIN_OPTION(activation), ensemble::kActivationNames).help_text("Hidden activation").in_group("Model");
   s.option(PACKTRAIN_OPTION(layer_norm)).help_text("LayerNorm after each hidden layer").in_group("Model");
   s.option(PACKTRAIN_OPTION(dropout))

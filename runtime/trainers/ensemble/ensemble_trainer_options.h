@@ -6,6 +6,7 @@
 #include "packtrain/base/enum_names.h"
 
 #include "packtrain/ensemble/optimizers/lr_schedule.h"
+#include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/graphs/device_batcher.h"
 #include "packtrain/graphs/graph_log.h"
@@ -77,6 +78,11 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(std::string, architecture) = "mlp";
   TORCH_ARG(int64_t, hidden) = 64;
   TORCH_ARG(int64_t, depth) = 2;
+  // Convolutional members ("cnn", ensemble/packed_cnn.h): each convolution block's
+  // output channels, and the shape of one sample of the rows, {C, H, W} or {C, L}
+  // (set from the data: EnsembleTrainer::set_input_shape; empty for a table).
+  TORCH_ARG(std::vector<int64_t>, channels) = ensemble::kDefaultCnnChannels;
+  TORCH_ARG(std::vector<int64_t>, input_shape) = {};
   TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
   TORCH_ARG(bool, layer_norm) = false;
   TORCH_ARG(double, dropout) = 0.0;
@@ -142,7 +148,8 @@ int64_t resolved_patience(const EnsembleTrainerOptions& options, bool has_valida
 const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema();
 // Version 2 added format_version itself; version 1 payloads (checkpoints before it)
 // may lack the keys their field's added_in names and read as they meant then.
-inline constexpr int kTrainerOptionsFormat = 2;
+// Version 3 added channels and input_shape (the cnn architecture's).
+inline constexpr int kTrainerOptionsFormat = 3;
 
 // Every field but `log`, and format_version, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);

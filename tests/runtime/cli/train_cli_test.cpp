@@ -89,6 +89,28 @@ TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
   EXPECT_THAT(unknown.out, HasSubstr("residual-mlp"));
 }
 
+// Convolutional members (ensemble/packed_cnn.h) over image and sequence arrays, whose
+// sample shape comes from the data: trained, evaluated and resumed from a checkpoint;
+// on a table, whose rows have no shape, refused (exit 2) saying what they need.
+TEST_F(Cli, CnnMembersTrainOnImagesAndSequencesAndResumeAndATableIsRefused) {
+  const std::string ckpt = path("cnn.ckpt");
+  const nlohmann::json trained =
+      run_json("train --data optdigits --architecture cnn --channels 8,16 --hidden 32 --depth 1 --head classification "
+               "--members 2 --epochs 3 --device cpu --json --checkpoint " + ckpt);
+  EXPECT_GT(trained["ensemble"]["accuracy"].get<double>(), 0.8) << trained.dump();
+  const Result evaluated = run("evaluate " + ckpt);
+  ASSERT_EQ(evaluated.status, 0) << evaluated.out;
+  EXPECT_THAT(evaluated.out, HasSubstr("accuracy"));
+  const Result resumed = run("resume " + ckpt + " --epochs 4");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  const Result sequences = run("train --data mnist1d --architecture cnn --channels 8 --hidden 16 --depth 1 "
+                               "--head classification --members 2 --epochs 1 --device cpu");
+  ASSERT_EQ(sequences.status, 0) << sequences.out;
+  const Result table = run("train --data yacht --architecture cnn --epochs 1 --device cpu");
+  EXPECT_EQ(table.status, 2) << table.out;
+  EXPECT_THAT(table.out, HasSubstr("the cnn architecture needs the shape of each sample"));
+}
+
 TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
   const std::string ckpt = path("run.ckpt");
   const nlohmann::json trained = run_json(std::string("train ") + kSmall + " --json --checkpoint " + ckpt);

@@ -167,7 +167,7 @@ TEST(VarianceRecalibrationOptions, CheckpointsFromBeforeItPredictAsTrained) {
   EXPECT_EQ(options_from_json(json).recalibration(), Recalibration::kVariance);
   // A checkpoint from before it: format version 1 (no format_version key).
   json.erase(json.find(key), key.size());
-  const std::string version = "\"format_version\":2,";
+  const std::string version = "\"format_version\":" + std::to_string(kTrainerOptionsFormat) + ",";
   ASSERT_NE(json.find(version), std::string::npos) << json;
   json.erase(json.find(version), version.size());
   EXPECT_EQ(options_from_json(json).recalibration(), Recalibration::kNone);

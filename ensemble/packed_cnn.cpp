@@ -1,0 +1,297 @@
+#include "packtrain/ensemble/packed_cnn.h"
+
+#include "packtrain/base/user_error.h"
+#include "packtrain/ensemble/linear_init.h"
+#include "packtrain/ensemble/member_seed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+namespace packtrain::ensemble {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << c10::IntArrayRef(shape);
+  return out.str();
+}
+
+}  // namespace
+
+void PackedCNNOptions::validate() const {
+  TORCH_CHECK(members() > 0, "members must be positive, got members=", members());
+  TORCH_CHECK(first_member() >= 0, "first_member must be >= 0, got ", first_member());
+  TORCH_CHECK(c10::isFloatingType(dtype()), "PackedCNN dtype must be floating point, got ", dtype());
+  const std::string shape = shape_text(input_shape());
+  if (input_shape().size() != 2 && input_shape().size() != 3) {
+    throw UserError("the cnn architecture needs an input shape {C, H, W} (images) or {C, L} (sequences), got " + shape);
+  }
+  for (const int64_t d : input_shape()) {
+    if (d <= 0) throw UserError("cnn input shape " + shape + ": every size must be positive");
+  }
+  if (out_features() <= 0) throw UserError("cnn out_features must be positive, got " + std::to_string(out_features()));
+  if (channels().empty()) throw UserError("cnn channels: give at least one convolution block's channel count");
+  for (const int64_t c : channels()) {
+    if (c <= 0) throw UserError("cnn channels must be positive, got " + shape_text(channels()));
+  }
+  if (kernel_size() <= 0 || kernel_size() % 2 == 0) {
+    throw UserError("cnn kernel size must be odd and positive (\"same\" padding k/2), got " +
+                    std::to_string(kernel_size()));
+  }
+  if (depth() < 0) throw UserError("cnn head depth must be >= 0, got " + std::to_string(depth()));
+  if (depth() > 0 && hidden() <= 0) throw UserError("cnn hidden width must be positive, got " + std::to_string(hidden()));
+  std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
+  for (size_t b = 0; b < channels().size(); ++b) {
+    for (int64_t& s : spatial) {
+      if (s < 2) {
+        throw UserError("cnn input shape " + shape + " has no room for " + std::to_string(channels().size()) +
+                        " pooling blocks (channels " + shape_text(channels()) + "): block " + std::to_string(b) +
+                        " would pool a size-" + std::to_string(s) + " dimension; pass fewer channels");
+      }
+      s /= 2;
+    }
+  }
+}
+
+int64_t PackedCNNOptions::in_features() const {
+  int64_t n = 1;
+  for (const int64_t d : input_shape()) n *= d;
+  return n;
+}
+
+int64_t PackedCNNOptions::spatial_dims() const { return static_cast<int64_t>(input_shape().size()) - 1; }
+
+int64_t PackedCNNOptions::flat_features() const {
+  int64_t n = channels().back();
+  for (size_t d = 1; d < input_shape().size(); ++d) n *= input_shape()[d] >> channels().size();
+  return n;
+}
+
+double PackedCNNOptions::parameters_per_member() const {
+  double total = 0, in = static_cast<double>(input_shape().front());
+  const double taps = std::pow(static_cast<double>(kernel_size()), static_cast<double>(spatial_dims()));
+  for (const int64_t c : channels()) {
+    total += static_cast<double>(c) * in * taps + static_cast<double>(c);
+    in = static_cast<double>(c);
+  }
+  double width = static_cast<double>(flat_features());
+  for (int64_t l = 0; l < depth(); ++l) {
+    total += width * static_cast<double>(hidden()) + static_cast<double>(hidden());
+    width = static_cast<double>(hidden());
+  }
+  return total + width * static_cast<double>(out_features()) + static_cast<double>(out_features());
+}
+
+namespace {
+
+// The parameters in the order the standalone Sequential constructs them (and so
+// draws their initial values): each block's conv, each hidden Linear, the output.
+std::vector<ParameterSpec> cnn_specs(const PackedCNNOptions& o) {
+  std::vector<ParameterSpec> specs;
+  int64_t in = o.input_shape().front();
+  for (size_t b = 0; b < o.channels().size(); ++b) {
+    const int64_t out = o.channels()[b];
+    std::vector<int64_t> weight{out, in};
+    for (int64_t d = 0; d < o.spatial_dims(); ++d) weight.push_back(o.kernel_size());
+    specs.push_back({"conv" + std::to_string(b) + ".weight", weight});  // (Cout, Cin, k[, k]) as torch::nn::Conv
+    specs.push_back({"conv" + std::to_string(b) + ".bias", {out}});
+    in = out;
+  }
+  int64_t width = o.flat_features();
+  for (int64_t l = 0; l <= o.depth(); ++l) {
+    const int64_t out = l < o.depth() ? o.hidden() : o.out_features();
+    const std::string name = l < o.depth() ? "fc" + std::to_string(l) : "output";
+    specs.push_back({name + ".weight", {width, out}});  // (in, out): one baddbmm
+    specs.push_back({name + ".bias", {1, out}});
+    width = out;
+  }
+  return specs;
+}
+
+bool is_conv(const ParameterSpec& spec) { return spec.name.rfind("conv", 0) == 0; }
+
+// torch::nn::Conv{1,2}d's reset_parameters, drawn into a member row's slots:
+// kaiming_uniform(a = sqrt(5)) over fan_in = Cin * k^d, then bias ~ U(+-1/sqrt(fan_in)).
+void draw_conv_init(const at::Tensor& weight, const at::Tensor& bias, at::Generator& generator) {
+  const int64_t fan_in = weight.size(1) * weight[0][0].numel();
+  const double gain = std::sqrt(2.0 / (1 + std::pow(std::sqrt(5.0), 2)));
+  const double weight_bound = std::sqrt(3.0) * (gain / std::sqrt(static_cast<double>(fan_in)));
+  weight.copy_(at::empty(weight.sizes(), at::kFloat).uniform_(-weight_bound, weight_bound, generator));
+  const double bias_bound = 1 / std::sqrt(static_cast<double>(fan_in));
+  bias.uniform_(-bias_bound, bias_bound, generator);
+}
+
+// One convolution over (B, groups*Cin, ...) with a (groups*Cout, Cin, k...) weight.
+at::Tensor convolve(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel,
+                    int64_t groups) {
+  const int64_t pad = kernel / 2;
+  if (x.dim() == 4) return at::conv2d(x, weight, bias, {1, 1}, {pad, pad}, {1, 1}, groups);
+  return at::conv1d(x, weight, bias, {1}, {pad}, {1}, groups);
+}
+
+at::Tensor pool(const at::Tensor& h) {
+  return h.dim() == 4 ? at::max_pool2d(h, {2, 2}) : at::max_pool1d(h, {2});
+}
+
+torch::nn::Sequential make_member_module(const PackedCNNOptions& o) {
+  torch::nn::Sequential seq;
+  seq->push_back(torch::nn::Unflatten(torch::nn::UnflattenOptions(1, o.input_shape())));
+  int64_t in = o.input_shape().front();
+  const int64_t k = o.kernel_size();
+  for (const int64_t out : o.channels()) {
+    if (o.spatial_dims() == 2) {
+      seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).padding(k / 2)));
+      seq->push_back(torch::nn::ReLU());
+      seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+    } else {
+      seq->push_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(in, out, k).padding(k / 2)));
+      seq->push_back(torch::nn::ReLU());
+      seq->push_back(torch::nn::MaxPool1d(torch::nn::MaxPool1dOptions(2)));
+    }
+    in = out;
+  }
+  seq->push_back(torch::nn::Flatten());
+  int64_t width = o.flat_features();
+  for (int64_t l = 0; l < o.depth(); ++l) {
+    seq->push_back(torch::nn::Linear(width, o.hidden()));
+    seq->push_back(torch::nn::ReLU());
+    width = o.hidden();
+  }
+  seq->push_back(torch::nn::Linear(width, o.out_features()));
+  return seq;
+}
+
+StandaloneMember as_member(torch::nn::Sequential seq) {
+  return {seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
+}
+
+}  // namespace
+
+PackedCNN::PackedCNN(PackedCNNOptions options) : options_(std::move(options)) {
+  options_.validate();
+  parameters_ = PackedParameters(options_.members(), cnn_specs(options_),
+                                 c10::TensorOptions().dtype(options_.dtype()).device(options_.device()));
+  for (size_t b = 0; b < options_.channels().size(); ++b) {
+    conv_weights_.push_back(parameters_.at("conv" + std::to_string(b) + ".weight"));
+    conv_biases_.push_back(parameters_.at("conv" + std::to_string(b) + ".bias"));
+  }
+  for (int64_t l = 0; l <= options_.depth(); ++l) {
+    const std::string name = l < options_.depth() ? "fc" + std::to_string(l) : "output";
+    head_.emplace_back(parameters_.at(name + ".weight"), parameters_.at(name + ".bias"));
+  }
+  reinitialize(options_.seed());
+}
+
+void PackedCNN::check_input(const at::Tensor& x) const {
+  const int64_t K = members(), I = options_.in_features();
+  TORCH_CHECK(x.defined(), "packed cnn: input is undefined");
+  TORCH_CHECK((x.dim() == 2 || x.dim() == 3) && x.size(-1) == I, "packed cnn input for input shape ",
+              c10::IntArrayRef(options_.input_shape()), ": expected (B, ", I, ") shared or (", K, ", B, ", I,
+              ") per member, got ", x.sizes());
+  TORCH_CHECK(x.dim() == 2 || x.size(0) == K, "packed cnn input for ", K, " members: expected [", K, ", B, ", I,
+              "], got ", x.sizes());
+  TORCH_CHECK(x.device() == device(), "packed cnn input is on ", x.device(), " but the weights are on ", device());
+  TORCH_CHECK(x.scalar_type() == dtype(), "packed cnn input dtype ", x.scalar_type(), " differs from the weights' ",
+              dtype());
+}
+
+at::Tensor PackedCNN::forward(const at::Tensor& x) const {
+  check_input(x);
+  const int64_t K = members(), B = x.size(-2), k = options_.kernel_size();
+  std::vector<int64_t> sample = options_.input_shape();  // {C, H, W} or {C, L}
+  // Member-grouped convolution weights (K*Cout, Cin, k...) and biases (K*Cout): views.
+  const auto grouped = [&](size_t b) {
+    std::vector<int64_t> shape = conv_weights_[b].sizes().vec();
+    shape[1] *= K;
+    shape.erase(shape.begin());
+    return std::make_pair(conv_weights_[b].view(shape), conv_biases_[b].view({-1}));
+  };
+  at::Tensor h;  // (B, K*C, ...): member k's channels at [k*C, (k+1)*C)
+  {
+    const auto [weight, bias] = grouped(0);
+    if (x.dim() == 2) {
+      // One batch for all: one ungrouped convolution to K*Cout channels.
+      sample.insert(sample.begin(), B);
+      h = convolve(x.reshape(sample), weight, bias, k, 1);
+    } else {
+      sample[0] *= K;
+      sample.insert(sample.begin(), B);
+      h = convolve(x.transpose(0, 1).reshape(sample), weight, bias, k, K);
+    }
+  }
+  h = pool(h.relu_());
+  for (size_t b = 1; b < conv_weights_.size(); ++b) {
+    const auto [weight, bias] = grouped(b);
+    h = pool(convolve(h, weight, bias, k, K).relu_());
+  }
+  at::Tensor f = h.reshape({B, K, -1}).transpose(0, 1);  // (K, B, F), each member's (C, H, W) flattening
+  for (size_t l = 0; l + 1 < head_.size(); ++l) f = head_[l].forward(f).relu_();
+  return head_.back().forward(f);  // (K, B, O)
+}
+
+void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
+  at::NoGradGuard no_grad;
+  const std::vector<int64_t> selected = members_to_reinitialize(which, members());
+  if (selected.empty()) return;
+  if (!which.defined()) options_.seed(seed);
+  // Each member's draws in the standalone Sequential's construction order.
+  std::vector<at::Tensor> rows;
+  for (const int64_t m : selected) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + m));
+    at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
+    for (size_t i = 0; i < parameters_.size(); i += 2) {  // weight, bias of each layer
+      const ParameterSpec& spec = parameters_.spec(i);
+      const at::Tensor weight = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view(spec.shape);
+      const at::Tensor bias = row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1));
+      if (is_conv(spec)) {
+        draw_conv_init(weight, bias, generator);
+      } else {
+        draw_linear_init(weight, bias, generator);
+      }
+    }
+    rows.push_back(row);
+  }
+  parameters_.write_member_rows(at::stack(rows).to(options_.dtype()), selected);
+}
+
+StandaloneMember PackedCNN::standalone_member(int64_t member) const {
+  TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member,
+              " out of range for a pack of ", members(), " members");
+  torch::nn::Sequential seq = make_member_module(options_);
+  seq->to(options_.device(), options_.dtype());
+  torch::NoGradGuard no_grad;
+  const std::vector<at::Tensor> params = seq->parameters();
+  TORCH_INTERNAL_ASSERT(params.size() == parameters_.size(), "cnn member module has ", params.size(),
+                        " parameters, the pack ", parameters_.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& packed = parameters_[i][member];
+    const bool linear_weight = !is_conv(parameters_.spec(i)) && i % 2 == 0;
+    params[i].copy_(linear_weight ? packed.t() : packed.view(params[i].sizes()));  // (in, out) -> (out, in)
+  }
+  seq->train(training_);
+  return as_member(seq);
+}
+
+StandaloneMember make_standalone_cnn(const PackedCNNOptions& options, int64_t member) {
+  options.validate();
+  TORCH_CHECK(member >= 0, "member index must be >= 0, got ", member);
+  torch::manual_seed(member_seed(options.seed(), options.first_member() + member));
+  torch::nn::Sequential seq = make_member_module(options);
+  seq->to(options.device(), options.dtype());
+  return as_member(seq);
+}
+
+}  // namespace packtrain::ensemble

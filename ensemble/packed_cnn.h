@@ -1,0 +1,107 @@
+// PackedCNN: K small convolutional networks of one shape trained as one model, behind
+// the PackedModel seam (packed_model.h). Member i is
+//   x (B, C*H*W) -> (B, C, H, W); per block: max_pool(relu(conv(x)), 2);
+//   flatten; `depth` hidden Linear + ReLU layers of width `hidden`; output Linear
+// (1-D: (B, C*L) -> (B, C, L), Conv1d and MaxPool1d), convolutions of odd kernel k,
+// stride 1 and "same" padding k/2, each pool halving (rounding down) every spatial
+// dimension. It equals, bit for bit at initialization, the torch::nn::Sequential
+// (Unflatten, Conv2d/Conv1d, ReLU, MaxPool2d/MaxPool1d, Flatten, Linear, ReLU)
+// make_standalone_cnn(options, i) builds.
+//
+// Packing: the activations stay (B, K*C, ...), members' channels side by side, and
+// every convolution is one grouped convolution (groups = K) with the weight
+// (K, Cout, Cin, k...) viewed as (K*Cout, Cin, k...) — a free view, each parameter
+// being one contiguous member-major block of the flat buffer. A shared batch (B, I)
+// enters the first block as one ungrouped convolution with K*Cout output channels
+// (no K copies of the input); per-member batches (K, B, I) are transposed to
+// (B, K*C, ...) once. Members cannot be folded into the batch: their weights differ.
+// The head flattens to (K, B, F) and runs PackedLinear layers (one baddbmm each).
+// Measured against a loop of K convolutions: benchmarks/conv_pack_bench.cpp.
+//
+// Not here yet: batch normalization (it needs per-member running statistics in
+// packed buffers, kept static under capture), dropout, activations other than ReLU,
+// average pooling; the registry refuses a spec asking for them (architectures.cpp).
+#pragma once
+
+#include "packtrain/ensemble/packed_linear.h"
+#include "packtrain/ensemble/packed_model.h"
+#include "packtrain/ensemble/packed_parameters.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace packtrain::ensemble {
+
+// Each convolution block's output channels unless told otherwise (the trainer's
+// `channels` option shows and uses the same).
+inline const std::vector<int64_t> kDefaultCnnChannels{32, 64};
+
+struct PackedCNNOptions {
+  /// Example: PackedCNNOptions({1, 8, 8}, 10).members(64).channels({32, 64}).hidden(64).depth(1)
+  PackedCNNOptions(std::vector<int64_t> input_shape, int64_t out_features)
+      : input_shape_(std::move(input_shape)), out_features_(out_features) {}
+
+  TORCH_ARG(std::vector<int64_t>, input_shape);  // {C, H, W} (2-D) or {C, L} (1-D); I = their product
+  TORCH_ARG(int64_t, out_features);              // O
+  TORCH_ARG(int64_t, members) = 8;               // K
+  TORCH_ARG(std::vector<int64_t>, channels) = kDefaultCnnChannels;  // output channels per conv block
+  TORCH_ARG(int64_t, kernel_size) = 3;           // k, odd ("same" padding k/2)
+  TORCH_ARG(int64_t, hidden) = 64;               // H, width of the head's hidden layers
+  TORCH_ARG(int64_t, depth) = 1;                 // the head's hidden layers (0: flatten -> output)
+  TORCH_ARG(uint64_t, seed) = 0;                 // member i draws from member_seed(seed, first_member + i)
+  TORCH_ARG(int64_t, first_member) = 0;
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+
+ public:
+  // Throws packtrain::UserError naming the value: an input shape of another rank, a
+  // non-positive size, an even kernel, or more pooling blocks than the image has room
+  // for (every spatial dimension must be at least 2 before each pool).
+  void validate() const;
+  int64_t in_features() const;     // I = prod(input_shape)
+  int64_t spatial_dims() const;    // 2 for {C, H, W}, 1 for {C, L}
+  int64_t flat_features() const;   // F: channels.back() times the pooled spatial sizes
+  // Scalars one member has (convolutions and head), as a double for estimates.
+  double parameters_per_member() const;
+};
+
+class PackedCNN : public PackedModel {
+ public:
+  explicit PackedCNN(PackedCNNOptions options);
+
+  std::string_view kind() const override { return "cnn"; }
+  const PackedCNNOptions& options() const { return options_; }
+  PackedParameters& parameters() override { return parameters_; }
+  const PackedParameters& parameters() const override { return parameters_; }
+
+  // x: (B, I) shared by all members, or (K, B, I) per member, I = C*H*W or C*L.
+  // Returns (K, B, O).
+  at::Tensor forward(const at::Tensor& x) const override;
+
+  void seed_dropout(uint64_t) override {}          // no dropout
+  void dropout_rows(int64_t, int64_t) override {}  // no dropout
+  void reinitialize(uint64_t seed, const at::Tensor& which = {}) override;
+  StandaloneMember standalone_member(int64_t member) const override;
+
+ private:
+  // Checks x's rank, width, K, dtype and device; throws naming both shapes.
+  void check_input(const at::Tensor& x) const;
+
+  PackedCNNOptions options_;
+  PackedParameters parameters_;
+  std::vector<at::Tensor> conv_weights_;  // (K, Cout, Cin, k[, k]) each
+  std::vector<at::Tensor> conv_biases_;   // (K, Cout) each
+  std::vector<PackedLinear> head_;        // depth hidden layers, then the output layer
+};
+
+// The standalone module member `member` of PackedCNN(options) equals: a
+// torch::nn::Sequential built after seeding the default generator with
+// member_seed(options.seed(), options.first_member() + member), then cast to
+// options' dtype and device. (It reseeds the global generator: a test helper.)
+StandaloneMember make_standalone_cnn(const PackedCNNOptions& options, int64_t member);
+
+}  // namespace packtrain::ensemble
