@@ -381,7 +381,7 @@ class Plan(unittest.TestCase):
                                                    **overrides))
 
     def test_default_unroll_is_packtrains(self):
-        with open(os.path.join(ROOT, "runtime", "trainers", "ensemble_steps.h")) as f:
+        with open(os.path.join(ROOT, "runtime", "trainers", "ensemble", "ensemble_steps.h")) as f:
             default = int(re.search(r"kDefaultUnroll = (\d+);", f.read()).group(1))
         self.assertEqual(run_peers.DEFAULT_UNROLL, default)
 

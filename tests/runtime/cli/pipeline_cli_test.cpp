@@ -4,7 +4,7 @@
 // same S (and assembles in one process for score and resume), another S refused,
 // S x R ranks (R replicas of the pipeline) the same model as one process too,
 // a killed stage ends the other with an error naming the stages and the step.
-// (The library-level float64 equivalence: tests/runtime/distributed/pipeline_test.cpp.)
+// (The library-level float64 equivalence: tests/runtime/trainers/multitask/pipeline_training_test.cpp.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
