@@ -5,7 +5,8 @@
 //       "activation", {{{Activation::kRelu, "relu"}, {Activation::kGelu, "gelu"}, ...}}};
 //   kActivationNames.name(Activation::kRelu)   // "relu"
 //   kActivationNames.parse("gelu")             // Activation::kGelu
-//   kActivationNames.parse("elu")              // c10::Error: unknown activation 'elu' (expected relu, gelu, silu or tanh)
+//   kActivationNames.parse("elu")              // c10::Error: unknown activation 'elu' (expected relu, gelu, silu or
+//   tanh)
 #pragma once
 
 #include <c10/util/Exception.h>

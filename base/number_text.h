@@ -87,7 +87,8 @@ inline std::vector<double> parse_number_list(const std::string& text, const std:
     const size_t comma = text.find(',', begin);
     const std::string raw = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
     const size_t first = raw.find_first_not_of(" \t");
-    const std::string element = first == std::string::npos ? "" : raw.substr(first, raw.find_last_not_of(" \t") - first + 1);
+    const std::string element =
+        first == std::string::npos ? "" : raw.substr(first, raw.find_last_not_of(" \t") - first + 1);
     const std::string where = "element " + std::to_string(index) + " of '" + text + "'";
     if (element.empty()) throw fail(where + " is empty (remove the extra comma)");
     const std::optional<double> value = parse_double(element);

@@ -38,9 +38,11 @@
 #include <vector>
 
 // The name and reference accessor of a TORCH_ARG field, for an OptionSchema entry.
-#define PACKTRAIN_OPTION(field) #field, [](auto& o) -> auto& { return o.field(); }
+#define PACKTRAIN_OPTION(field) \
+#field, [](auto& o) -> auto& { return o.field(); }
 // A field of a nested options struct (o.outer().field()), under the field's own name.
-#define PACKTRAIN_NESTED_OPTION(outer, field) #field, [](auto& o) -> auto& { return o.outer().field(); }
+#define PACKTRAIN_NESTED_OPTION(outer, field) \
+#field, [](auto& o) -> auto& { return o.outer().field(); }
 
 namespace packtrain {
 
@@ -117,7 +119,8 @@ struct OptionField {
   std::string rule() const {
     std::string r;
     if (min && max) {
-      r = std::string("in ") + (min_open ? "(" : "[") + number_text(*min) + ", " + number_text(*max) + (max_open ? ")" : "]");
+      r = std::string("in ") + (min_open ? "(" : "[") + number_text(*min) + ", " + number_text(*max) +
+          (max_open ? ")" : "]");
     } else if (min) {
       r = std::string(min_open ? "> " : ">= ") + number_text(*min);
     } else if (max) {
@@ -277,10 +280,17 @@ class OptionSchema {
   nlohmann::json describe(const O& defaults = O()) const {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& f : fields_) {
-      nlohmann::json d = {{"name", f.name},     {"kind", kind_name(f.kind)}, {"flag", f.flag},
-                          {"help", f.help},     {"group", f.group},          {"default", f.get(defaults)},
-                          {"shown", f.shown(defaults)}, {"python", f.python}, {"sweep", f.sweep},
-                          {"flag_sets_false", f.flag_sets_false}, {"optional", f.optional},
+      nlohmann::json d = {{"name", f.name},
+                          {"kind", kind_name(f.kind)},
+                          {"flag", f.flag},
+                          {"help", f.help},
+                          {"group", f.group},
+                          {"default", f.get(defaults)},
+                          {"shown", f.shown(defaults)},
+                          {"python", f.python},
+                          {"sweep", f.sweep},
+                          {"flag_sets_false", f.flag_sets_false},
+                          {"optional", f.optional},
                           {"since", f.since}};
       if (f.min) d["min"] = *f.min, d["min_open"] = f.min_open;
       if (f.max) d["max"] = *f.max, d["max_open"] = f.max_open;
@@ -306,14 +316,22 @@ class OptionSchema {
   }
   template <typename T>
   static constexpr OptionKind kind_of() {
-    if constexpr (std::is_same_v<T, bool>) return OptionKind::kFlag;
-    else if constexpr (std::is_same_v<T, int64_t>) return OptionKind::kInteger;
-    else if constexpr (std::is_same_v<T, uint64_t>) return OptionKind::kUnsigned;
-    else if constexpr (std::is_same_v<T, double>) return OptionKind::kNumber;
-    else if constexpr (std::is_same_v<T, std::string>) return OptionKind::kText;
-    else if constexpr (std::is_same_v<T, std::vector<double>>) return OptionKind::kNumbers;
-    else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return OptionKind::kIntegers;
-    else static_assert(sizeof(T) == 0, "an option of a type the schema does not describe");
+    if constexpr (std::is_same_v<T, bool>)
+      return OptionKind::kFlag;
+    else if constexpr (std::is_same_v<T, int64_t>)
+      return OptionKind::kInteger;
+    else if constexpr (std::is_same_v<T, uint64_t>)
+      return OptionKind::kUnsigned;
+    else if constexpr (std::is_same_v<T, double>)
+      return OptionKind::kNumber;
+    else if constexpr (std::is_same_v<T, std::string>)
+      return OptionKind::kText;
+    else if constexpr (std::is_same_v<T, std::vector<double>>)
+      return OptionKind::kNumbers;
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      return OptionKind::kIntegers;
+    else
+      static_assert(sizeof(T) == 0, "an option of a type the schema does not describe");
   }
   // An optional integer (std::optional<int64_t>): JSON null when unset.
   template <typename Access>

@@ -99,8 +99,9 @@ void report(benchmark::State& state, double seconds, int64_t steps, const char* 
     return n;
   }());
   if (steps != expected) {
-    state.SkipWithError((std::string(name) + ": " + std::to_string(steps) + " member-steps, expected " +
-                         std::to_string(expected)).c_str());
+    state.SkipWithError(
+        (std::string(name) + ": " + std::to_string(steps) + " member-steps, expected " + std::to_string(expected))
+            .c_str());
     return;
   }
   state.SetItemsProcessed(state.iterations() * kRuns * kMembers * kEpochs * rounds);

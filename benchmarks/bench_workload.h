@@ -16,8 +16,7 @@ inline constexpr int64_t kWorkloadInputs = 8;
 inline constexpr int64_t kWorkloadOutputs = 1;
 inline constexpr double kWorkloadLr = 1e-3;  // AdamW; the other hyperparameters are ensemble::adamw_options()'s
 
-inline ensemble::PackedMLPOptions workload_options(int64_t members, int64_t hidden, int64_t depth,
-                                                   c10::Device device) {
+inline ensemble::PackedMLPOptions workload_options(int64_t members, int64_t hidden, int64_t depth, c10::Device device) {
   return ensemble::PackedMLPOptions(kWorkloadInputs, kWorkloadOutputs)
       .members(members)
       .hidden(hidden)

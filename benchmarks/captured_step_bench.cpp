@@ -140,7 +140,8 @@ void run_captured(benchmark::State& state, c10::Device device, int64_t unroll) {
   const double steps = static_cast<double>(state.iterations() * replays * unroll);
   state.SetItemsProcessed(static_cast<int64_t>(steps) * members);
   state.counters["host_us_per_step"] = host_us / steps;
-  state.counters["gflops"] = step_flops(hidden, depth, batch) * static_cast<double>(members) * steps / (device_us * 1e3);
+  state.counters["gflops"] =
+      step_flops(hidden, depth, batch) * static_cast<double>(members) * steps / (device_us * 1e3);
   state.counters["device_us_per_step"] = device_us / steps;
   state.counters["graph_nodes_per_step"] = static_cast<double>(step.graph_nodes()) / static_cast<double>(unroll);
   for (const auto& [kind, n] : step.graph_nodes_by_kind()) {
@@ -174,8 +175,7 @@ void register_captured_step_benchmarks(c10::Device device, int64_t unroll,
   benchmark::RegisterBenchmark("PackedGraph", [=](benchmark::State& s) { run_captured(s, device, 1); })
       ->Apply(apply_args)
       ->UseManualTime();
-  benchmark::RegisterBenchmark("PackedGraphUnrolled",
-                               [=](benchmark::State& s) { run_captured(s, device, unroll); })
+  benchmark::RegisterBenchmark("PackedGraphUnrolled", [=](benchmark::State& s) { run_captured(s, device, unroll); })
       ->Apply(apply_args)
       ->UseManualTime();
 }

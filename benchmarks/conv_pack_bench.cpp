@@ -65,7 +65,10 @@ void ConvPack(benchmark::State& state) {
   const at::Tensor x = shared ? at::randn({kRows, I}, gen) : at::randn({members, kRows, I}, gen);
   const MemberLoop loop(pack);
   const auto step = [&] {
-    if (kGrouped) pack.parameters().zero_grad(); else loop.zero_grad();
+    if (kGrouped)
+      pack.parameters().zero_grad();
+    else
+      loop.zero_grad();
     const at::Tensor out = kGrouped ? pack.forward(x) : loop.forward(x);
     torch::autograd::backward({out.square().mean()});
   };

@@ -8,8 +8,8 @@
 // gradients) and gemm_gflops (CpuGemmRate's measurement, made once in the same
 // process): their ratio is how far the row is from the machine's limit.
 #include "benchmarks/bench_workload.h"
-#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_step.h"
 
 #include <ATen/ATen.h>
@@ -48,8 +48,8 @@ void CpuGemmRate(benchmark::State& state) {
   const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
   at::Tensor c = at::empty({n, n});
   for (auto _ : state) at::mm_out(c, a, b);
-  state.counters["gflops"] = benchmark::Counter(2.0 * n * n * n / 1e9 * static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate);
+  state.counters["gflops"] =
+      benchmark::Counter(2.0 * n * n * n / 1e9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["threads"] = at::get_num_threads();
 }
 

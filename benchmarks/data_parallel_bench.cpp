@@ -11,8 +11,8 @@
 #include "benchmarks/data_parallel_bench.h"
 
 #include "benchmarks/bench_workload.h"
-#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_step.h"
 #include "packtrain/graphs/captured_step.h"
 #include "packtrain/profiling/step_timer.h"
@@ -75,8 +75,8 @@ void run_data_parallel_step(benchmark::State& state, c10::Device device) {
   state.SetItemsProcessed(static_cast<int64_t>(steps) * members);
   state.counters["us_per_step"] = device_us / steps;
   state.counters["gradient_bytes"] = static_cast<double>(model.parameters().flat_grad().nbytes());
-  state.SetLabel(device.str() + (grouped ? (device.is_cuda() ? " NCCL world 1, in the graph" : " Gloo world 1")
-                                         : " no all-reduce"));
+  state.SetLabel(device.str() +
+                 (grouped ? (device.is_cuda() ? " NCCL world 1, in the graph" : " Gloo world 1") : " no all-reduce"));
 }
 
 }  // namespace

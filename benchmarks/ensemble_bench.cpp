@@ -107,8 +107,8 @@ void NaiveLoop(benchmark::State& state) {
   std::vector<std::unique_ptr<torch::optim::AdamW>> optimizers;
   for (int64_t k = 0; k < members; ++k) {
     models.push_back(make_standalone_mlp(options, k));
-    optimizers.push_back(std::make_unique<torch::optim::AdamW>(models.back()->parameters(),
-                                                               torch::optim::AdamWOptions(packtrain::benchmarks::kWorkloadLr)));
+    optimizers.push_back(std::make_unique<torch::optim::AdamW>(
+        models.back()->parameters(), torch::optim::AdamWOptions(packtrain::benchmarks::kWorkloadLr)));
   }
   const auto data = packtrain::benchmarks::fixed_batch(shape.batch, device);
   HostClock host;
@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
     packtrain::benchmarks::register_captured_step_benchmarks(device, bench_unroll(), CapturedArgs);
     benchmark::AddCustomContext("unroll", std::to_string(bench_unroll()));
   } else {
-    std::fprintf(stderr, "PackedGraph, PackedGraphUnrolled: not run (CUDA graphs need a CUDA device; this run is on %s)\n",
+    std::fprintf(stderr,
+                 "PackedGraph, PackedGraphUnrolled: not run (CUDA graphs need a CUDA device; this run is on %s)\n",
                  device.str().c_str());
   }
   packtrain::benchmarks::register_multitask_benchmarks(device);

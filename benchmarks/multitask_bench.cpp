@@ -40,7 +40,12 @@ struct Shape {
 };
 
 ensemble::PackedTransformerOptions model_options(const Shape& s, c10::Device device) {
-  return ensemble::PackedTransformerOptions().width(s.width).layers(s.layers).heads(8).max_length(std::max<int64_t>(s.seq, 128)).device(device);
+  return ensemble::PackedTransformerOptions()
+      .width(s.width)
+      .layers(s.layers)
+      .heads(8)
+      .max_length(std::max<int64_t>(s.seq, 128))
+      .device(device);
 }
 
 struct Inputs {
@@ -61,8 +66,8 @@ void sync(c10::Device device) {
 
 void two_forward_step(ensemble::PackedTransformer& model, ensemble::PackedAdam& optimizer, const Inputs& in) {
   model.parameters().zero_grad();
-  const at::Tensor cls = ensemble::packed_cross_entropy_loss(
-      model.classify(model.trunk(in.batch.tokens), in.batch.lengths), in.labels);
+  const at::Tensor cls =
+      ensemble::packed_cross_entropy_loss(model.classify(model.trunk(in.batch.tokens), in.batch.lengths), in.labels);
   const at::Tensor lm = ensemble::packed_lm_loss(model.lm_logits(model.trunk(in.batch.tokens)), in.batch);
   torch::autograd::backward({(cls + lm).sum()});
   optimizer.step();
@@ -84,7 +89,8 @@ void run_step(benchmark::State& state, c10::Device device, const std::string& ki
       return;
     }
   }
-  for (int i = 0; i < 2; ++i) kind == "two" ? two_forward_step(model, optimizer, in) : (graph ? graph->run() : shared());
+  for (int i = 0; i < 2; ++i)
+    kind == "two" ? two_forward_step(model, optimizer, in) : (graph ? graph->run() : shared());
   sync(device);
   for (auto _ : state) {
     if (kind == "two") {

@@ -62,7 +62,9 @@ ensemble::PackedTransformerOptions bench_model() {
 
 // A port for this process's store (one group at a time; the pid keeps two
 // benchmark runs on one machine apart).
-int store_port(int64_t stages) { return 40000 + static_cast<int>(::getpid() % 10000) * 2 + static_cast<int>(stages % 2); }
+int store_port(int64_t stages) {
+  return 40000 + static_cast<int>(::getpid() % 10000) * 2 + static_cast<int>(stages % 2);
+}
 
 int64_t held_bytes(ensemble::PackedTransformer& model, const ensemble::PackedAdam& optimizer) {
   int64_t bytes = static_cast<int64_t>(model.parameters().flat().nbytes() + model.parameters().flat_grad().nbytes());

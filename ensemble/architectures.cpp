@@ -50,7 +50,8 @@ void refuse_beyond_relu_layers(const PackSpec& s, const std::string& name, const
 
 std::unique_ptr<PackedModel> make_residual_mlp(const PackSpec& s) {
   refuse_beyond_relu_layers(s, "residual-mlp", "input, blocks of h + fc2(relu(fc1(h))), relu, output");
-  return std::make_unique<ResidualMLP>(with_common(ResidualMLPOptions(s.in_features, s.out_features), s).blocks(s.depth));
+  return std::make_unique<ResidualMLP>(
+      with_common(ResidualMLPOptions(s.in_features, s.out_features), s).blocks(s.depth));
 }
 
 double residual_mlp_parameters(const PackSpec& s) {
@@ -64,10 +65,12 @@ double residual_mlp_parameters(const PackSpec& s) {
 // kernel (the architecture's defaults when the spec leaves them empty, 0).
 PackedCNNOptions cnn_options(const PackSpec& s) {
   if (s.input_shape.empty()) {
-    throw UserError("the cnn architecture needs the shape of each sample, {C, H, W} (images) or {C, L} "
-                    "(sequences), and these rows of " + std::to_string(s.in_features) +
-                    " features have none: pass input_shape (image and sequence data sets carry it), or use "
-                    "--architecture mlp for a table");
+    throw UserError(
+        "the cnn architecture needs the shape of each sample, {C, H, W} (images) or {C, L} "
+        "(sequences), and these rows of " +
+        std::to_string(s.in_features) +
+        " features have none: pass input_shape (image and sequence data sets carry it), or use "
+        "--architecture mlp for a table");
   }
   PackedCNNOptions o = with_common(PackedCNNOptions(s.input_shape, s.out_features), s).depth(s.depth);
   if (!s.channels.empty()) o.channels(s.channels);
@@ -97,8 +100,9 @@ const std::vector<Architecture>& architectures() {
        mlp_parameters},
       {"residual-mlp", "an input layer to width hidden, depth residual blocks h + fc2(relu(fc1(h))), relu, output",
        make_residual_mlp, residual_mlp_parameters},
-      {"cnn", "convolution blocks (channels, odd kernel, relu, max-pool 2) over each sample's {C, H, W} or "
-              "{C, L}, flatten, depth hidden layers of width hidden, output",
+      {"cnn",
+       "convolution blocks (channels, odd kernel, relu, max-pool 2) over each sample's {C, H, W} or "
+       "{C, L}, flatten, depth hidden layers of width hidden, output",
        make_cnn, cnn_parameters},
   };
   return table;

@@ -5,8 +5,8 @@
 #include "packtrain/ensemble/member_chunks.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -38,8 +38,8 @@ namespace {
 // the row strides of A, B, C as stored. (Row-major C = A B is column-major
 // C^T = B^T A^T, hence the swapped operands.)
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+          T beta, T* c, int64_t ldc) {
   const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
   const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
   const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
@@ -54,7 +54,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
 // Rows of z (B x d) get the bias; below the output layer a = act(z) too. One pass.
 template <typename T>
 [[gnu::always_inline]] inline void add_bias_activate(Activation kind, bool hidden, T* __restrict z, T* __restrict a,
-                              const T* __restrict bias, int64_t B, int64_t d) {
+                                                     const T* __restrict bias, int64_t B, int64_t d) {
   for (int64_t r = 0; r < B; ++r) {
     T* __restrict zr = z + r * d;
     T* __restrict ar = a + r * d;
@@ -80,8 +80,8 @@ template <typename T>
 // g (B x d) *= act'(z) given z and a = act(z) (ATen's backward formulas), and the
 // bias gradient gb = column sums of the result. One pass.
 template <typename T>
-[[gnu::always_inline]] inline void activation_backward(Activation kind, const T* __restrict z, const T* __restrict a, T* __restrict g,
-                                T* __restrict gb, int64_t B, int64_t d) {
+[[gnu::always_inline]] inline void activation_backward(Activation kind, const T* __restrict z, const T* __restrict a,
+                                                       T* __restrict g, T* __restrict gb, int64_t B, int64_t d) {
   std::fill(gb, gb + d, T(0));
   const T inv_sqrt_2pi = T(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
   for (int64_t r = 0; r < B; ++r) {
@@ -124,8 +124,8 @@ template <typename T>
 // One member's mean loss over its batch, and its gradient with respect to the
 // prediction p (B x width) written into g.
 template <typename T>
-[[gnu::always_inline]] inline double loss_and_gradient(LossKind kind, const T* p, int64_t B, int64_t width, const T* y, const int64_t* labels,
-                         double min_variance, T* g) {
+[[gnu::always_inline]] inline double loss_and_gradient(LossKind kind, const T* p, int64_t B, int64_t width, const T* y,
+                                                       const int64_t* labels, double min_variance, T* g) {
   double total = 0;
   switch (kind) {
     case LossKind::kMSE: {
@@ -247,8 +247,7 @@ template <typename T>
 // Members [begin, end): forward, loss and backward of each while its activations
 // are in cache.
 template <typename T>
-[[gnu::always_inline]] inline void step_members(const StepPointers<T>& s, Workspace<T>& w, int64_t begin,
-                                                int64_t end) {
+[[gnu::always_inline]] inline void step_members(const StepPointers<T>& s, Workspace<T>& w, int64_t begin, int64_t end) {
   const int64_t L = static_cast<int64_t>(s.layers.size()), B = s.B;
   const std::vector<T*>& z = w.z;
   const std::vector<T*>& a = w.a;
@@ -260,8 +259,8 @@ template <typename T>
     // d_l = a_l * noise_l with dropout (a_l without).
     for (int64_t l = 0; l < L; ++l) {
       const LayerPointers<T>& p = s.layers[l];
-      gemm<T>(false, false, B, p.d_out, p.d_in, l == 0 ? input : d[l - 1], p.d_in, p.w + k * p.d_in * p.d_out,
-              p.d_out, T(0), z[l], p.d_out);
+      gemm<T>(false, false, B, p.d_out, p.d_in, l == 0 ? input : d[l - 1], p.d_in, p.w + k * p.d_in * p.d_out, p.d_out,
+              T(0), z[l], p.d_out);
       add_bias_activate(s.activation, l + 1 < L, z[l], a[l], p.b + k * p.d_out, B, p.d_out);
       if (dropout && l + 1 < L) multiply(a[l], s.noise[l] + k * B * p.d_out, d[l], B * p.d_out);
     }
@@ -269,10 +268,9 @@ template <typename T>
     T* grad = w.g_buf.data();
     T* spare = w.g_buf.data() + B * s.widest;
     const LayerPointers<T>& out = s.layers[L - 1];
-    s.losses[k] = static_cast<T>(loss_and_gradient<T>(s.kind, z[L - 1], B, out.d_out,
-                                                      s.y ? s.y + k * s.y_stride : nullptr,
-                                                      s.labels ? s.labels + k * s.y_stride : nullptr, s.min_variance,
-                                                      grad));
+    s.losses[k] =
+        static_cast<T>(loss_and_gradient<T>(s.kind, z[L - 1], B, out.d_out, s.y ? s.y + k * s.y_stride : nullptr,
+                                            s.labels ? s.labels + k * s.y_stride : nullptr, s.min_variance, grad));
     column_sums(grad, out.gb + k * out.d_out, B, out.d_out);
     // Backward: dW_l = d_{l-1}^T dz_l; dz_{l-1} = (dz_l W_l^T) [* noise_{l-1}] *
     // act'(z_{l-1}), whose column sums are b_{l-1}'s gradient.
@@ -281,8 +279,7 @@ template <typename T>
       gemm<T>(true, false, p.d_in, p.d_out, B, l == 0 ? input : d[l - 1], p.d_in, grad, p.d_out, T(0),
               p.gw + k * p.d_in * p.d_out, p.d_out);
       if (l == 0) break;
-      gemm<T>(false, true, B, p.d_in, p.d_out, grad, p.d_out, p.w + k * p.d_in * p.d_out, p.d_out, T(0), spare,
-              p.d_in);
+      gemm<T>(false, true, B, p.d_in, p.d_out, grad, p.d_out, p.w + k * p.d_in * p.d_out, p.d_out, T(0), spare, p.d_in);
       if (dropout) multiply_in_place(spare, s.noise[l - 1] + k * B * p.d_in, B * p.d_in);
       const LayerPointers<T>& below = s.layers[l - 1];
       activation_backward(s.activation, z[l - 1], a[l - 1], spare, below.gb + k * below.d_out, B, p.d_in);
@@ -293,11 +290,11 @@ template <typename T>
 
 // The elementwise loops vectorize for the widest instruction set the CPU has.
 PACKTRAIN_CPU_CLONES void step_members_f32(const StepPointers<float>& s, Workspace<float>& w, int64_t begin,
-                                          int64_t end) {
+                                           int64_t end) {
   step_members(s, w, begin, end);
 }
 PACKTRAIN_CPU_CLONES void step_members_f64(const StepPointers<double>& s, Workspace<double>& w, int64_t begin,
-                                          int64_t end) {
+                                           int64_t end) {
   step_members(s, w, begin, end);
 }
 
@@ -309,8 +306,8 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y,
   s.widest = s.activations = 0;
   for (const PackedLinear& linear : model.linears()) {
     s.layers.push_back({linear.weight().data_ptr<T>(), linear.bias().data_ptr<T>(),
-                        linear.weight().grad().data_ptr<T>(), linear.bias().grad().data_ptr<T>(),
-                        linear.in_features(), linear.out_features()});
+                        linear.weight().grad().data_ptr<T>(), linear.bias().grad().data_ptr<T>(), linear.in_features(),
+                        linear.out_features()});
     s.widest = std::max({s.widest, linear.in_features(), linear.out_features()});
     s.activations += s.B * linear.out_features();
   }
@@ -332,8 +329,8 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y,
     for (size_t l = 0; l + 1 < s.layers.size(); ++l) {
       // dropout_noise reads only the activation's shape and options: a broadcast view
       // of one element carries them without allocating a (K, B, H) buffer per step.
-      const at::Tensor shape = at::empty({1, 1, 1}, model.parameters().flat().options())
-                                   .expand({model.members(), s.B, s.layers[l].d_out});
+      const at::Tensor shape =
+          at::empty({1, 1, 1}, model.parameters().flat().options()).expand({model.members(), s.B, s.layers[l].d_out});
       noise.push_back(model.dropout_noise(shape));
       s.noise.push_back(noise.back().data_ptr<T>());
     }
@@ -387,8 +384,8 @@ bool cpu_fused_step_applies(const PackedMLP& model, const at::Tensor& x, const a
   const int64_t B = x.size(-2);
   if (!y.defined() || !y.is_cpu() || !y.is_contiguous()) return false;
   if (kind == LossKind::kCrossEntropy) {
-    return y.scalar_type() == at::kLong && ((y.dim() == 1 && y.size(0) == B) ||
-                                            (y.dim() == 2 && y.size(0) == K && y.size(1) == B));
+    return y.scalar_type() == at::kLong &&
+           ((y.dim() == 1 && y.size(0) == B) || (y.dim() == 2 && y.size(0) == K && y.size(1) == B));
   }
   const int64_t target_width = kind == LossKind::kGaussianNLL ? O / 2 : O;
   if (kind == LossKind::kGaussianNLL && O % 2 != 0) return false;

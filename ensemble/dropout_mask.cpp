@@ -66,9 +66,8 @@ void fill_dropout_mask_cpu(const at::Tensor& noise, const std::vector<double>& k
     std::vector<scalar_t> scales;
     for (const double kr : keep) scales.push_back(static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(kr)));
     scalar_t* out = noise.data_ptr<scalar_t>();
-    at::parallel_for(0, K * B, grain, [&](int64_t begin, int64_t end) {
-      mask_rows_cloned(rows, scales.data(), out, begin, end);
-    });
+    at::parallel_for(0, K * B, grain,
+                     [&](int64_t begin, int64_t end) { mask_rows_cloned(rows, scales.data(), out, begin, end); });
   });
 }
 

@@ -40,11 +40,11 @@ int launch_dropout_mask(bool is_double, void* out, int64_t K, int64_t B, int64_t
   if (values > 0) {
     const int blocks = static_cast<int>(std::min<int64_t>((values + kThreads - 1) / kThreads, 65535));
     if (is_double) {
-      dropout_mask_kernel<double><<<blocks, kThreads, 0, s>>>(static_cast<double*>(out), K, B, H, keep,
-                                                               first_member, row_offset, state);
+      dropout_mask_kernel<double>
+          <<<blocks, kThreads, 0, s>>>(static_cast<double*>(out), K, B, H, keep, first_member, row_offset, state);
     } else {
-      dropout_mask_kernel<float><<<blocks, kThreads, 0, s>>>(static_cast<float*>(out), K, B, H, keep, first_member,
-                                                              row_offset, state);
+      dropout_mask_kernel<float>
+          <<<blocks, kThreads, 0, s>>>(static_cast<float*>(out), K, B, H, keep, first_member, row_offset, state);
     }
   }
   advance_draw_kernel<<<1, 1, 0, s>>>(state);

@@ -22,8 +22,8 @@ at::Tensor lm_target_count(const TextBatch& batch) { return (batch.lengths - 1).
 at::Tensor packed_lm_loss(const at::Tensor& logits, const TextBatch& batch) {
   TORCH_CHECK(logits.dim() == 4, "packed_lm_loss: logits must be (K, B, T, V), got ", logits.sizes());
   const int64_t K = logits.size(0), B = logits.size(1), T = logits.size(2);
-  TORCH_CHECK(batch.tokens.size(0) == B && batch.tokens.size(1) == T, "packed_lm_loss: tokens ",
-              batch.tokens.sizes(), " do not match logits ", logits.sizes());
+  TORCH_CHECK(batch.tokens.size(0) == B && batch.tokens.size(1) == T, "packed_lm_loss: tokens ", batch.tokens.sizes(),
+              " do not match logits ", logits.sizes());
   TORCH_CHECK(T >= 2, "packed_lm_loss: rows need at least 2 positions, got ", T);
   const at::Tensor log_probs = at::log_softmax(logits.narrow(2, 0, T - 1), 3);
   const at::Tensor targets = batch.tokens.narrow(1, 1, T - 1).view({1, B, T - 1, 1}).expand({K, B, T - 1, 1});

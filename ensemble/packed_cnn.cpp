@@ -52,7 +52,8 @@ void PackedCNNOptions::validate() const {
                     std::to_string(kernel_size()));
   }
   if (depth() < 0) throw UserError("cnn head depth must be >= 0, got " + std::to_string(depth()));
-  if (depth() > 0 && hidden() <= 0) throw UserError("cnn hidden width must be positive, got " + std::to_string(hidden()));
+  if (depth() > 0 && hidden() <= 0)
+    throw UserError("cnn hidden width must be positive, got " + std::to_string(hidden()));
   std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
   for (size_t b = 0; b < channels().size(); ++b) {
     for (int64_t& s : spatial) {
@@ -142,9 +143,7 @@ at::Tensor convolve(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   return at::conv1d(x, weight, bias, {1}, {pad}, {1}, groups);
 }
 
-at::Tensor pool(const at::Tensor& h) {
-  return h.dim() == 4 ? at::max_pool2d(h, {2, 2}) : at::max_pool1d(h, {2});
-}
+at::Tensor pool(const at::Tensor& h) { return h.dim() == 4 ? at::max_pool2d(h, {2, 2}) : at::max_pool1d(h, {2}); }
 
 torch::nn::Sequential make_member_module(const PackedCNNOptions& o) {
   torch::nn::Sequential seq;
@@ -268,8 +267,8 @@ void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
 }
 
 StandaloneMember PackedCNN::standalone_member(int64_t member) const {
-  TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member,
-              " out of range for a pack of ", members(), " members");
+  TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member, " out of range for a pack of ",
+              members(), " members");
   torch::nn::Sequential seq = make_member_module(options_);
   seq->to(options_.device(), options_.dtype());
   torch::NoGradGuard no_grad;

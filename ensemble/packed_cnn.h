@@ -49,10 +49,10 @@ struct PackedCNNOptions {
   TORCH_ARG(int64_t, out_features);              // O
   TORCH_ARG(int64_t, members) = 8;               // K
   TORCH_ARG(std::vector<int64_t>, channels) = kDefaultCnnChannels;  // output channels per conv block
-  TORCH_ARG(int64_t, kernel_size) = 3;           // k, odd ("same" padding k/2)
-  TORCH_ARG(int64_t, hidden) = 64;               // H, width of the head's hidden layers
-  TORCH_ARG(int64_t, depth) = 1;                 // the head's hidden layers (0: flatten -> output)
-  TORCH_ARG(uint64_t, seed) = 0;                 // member i draws from member_seed(seed, first_member + i)
+  TORCH_ARG(int64_t, kernel_size) = 3;                              // k, odd ("same" padding k/2)
+  TORCH_ARG(int64_t, hidden) = 64;                                  // H, width of the head's hidden layers
+  TORCH_ARG(int64_t, depth) = 1;                                    // the head's hidden layers (0: flatten -> output)
+  TORCH_ARG(uint64_t, seed) = 0;  // member i draws from member_seed(seed, first_member + i)
   TORCH_ARG(int64_t, first_member) = 0;
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
@@ -62,9 +62,9 @@ struct PackedCNNOptions {
   // non-positive size, an even kernel, or more pooling blocks than the image has room
   // for (every spatial dimension must be at least 2 before each pool).
   void validate() const;
-  int64_t in_features() const;     // I = prod(input_shape)
-  int64_t spatial_dims() const;    // 2 for {C, H, W}, 1 for {C, L}
-  int64_t flat_features() const;   // F: channels.back() times the pooled spatial sizes
+  int64_t in_features() const;    // I = prod(input_shape)
+  int64_t spatial_dims() const;   // 2 for {C, H, W}, 1 for {C, L}
+  int64_t flat_features() const;  // F: channels.back() times the pooled spatial sizes
   // Scalars one member has (convolutions and head), as a double for estimates.
   double parameters_per_member() const;
 };

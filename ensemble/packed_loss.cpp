@@ -11,22 +11,21 @@ namespace packtrain::ensemble {
 namespace {
 // Checks a regression target against pred (K, B, O_target) and returns it as
 // (1, B, O) or (K, B, O) for broadcasting.
-at::Tensor regression_target(const char* loss, const at::Tensor& pred, const at::Tensor& target,
-                             int64_t outputs) {
+at::Tensor regression_target(const char* loss, const at::Tensor& pred, const at::Tensor& target, int64_t outputs) {
   TORCH_CHECK(pred.dim() == 3, loss, ": prediction must be (K, B, O), got ", pred.sizes());
   TORCH_CHECK(target.defined(), loss, ": target is undefined");
-  TORCH_CHECK(pred.device() == target.device(), loss, ": prediction is on ", pred.device(),
-              " but the target is on ", target.device());
-  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), loss, ": prediction dtype ",
-              pred.scalar_type(), " differs from the target's ", target.scalar_type());
+  TORCH_CHECK(pred.device() == target.device(), loss, ": prediction is on ", pred.device(), " but the target is on ",
+              target.device());
+  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), loss, ": prediction dtype ", pred.scalar_type(),
+              " differs from the target's ", target.scalar_type());
   const int64_t K = pred.size(0), B = pred.size(1);
   if (target.dim() == 2) {
-    TORCH_CHECK(target.size(0) == B && target.size(1) == outputs, loss, ": shared target must be [", B,
-                ", ", outputs, "] for prediction ", pred.sizes(), ", got ", target.sizes());
+    TORCH_CHECK(target.size(0) == B && target.size(1) == outputs, loss, ": shared target must be [", B, ", ", outputs,
+                "] for prediction ", pred.sizes(), ", got ", target.sizes());
     return target.unsqueeze(0);
   }
-  TORCH_CHECK(target.dim() == 3 && target.size(0) == K && target.size(1) == B && target.size(2) == outputs,
-              loss, ": target must be [", B, ", ", outputs, "] shared or [", K, ", ", B, ", ", outputs,
+  TORCH_CHECK(target.dim() == 3 && target.size(0) == K && target.size(1) == B && target.size(2) == outputs, loss,
+              ": target must be [", B, ", ", outputs, "] shared or [", K, ", ", B, ", ", outputs,
               "] per member for prediction ", pred.sizes(), ", got ", target.sizes());
   return target;
 }
@@ -59,13 +58,13 @@ at::Tensor packed_cross_entropy_loss(const at::Tensor& logits, const at::Tensor&
   TORCH_CHECK(target.defined() && target.scalar_type() == at::kLong,
               "packed_cross_entropy_loss: target must be int64 class indices, got ",
               target.defined() ? c10::toString(target.scalar_type()) : "undefined");
-  TORCH_CHECK(logits.device() == target.device(), "packed_cross_entropy_loss: logits are on ",
-              logits.device(), " but the target is on ", target.device());
+  TORCH_CHECK(logits.device() == target.device(), "packed_cross_entropy_loss: logits are on ", logits.device(),
+              " but the target is on ", target.device());
   const int64_t K = logits.size(0), B = logits.size(1);
   at::Tensor t;
   if (target.dim() == 1) {
-    TORCH_CHECK(target.size(0) == B, "packed_cross_entropy_loss: shared target must be [", B,
-                "] for logits ", logits.sizes(), ", got ", target.sizes());
+    TORCH_CHECK(target.size(0) == B, "packed_cross_entropy_loss: shared target must be [", B, "] for logits ",
+                logits.sizes(), ", got ", target.sizes());
     t = target.unsqueeze(0).expand({K, B});
   } else {
     TORCH_CHECK(target.dim() == 2 && target.size(0) == K && target.size(1) == B,

@@ -11,13 +11,14 @@
 namespace packtrain::ensemble {
 
 enum class LossKind {
-  kMSE,            // pred (K, B, O) against target (B, O) or (K, B, O)
-  kGaussianNLL,    // pred (K, B, 2*O): mean and raw variance per output (gaussian_head)
-  kCrossEntropy,   // logits (K, B, C) against class indices (B) or (K, B), int64
+  kMSE,           // pred (K, B, O) against target (B, O) or (K, B, O)
+  kGaussianNLL,   // pred (K, B, 2*O): mean and raw variance per output (gaussian_head)
+  kCrossEntropy,  // logits (K, B, C) against class indices (B) or (K, B), int64
 };
 
 inline constexpr EnumNames<LossKind, 3> kLossKindNames{
-    "loss", {{{LossKind::kMSE, "mse"}, {LossKind::kGaussianNLL, "gaussian-nll"}, {LossKind::kCrossEntropy, "cross-entropy"}}}};
+    "loss",
+    {{{LossKind::kMSE, "mse"}, {LossKind::kGaussianNLL, "gaussian-nll"}, {LossKind::kCrossEntropy, "cross-entropy"}}}};
 inline std::string_view to_string(LossKind kind) { return kLossKindNames.name(kind); }
 // Throws naming the value and the accepted names.
 inline LossKind parse_loss_kind(std::string_view name) { return kLossKindNames.parse(name); }
@@ -38,8 +39,7 @@ GaussianPrediction gaussian_head(const at::Tensor& pred, double min_variance = 1
 
 // Gaussian negative log-likelihood of target under gaussian_head(pred), including
 // the 0.5*log(2*pi) constant, averaged over batch and outputs. Returns (K).
-at::Tensor packed_gaussian_nll_loss(const at::Tensor& pred, const at::Tensor& target,
-                                    double min_variance = 1e-6);
+at::Tensor packed_gaussian_nll_loss(const at::Tensor& pred, const at::Tensor& target, double min_variance = 1e-6);
 
 // logits (K, B, C); target class indices (B) shared or (K, B) per member, int64.
 // Returns (K), the mean cross-entropy per member. With `class_weights` (C), each

@@ -95,8 +95,8 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
   drops_units_ = options_.has_dropout();
   if (drops_units_) {
     for (int64_t k = 0; k < options_.members(); ++k) {
-      keep_rates_.push_back(1.0 - (options_.member_dropout().empty() ? options_.dropout()
-                                                                      : options_.member_dropout()[k]));
+      keep_rates_.push_back(1.0 -
+                            (options_.member_dropout().empty() ? options_.dropout() : options_.member_dropout()[k]));
     }
     keep_ = at::tensor(keep_rates_, at::kDouble).to(options_.device());
     dropout_state_ = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(options_.device()));
@@ -122,8 +122,7 @@ at::Tensor PackedMLP::forward(const at::Tensor& x) const {
 
 at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
   if (!drops_units_) return {};
-  TORCH_CHECK(h.dim() == 3 && h.size(0) == members(), "dropout_noise: expected (K, B, H) activations, got ",
-              h.sizes());
+  TORCH_CHECK(h.dim() == 3 && h.size(0) == members(), "dropout_noise: expected (K, B, H) activations, got ", h.sizes());
   const int64_t K = members(), B = h.size(1), H = h.size(2);
   const int64_t offset = dropout_rows_ > 0 ? dropout_row_offset_ : 0;
   TORCH_CHECK(dropout_rows_ == 0 || offset + B <= dropout_rows_, "dropout_noise: rows ", offset, "..", offset + B,
@@ -132,8 +131,8 @@ at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
 #if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
     // The kernel writes float32 or float64; half-precision packs take float32's masks.
     const bool native = h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble;
-    at::Tensor noise = at::empty({K, B, H}, h.options().dtype(native ? h.scalar_type() : at::kFloat)
-                                                .requires_grad(false));
+    at::Tensor noise =
+        at::empty({K, B, H}, h.options().dtype(native ? h.scalar_type() : at::kFloat).requires_grad(false));
     C10_CUDA_CHECK(static_cast<cudaError_t>(detail::launch_dropout_mask(
         noise.scalar_type() == at::kDouble, noise.data_ptr(), K, B, H, keep_.data_ptr<double>(),
         options_.first_member(), offset, dropout_state_.data_ptr<int64_t>(),

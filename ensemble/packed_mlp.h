@@ -23,8 +23,11 @@ namespace packtrain::ensemble {
 
 enum class Activation { kReLU, kGELU, kSiLU, kTanh };
 
-inline constexpr EnumNames<Activation, 4> kActivationNames{
-    "activation", {{{Activation::kReLU, "relu"}, {Activation::kGELU, "gelu"}, {Activation::kSiLU, "silu"}, {Activation::kTanh, "tanh"}}}};
+inline constexpr EnumNames<Activation, 4> kActivationNames{"activation",
+                                                           {{{Activation::kReLU, "relu"},
+                                                             {Activation::kGELU, "gelu"},
+                                                             {Activation::kSiLU, "silu"},
+                                                             {Activation::kTanh, "tanh"}}}};
 inline std::string_view to_string(Activation activation) { return kActivationNames.name(activation); }
 // Throws naming the value and the accepted names.
 inline Activation parse_activation(std::string_view name) { return kActivationNames.parse(name); }
@@ -34,18 +37,18 @@ struct PackedMLPOptions {
   PackedMLPOptions(int64_t in_features, int64_t out_features)
       : in_features_(in_features), out_features_(out_features) {}
 
-  TORCH_ARG(int64_t, in_features);             // I
-  TORCH_ARG(int64_t, out_features);            // O
-  TORCH_ARG(int64_t, members) = 8;             // K
-  TORCH_ARG(int64_t, hidden) = 64;             // H, width of every hidden layer
-  TORCH_ARG(int64_t, depth) = 2;               // number of hidden layers (0: one linear map)
+  TORCH_ARG(int64_t, in_features);   // I
+  TORCH_ARG(int64_t, out_features);  // O
+  TORCH_ARG(int64_t, members) = 8;   // K
+  TORCH_ARG(int64_t, hidden) = 64;   // H, width of every hidden layer
+  TORCH_ARG(int64_t, depth) = 2;     // number of hidden layers (0: one linear map)
   TORCH_ARG(Activation, activation) = Activation::kReLU;
-  TORCH_ARG(bool, layer_norm) = false;         // LayerNorm after each hidden Linear
-  TORCH_ARG(double, dropout) = 0.0;            // after each hidden activation, in training mode
+  TORCH_ARG(bool, layer_norm) = false;  // LayerNorm after each hidden Linear
+  TORCH_ARG(double, dropout) = 0.0;     // after each hidden activation, in training mode
   // Per-member dropout rates (members() values, or empty: every member uses dropout):
   // a sweep over the rate trains in one pack, the rates a (K, 1, 1) device tensor.
   TORCH_ARG(std::vector<double>, member_dropout) = {};
-  TORCH_ARG(uint64_t, seed) = 0;               // member i draws from member_seed(seed, first_member + i)
+  TORCH_ARG(uint64_t, seed) = 0;  // member i draws from member_seed(seed, first_member + i)
   // The global index of member 0: a shard of a bigger ensemble (member parallel)
   // holds members first_member .. first_member + K - 1 of it, initialized as there.
   TORCH_ARG(int64_t, first_member) = 0;
@@ -120,13 +123,13 @@ class PackedMLP : public PackedModel {
 
   PackedMLPOptions options_;
   PackedParameters parameters_;
-  std::vector<PackedLinear> linears_;        // depth + 1 layers
-  std::vector<at::Tensor> norm_weights_;     // (K, 1, H) each, when layer_norm
-  std::vector<at::Tensor> norm_biases_;      // (K, 1, H) each, when layer_norm
-  bool drops_units_ = false;                 // options_.has_dropout(), decided once
-  std::vector<double> keep_rates_;           // member k keeps a unit with probability keep_rates_[k]
-  at::Tensor keep_;                          // (K) float64 keep_rates_ on the pack's device, with dropout
-  at::Tensor dropout_state_;                 // (2) int64 {seed, draw count} on the pack's device, with dropout
+  std::vector<PackedLinear> linears_;     // depth + 1 layers
+  std::vector<at::Tensor> norm_weights_;  // (K, 1, H) each, when layer_norm
+  std::vector<at::Tensor> norm_biases_;   // (K, 1, H) each, when layer_norm
+  bool drops_units_ = false;              // options_.has_dropout(), decided once
+  std::vector<double> keep_rates_;        // member k keeps a unit with probability keep_rates_[k]
+  at::Tensor keep_;                       // (K) float64 keep_rates_ on the pack's device, with dropout
+  at::Tensor dropout_state_;              // (2) int64 {seed, draw count} on the pack's device, with dropout
   int64_t dropout_row_offset_ = 0, dropout_rows_ = 0;  // data parallel (0 rows: the batch is all of them)
 };
 

@@ -9,8 +9,8 @@
 // overrides, not a type test in the step.
 #pragma once
 
-#include "packtrain/ensemble/packed_parameters.h"
 #include "packtrain/ensemble/packed_loss.h"
+#include "packtrain/ensemble/packed_parameters.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

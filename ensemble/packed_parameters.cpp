@@ -7,8 +7,7 @@
 
 namespace packtrain::ensemble {
 
-PackedParameters::PackedParameters(int64_t members, std::vector<ParameterSpec> specs,
-                                   c10::TensorOptions options)
+PackedParameters::PackedParameters(int64_t members, std::vector<ParameterSpec> specs, c10::TensorOptions options)
     : members_(members), specs_(std::move(specs)) {
   TORCH_CHECK(members > 0, "a pack needs at least one member, got members=", members);
   TORCH_CHECK(!specs_.empty(), "a pack needs at least one parameter");
@@ -68,8 +67,8 @@ at::Tensor PackedParameters::member_row(int64_t k) const {
 
 void PackedParameters::write_member_rows(const at::Tensor& rows, const std::vector<int64_t>& members) {
   const int64_t M = static_cast<int64_t>(members.size());
-  TORCH_CHECK(rows.dim() == 2 && rows.size(0) == M && rows.size(1) == per_member_,
-              "member rows: expected [", M, ", ", per_member_, "], got ", rows.sizes());
+  TORCH_CHECK(rows.dim() == 2 && rows.size(0) == M && rows.size(1) == per_member_, "member rows: expected [", M, ", ",
+              per_member_, "], got ", rows.sizes());
   for (int64_t k : members) {
     TORCH_CHECK(k >= 0 && k < members_, "member ", k, " out of range for a pack of ", members_, " members");
   }

@@ -63,10 +63,10 @@ class PackedParameters {
   int64_t members_ = 0;
   int64_t per_member_ = 0;
   std::vector<ParameterSpec> specs_;
-  std::vector<int64_t> numels_;       // n_i
-  std::vector<int64_t> row_offsets_;  // sum of n_j for j < i
-  at::Tensor data_;   // (N)
-  at::Tensor grad_;   // (N)
+  std::vector<int64_t> numels_;         // n_i
+  std::vector<int64_t> row_offsets_;    // sum of n_j for j < i
+  at::Tensor data_;                     // (N)
+  at::Tensor grad_;                     // (N)
   std::vector<at::Tensor> views_;       // (K, ...) parameters
   std::vector<at::Tensor> grad_views_;  // (K, ...) gradients
 };

@@ -29,9 +29,8 @@ void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& los
   at::cat_out(out, pieces);
 }
 
-at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, const at::Tensor& x,
-                             const at::Tensor& y, LossKind kind, double min_variance,
-                             const GradientHook& after_backward) {
+at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, const at::Tensor& x, const at::Tensor& y,
+                             LossKind kind, double min_variance, const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "packed_train_step: the optimizer does not hold this model's parameters");
   // The model's own forward + backward, where it offers one for this batch.

@@ -31,9 +31,8 @@ using GradientHook = std::function<void()>;
 // this is one kernel, and a pass less over the gradients. Parameters the loss does
 // not reach get zeros. The steps below use it.
 void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& loss);
-at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, const at::Tensor& x,
-                             const at::Tensor& y, LossKind kind, double min_variance = 1e-6,
-                             const GradientHook& after_backward = {});
+at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, const at::Tensor& x, const at::Tensor& y,
+                             LossKind kind, double min_variance = 1e-6, const GradientHook& after_backward = {});
 
 // Forward without gradients: the (K) per-member mean losses over the batch.
 at::Tensor packed_eval_losses(const PackedModel& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,

@@ -3,8 +3,8 @@
 #include "packtrain/ensemble/member_seed.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -105,8 +105,8 @@ PackedTransformer::PackedTransformer(PackedTransformerOptions options, Transform
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     const std::string b = block_prefix(l);
     blocks_.push_back({param(b + ".ln1.weight"), param(b + ".ln1.bias"), linear(b + ".attn.qkv"),
-                       linear(b + ".attn.out"), param(b + ".ln2.weight"), param(b + ".ln2.bias"),
-                       linear(b + ".mlp.fc"), linear(b + ".mlp.proj")});
+                       linear(b + ".attn.out"), param(b + ".ln2.weight"), param(b + ".ln2.bias"), linear(b + ".mlp.fc"),
+                       linear(b + ".mlp.proj")});
   }
   if (last_stage()) {
     ln_f_weight_ = param("ln_f.weight");
@@ -124,8 +124,8 @@ const PackedTransformer::Block& PackedTransformer::block(int64_t layer) const {
 }
 
 const PackedLinear& PackedTransformer::classifier() const {
-  TORCH_CHECK(last_stage(), "transformer classifier: this stage (blocks ", stage_.first_layer, "..",
-              stage_.end_layer, ") does not hold the heads");
+  TORCH_CHECK(last_stage(), "transformer classifier: this stage (blocks ", stage_.first_layer, "..", stage_.end_layer,
+              ") does not hold the heads");
   return classifier_;
 }
 
@@ -157,8 +157,8 @@ void PackedTransformer::reinitialize(uint64_t seed) {
       const auto it = held.find(name);
       int64_t n = 1;
       for (const int64_t size : spec.shape) n *= size;
-      at::Tensor slot = it != held.end() ? row.narrow(0, parameters_.row_offset(it->second), n)
-                                         : at::empty({n}, at::kFloat);
+      at::Tensor slot =
+          it != held.end() ? row.narrow(0, parameters_.row_offset(it->second), n) : at::empty({n}, at::kFloat);
       const bool is_norm = name.find(".ln") != std::string::npos || name.starts_with("ln_f");
       if (is_norm) {
         slot.fill_(name.ends_with(".weight") ? 1.0 : 0.0);
@@ -197,18 +197,18 @@ at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
               "transformer trunk: tokens must be (B, T) int64, got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t K = members(), B = tokens.size(0), T = tokens.size(1), d = options_.width();
-  TORCH_CHECK(T >= 1 && T <= options_.max_length(), "transformer trunk: ", T,
-              " tokens per row, the model has ", options_.max_length(), " positions");
-  TORCH_CHECK(tokens.device() == parameters_.flat().device(), "transformer trunk: tokens are on ",
-              tokens.device(), " but the model is on ", parameters_.flat().device());
+  TORCH_CHECK(T >= 1 && T <= options_.max_length(), "transformer trunk: ", T, " tokens per row, the model has ",
+              options_.max_length(), " positions");
+  TORCH_CHECK(tokens.device() == parameters_.flat().device(), "transformer trunk: tokens are on ", tokens.device(),
+              " but the model is on ", parameters_.flat().device());
   const at::Tensor embedded = param("tok_emb.weight").index_select(1, tokens.reshape({-1})).view({K, B, T, d});
   return embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1);
 }
 
 at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
   const int64_t K = members(), d = options_.width(), H = options_.heads(), dh = d / H;
-  TORCH_CHECK(hidden.dim() == 4 && hidden.size(0) == K && hidden.size(3) == d, "transformer blocks: input must be (",
-              K, ", B, T, ", d, "), got ", hidden.sizes());
+  TORCH_CHECK(hidden.dim() == 4 && hidden.size(0) == K && hidden.size(3) == d, "transformer blocks: input must be (", K,
+              ", B, T, ", d, "), got ", hidden.sizes());
   const int64_t B = hidden.size(1), T = hidden.size(2);
   at::Tensor x = hidden.reshape({K, B * T, d});
   for (const Block& block : blocks_) {
@@ -230,8 +230,8 @@ at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
 }
 
 at::Tensor PackedTransformer::final_norm(const at::Tensor& x) const {
-  TORCH_CHECK(last_stage(), "transformer final norm: this stage (blocks ", stage_.first_layer, "..",
-              stage_.end_layer, ") does not hold it");
+  TORCH_CHECK(last_stage(), "transformer final norm: this stage (blocks ", stage_.first_layer, "..", stage_.end_layer,
+              ") does not hold it");
   const int64_t K = x.size(0), B = x.size(1), T = x.size(2), d = x.size(3);
   return norm(x.reshape({K, B * T, d}), ln_f_weight_, ln_f_bias_).view({K, B, T, d});
 }
@@ -278,8 +278,7 @@ KvCache PackedTransformer::make_cache(int64_t rows) const {
   return cache;
 }
 
-at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Tensor& position,
-                                          KvCache& cache) const {
+at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Tensor& position, KvCache& cache) const {
   TORCH_CHECK(whole(), "decode step: decoding needs the whole model, not a pipeline stage");
   const int64_t K = members(), R = cache.rows, d = options_.width(), H = options_.heads(), dh = d / H;
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == K && tokens.size(1) == R && tokens.scalar_type() == at::kLong,

@@ -69,8 +69,7 @@ struct TransformerStage {
 
 // The per-member parameters a model of `options` holds for `stage` (throws for a
 // stage that is not a non-empty range of blocks): names and shapes, in order.
-std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options,
-                                                  TransformerStage stage = {});
+std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options, TransformerStage stage = {});
 
 // Keys and values of every layer for `rows` sequences per member, preallocated
 // for max_length positions.

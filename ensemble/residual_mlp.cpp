@@ -107,7 +107,7 @@ void ResidualMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
   for (const int64_t k : selected) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + k));
     at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
-    for (size_t i = 0; i < parameters_.size(); i += 2) {  // weight, bias of each layer
+    for (size_t i = 0; i < parameters_.size(); i += 2) {              // weight, bias of each layer
       const std::vector<int64_t>& shape = parameters_.spec(i).shape;  // (in, out)
       draw_linear_init(row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view({shape[0], shape[1]}),
                        row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1)), generator);
@@ -118,8 +118,8 @@ void ResidualMLP::reinitialize(uint64_t seed, const at::Tensor& which) {
 }
 
 StandaloneMember ResidualMLP::standalone_member(int64_t member) const {
-  TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member,
-              " out of range for a pack of ", members(), " members");
+  TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member, " out of range for a pack of ",
+              members(), " members");
   ResidualMLPMember module(options_);
   module->to(options_.device(), options_.dtype());
   torch::NoGradGuard no_grad;

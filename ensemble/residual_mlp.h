@@ -50,7 +50,7 @@ class ResidualMLP : public PackedModel {
 
   at::Tensor forward(const at::Tensor& x) const override;
 
-  void seed_dropout(uint64_t) override {}         // no dropout
+  void seed_dropout(uint64_t) override {}          // no dropout
   void dropout_rows(int64_t, int64_t) override {}  // no dropout
   void reinitialize(uint64_t seed, const at::Tensor& which = {}) override;
   StandaloneMember standalone_member(int64_t member) const override;

@@ -16,10 +16,10 @@ int main() {
   const at::Tensor x = at::randn({128, 8});  // one batch shared by all 64 members
   const at::Tensor y = at::randn({128, 1});
   for (int step = 0; step < 100; ++step) {
-    model.parameters().zero_grad();                            // in place, one tensor
+    model.parameters().zero_grad();                                // in place, one tensor
     const at::Tensor loss = packed_mse_loss(model.forward(x), y);  // (64): each member's loss
-    loss.sum().backward();                                     // each member gets its own gradient
-    optimizer.step();                                          // one update for all members
+    loss.sum().backward();                                         // each member gets its own gradient
+    optimizer.step();                                              // one update for all members
   }
   // README-END
   std::cout << "final mean loss " << packed_mse_loss(model.forward(x), y).mean().item<double>() << "\n";

@@ -52,8 +52,8 @@ CapturedStep::CapturedStep(std::string name, c10::Device device, std::vector<Sta
   } else {
     mode_ = StepMode::kWarmingUp;
     if (!pool_) pool_ = std::make_shared<GraphPool>(device_);
-    TORCH_CHECK(pool_->device() == device_, "step '", name_, "': graph pool is on ", pool_->device(),
-                ", the step on ", device_);
+    TORCH_CHECK(pool_->device() == device_, "step '", name_, "': graph pool is on ", pool_->device(), ", the step on ",
+                device_);
     backend_ = make_cuda_graph_backend(device_, pool_);
   }
 }

@@ -46,8 +46,8 @@ using StepFunction = std::function<void(const std::vector<at::Tensor>& inputs)>;
 
 struct CaptureOptions {
   /// Example: CaptureOptions().capture(false).warmup_steps(5)
-  TORCH_ARG(bool, capture) = true;        // false: always eager (logged once)
-  TORCH_ARG(int64_t, warmup_steps) = 3;   // eager calls before capture, at least 1
+  TORCH_ARG(bool, capture) = true;       // false: always eager (logged once)
+  TORCH_ARG(int64_t, warmup_steps) = 3;  // eager calls before capture, at least 1
   TORCH_ARG(GraphLog, log) = log_to_stderr;
   // Null: CUDA graphs on a CUDA device, eager on the CPU. Set: this backend warms up,
   // captures and replays on any device (tests drive the life cycle on a CPU).

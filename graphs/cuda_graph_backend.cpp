@@ -152,8 +152,9 @@ class CudaGraphBackend : public GraphBackend {
         const c10::Error* torch_error = dynamic_cast<const c10::Error*>(&e);
         std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
         what = what.substr(0, what.find('\n'));
-        if (is_host_sync_error(what)) what = "it synchronizes the host with the device" + std::string(kWhatToChange) +
-                                             " (LibTorch said: " + what + ")";
+        if (is_host_sync_error(what))
+          what = "it synchronizes the host with the device" + std::string(kWhatToChange) + " (LibTorch said: " + what +
+                 ")";
         throw std::runtime_error(what);
       }
       graph->capture_end();

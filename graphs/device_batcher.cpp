@@ -38,8 +38,8 @@ DeviceBatcher::DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, i
                 " rows, got a tensor of shape ", t.sizes());
     data_.push_back(t.to(device).contiguous());
   }
-  TORCH_CHECK(batch_size <= rows_, "device batcher: batch size ", batch_size, " is larger than the data set (",
-              rows_, " rows)");
+  TORCH_CHECK(batch_size <= rows_, "device batcher: batch size ", batch_size, " is larger than the data set (", rows_,
+              " rows)");
   if (device_.is_cuda() && device_.index() < 0) device_ = c10::Device(c10::kCUDA, 0);
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
   order_indices_ = order_ == BatchOrder::kShared ? at::arange(rows_, longs)
@@ -82,7 +82,7 @@ void DeviceBatcher::set_active_rows(const at::Tensor& rows) {
   TORCH_CHECK(rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < rows_,
               "device batcher: active row index out of range [0, ", rows_, ")");
   active_ = order_ == BatchOrder::kShared || rows.dim() == 2 ? rows.to(device_).contiguous()
-                                                              : rows.to(device_).expand({members_, n}).contiguous();
+                                                             : rows.to(device_).expand({members_, n}).contiguous();
 }
 
 void DeviceBatcher::start_epoch() {
@@ -93,16 +93,13 @@ void DeviceBatcher::start_epoch() {
   if (active_.defined()) return start_active_epoch();
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
   switch (order_) {
-    case BatchOrder::kShared:
-      order_indices_.copy_(at::randperm(rows_, generator_, longs));
-      break;
+    case BatchOrder::kShared: order_indices_.copy_(at::randperm(rows_, generator_, longs)); break;
     case BatchOrder::kPerMember:
       // Sorting K rows of uniform keys gives K independent uniform permutations.
-      order_indices_.copy_(at::rand({members_, rows_}, generator_, at::TensorOptions().device(device_)).argsort(/*dim=*/1, /*descending=*/false));
+      order_indices_.copy_(at::rand({members_, rows_}, generator_, at::TensorOptions().device(device_))
+                               .argsort(/*dim=*/1, /*descending=*/false));
       break;
-    case BatchOrder::kBootstrap:
-      order_indices_.copy_(at::randint(rows_, {members_, rows_}, generator_, longs));
-      break;
+    case BatchOrder::kBootstrap: order_indices_.copy_(at::randint(rows_, {members_, rows_}, generator_, longs)); break;
   }
 }
 

@@ -27,7 +27,8 @@ enum class BatchOrder {
 };
 
 inline constexpr EnumNames<BatchOrder, 3> kBatchOrderNames{
-    "batch order", {{{BatchOrder::kShared, "shared"}, {BatchOrder::kPerMember, "per-member"}, {BatchOrder::kBootstrap, "bootstrap"}}}};
+    "batch order",
+    {{{BatchOrder::kShared, "shared"}, {BatchOrder::kPerMember, "per-member"}, {BatchOrder::kBootstrap, "bootstrap"}}}};
 inline std::string_view to_string(BatchOrder order) { return kBatchOrderNames.name(order); }
 // Throws naming the value and the accepted names.
 inline BatchOrder parse_batch_order(std::string_view name) { return kBatchOrderNames.parse(name); }
@@ -45,8 +46,8 @@ class DeviceBatcher {
   // `data`: tensors with one common first dimension N (rows), copied to `device`
   // once. Batches of `batch_size` rows; an epoch has N / batch_size of them (the
   // last partial batch is dropped, keeping shapes static).
-  DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, int64_t members, int64_t batch_size,
-                BatchOrder order, uint64_t seed);
+  DeviceBatcher(std::vector<at::Tensor> data, c10::Device device, int64_t members, int64_t batch_size, BatchOrder order,
+                uint64_t seed);
 
   int64_t rows() const { return rows_; }
   int64_t members() const { return members_; }
@@ -97,7 +98,7 @@ class DeviceBatcher {
   int64_t members_ = 0;
   int64_t batch_size_ = 0;
   BatchOrder order_;
-  at::Generator generator_;   // reseeded with mix(seed_, epochs_drawn_) each epoch
+  at::Generator generator_;  // reseeded with mix(seed_, epochs_drawn_) each epoch
   uint64_t seed_ = 0;
   int64_t epochs_drawn_ = 0;
   at::Tensor order_indices_;  // static buffer, rewritten in place each epoch

@@ -1,9 +1,9 @@
 #include "packtrain/graphs/graph_pool.h"
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
-#include <ATen/cuda/CUDAEvent.h>
 
 namespace packtrain::graphs {
 

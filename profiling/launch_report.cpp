@@ -80,13 +80,15 @@ std::string LaunchReport::verdict() const {
   }
   if (eager) {
     const bool starved = eager->host_us_per_step >= 0.8 * eager->device_us_per_step;
-    return fmt::format("{}: the host needs {:.1f} us to issue a step that the device finishes in {:.1f} us; no "
-                       "graph was measured ({}).",
-                       starved ? "likely launch-bound" : "likely compute-bound", eager->host_us_per_step,
-                       eager->device_us_per_step, note.empty() ? "capture unavailable" : note);
+    return fmt::format(
+        "{}: the host needs {:.1f} us to issue a step that the device finishes in {:.1f} us; no "
+        "graph was measured ({}).",
+        starved ? "likely launch-bound" : "likely compute-bound", eager->host_us_per_step, eager->device_us_per_step,
+        note.empty() ? "capture unavailable" : note);
   }
-  if (graph) return fmt::format("graph only: {:.1f} us per step on the device; no eager step was measured.",
-                                graph->device_us_per_step);
+  if (graph)
+    return fmt::format("graph only: {:.1f} us per step on the device; no eager step was measured.",
+                       graph->device_us_per_step);
   return "nothing was measured";
 }
 
@@ -106,9 +108,9 @@ nlohmann::json cost_json(const std::optional<StepCost>& cost) {
 
 std::string cost_line(const char* name, const std::optional<StepCost>& cost, const char* kernels) {
   if (!cost) return fmt::format("  {:<6} not measured\n", name);
-  std::string line = fmt::format("  {:<6} host {:>10.1f} us/step   device {:>10.1f} us/step   {:>7.1f} {} per step\n",
-                                 name, cost->host_us_per_step, cost->device_us_per_step, cost->kernels_per_step,
-                                 kernels);
+  std::string line =
+      fmt::format("  {:<6} host {:>10.1f} us/step   device {:>10.1f} us/step   {:>7.1f} {} per step\n", name,
+                  cost->host_us_per_step, cost->device_us_per_step, cost->kernels_per_step, kernels);
   if (!cost->nodes_by_kind.empty()) {
     line += "         graph nodes per step:";
     for (const auto& [kind, n] : cost->nodes_by_kind) line += fmt::format(" {} {:.1f}", kind, n);

@@ -27,8 +27,8 @@ struct StepCost {
 // Calls `step` `warmup` times, then `steps` times between a host clock and a
 // StepTimer, and waits once at the end. `step` must leave the device busy with one
 // step's work (eager) or one replay (graph); `steps_per_call` > 1 for unrolled graphs.
-StepCost measure_step_cost(const std::function<void()>& step, c10::Device device, int64_t steps,
-                           int64_t warmup = 3, int64_t steps_per_call = 1);
+StepCost measure_step_cost(const std::function<void()>& step, c10::Device device, int64_t steps, int64_t warmup = 3,
+                           int64_t steps_per_call = 1);
 
 // ATen operators (every dispatch level) that one call of `step` runs on this thread.
 int64_t count_aten_ops(const std::function<void()>& step);

@@ -2,12 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <mutex>
 #include <stdexcept>
-#include <unistd.h>
 #include <vector>
 
 namespace packtrain::profiling {
@@ -94,8 +94,8 @@ void trace_pop() noexcept {
   const auto now = Clock::now();
   try {
     std::lock_guard lock(g_mutex);
-    g_events.push_back({open.name, 'X', this_thread_id(), micros_since(g_origin, open.start),
-                        micros_since(open.start, now), 0});
+    g_events.push_back(
+        {open.name, 'X', this_thread_id(), micros_since(g_origin, open.start), micros_since(open.start, now), 0});
   } catch (...) {
   }
 }

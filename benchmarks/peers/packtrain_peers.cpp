@@ -14,8 +14,8 @@
 // little-endian, C order): x (B, 8), y (B, 1), linear<i>.weight (K, I, O),
 // linear<i>.bias (K, 1, O).
 #include "benchmarks/bench_workload.h"
-#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/io/svg_plot.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
@@ -65,8 +65,10 @@ int reference(const ReferenceArgs& a) {
   tensors["x"] = write_tensor(dir, "x", data.x);
   tensors["y"] = write_tensor(dir, "y", data.y);
   for (size_t i = 0; i < model.linears().size(); ++i) {
-    tensors[fmt::format("linear{}.weight", i)] = write_tensor(dir, fmt::format("linear{}.weight", i), model.linears()[i].weight());
-    tensors[fmt::format("linear{}.bias", i)] = write_tensor(dir, fmt::format("linear{}.bias", i), model.linears()[i].bias());
+    tensors[fmt::format("linear{}.weight", i)] =
+        write_tensor(dir, fmt::format("linear{}.weight", i), model.linears()[i].weight());
+    tensors[fmt::format("linear{}.bias", i)] =
+        write_tensor(dir, fmt::format("linear{}.bias", i), model.linears()[i].bias());
   }
 
   // The data set is the fixed batch itself (rows == batch), so every step trains on
@@ -87,18 +89,25 @@ int reference(const ReferenceArgs& a) {
   }
   const bool captured = steps.unrolled_step().mode() == graphs::StepMode::kGraph;
 
-  const json manifest = {
-      {"workload",
-       {{"members", a.members}, {"hidden", a.hidden}, {"depth", a.depth}, {"batch", a.batch},
-        {"inputs", benchmarks::kWorkloadInputs}, {"outputs", benchmarks::kWorkloadOutputs}, {"activation", "relu"},
-        {"loss", "mse"}}},
-      {"adamw",
-       {{"lr", adam.lr()}, {"beta1", adam.beta1()}, {"beta2", adam.beta2()}, {"eps", adam.eps()},
-        {"weight_decay", adam.weight_decay()}}},
-      {"device", device.str()},
-      {"path", captured ? "EnsembleSteps, captured (CUDA graph)" : "EnsembleSteps, eager"},
-      {"tensors", tensors},
-      {"losses", losses}};
+  const json manifest = {{"workload",
+                          {{"members", a.members},
+                           {"hidden", a.hidden},
+                           {"depth", a.depth},
+                           {"batch", a.batch},
+                           {"inputs", benchmarks::kWorkloadInputs},
+                           {"outputs", benchmarks::kWorkloadOutputs},
+                           {"activation", "relu"},
+                           {"loss", "mse"}}},
+                         {"adamw",
+                          {{"lr", adam.lr()},
+                           {"beta1", adam.beta1()},
+                           {"beta2", adam.beta2()},
+                           {"eps", adam.eps()},
+                           {"weight_decay", adam.weight_decay()}}},
+                         {"device", device.str()},
+                         {"path", captured ? "EnsembleSteps, captured (CUDA graph)" : "EnsembleSteps, eager"},
+                         {"tensors", tensors},
+                         {"losses", losses}};
   runtime::write_file_atomically(dir / "manifest.json", manifest.dump(1));
   std::printf("%s: %zu steps of %lld members, %s\n", (dir / "manifest.json").c_str(), losses.size(),
               static_cast<long long>(a.members), manifest["path"].get<std::string>().c_str());
@@ -146,7 +155,8 @@ int main(int argc, char** argv) {
   CLI::App app{"packtrain's side of the PyTorch/JAX peers benchmark (benchmarks/peers/run.sh drives it)"};
   app.require_subcommand(1);
   ReferenceArgs ref;
-  auto* reference_cmd = app.add_subcommand("reference", "Write a workload's initial weights, batch and packtrain's loss curve");
+  auto* reference_cmd =
+      app.add_subcommand("reference", "Write a workload's initial weights, batch and packtrain's loss curve");
   reference_cmd->add_option("--members", ref.members, "K")->check(CLI::PositiveNumber);
   reference_cmd->add_option("--hidden", ref.hidden, "hidden width")->check(CLI::PositiveNumber);
   reference_cmd->add_option("--depth", ref.depth, "hidden layers")->check(CLI::PositiveNumber);

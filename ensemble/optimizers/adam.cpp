@@ -46,8 +46,7 @@ PackedAdam::PackedAdam(PackedParameters& parameters, AdamOptions options)
                               parameters.flat().options().dtype(at::kDouble))) {
   // The moments live in the parameters' dtype: in float16, eps and every squared
   // gradient below 2^-24 round to zero, and the first zero gradient updates by 0/0.
-  TORCH_CHECK(parameters.flat().scalar_type() != at::kHalf,
-              "packed Adam on float16 parameters: eps=", options.eps(),
+  TORCH_CHECK(parameters.flat().scalar_type() != at::kHalf, "packed Adam on float16 parameters: eps=", options.eps(),
               " and squared gradients below 6e-8 underflow to zero in float16 (NaN updates); use bfloat16 or "
               "float32 parameters");
   for (size_t i = 0; i < parameters.size(); ++i) block_numels_.push_back(parameters.numel(i));

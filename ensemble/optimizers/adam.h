@@ -43,12 +43,12 @@ class PackedAdam : public PackedOptimizer {
 
  private:
   AdamOptions options_;
-  at::Tensor exp_avg_;     // (N)
-  at::Tensor exp_avg_sq_;  // (N)
+  at::Tensor exp_avg_;                         // (N)
+  at::Tensor exp_avg_sq_;                      // (N)
   std::vector<at::Tensor> exp_avg_blocks_;     // (K, n_i) views
   std::vector<at::Tensor> exp_avg_sq_blocks_;  // (K, n_i) views
-  at::Tensor coefficients_;  // (5, K) float64: this update's per-member coefficients (adam_math.h)
-  std::vector<int64_t> block_numels_;  // n_i per parameter block: the flat CUDA kernel's layout
+  at::Tensor coefficients_;                    // (5, K) float64: this update's per-member coefficients (adam_math.h)
+  std::vector<int64_t> block_numels_;          // n_i per parameter block: the flat CUDA kernel's layout
 };
 
 }  // namespace packtrain::ensemble

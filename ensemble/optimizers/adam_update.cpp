@@ -22,8 +22,9 @@ namespace {
 // -fno-math-errno). Scalars are cast to scalar_t first, as ATen does for a
 // tensor-scalar op, so float32 rounds as torch::optim does.
 template <typename scalar_t, bool kWithDecay, bool kWithL2>
-[[gnu::always_inline]] inline void adam_rows(scalar_t* P, const scalar_t* G, scalar_t* M, scalar_t* V, int64_t n, int64_t begin, int64_t end,
-               const AdamCoefficients& c, double beta1, double beta2, double eps) {
+[[gnu::always_inline]] inline void adam_rows(scalar_t* P, const scalar_t* G, scalar_t* M, scalar_t* V, int64_t n,
+                                             int64_t begin, int64_t end, const AdamCoefficients& c, double beta1,
+                                             double beta2, double eps) {
   const double* active = c.active.data_ptr<double>();
   const double* neg_step = c.neg_step_size.data_ptr<double>();
   const double* sqrt_bc2 = c.sqrt_bias_correction2.data_ptr<double>();
@@ -45,7 +46,7 @@ template <typename scalar_t, bool kWithDecay, bool kWithL2>
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
       adam_element<scalar_t, kWithDecay, kWithL2>(pk[j], gk[j], mk[j], vk[j], step, bc2, dec, wd, b1, b2, one_minus_b1,
-                                          one_minus_b2, epsilon);
+                                                  one_minus_b2, epsilon);
     }
   }
 }
@@ -86,7 +87,8 @@ void adam_block(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));
   parallel_member_chunks(K, grain, [&](MemberChunks& chunks) {
     const FlushDenormals no_subnormals;  // decaying moments of idle weights turn subnormal
-    for (int64_t begin, end; chunks.next(begin, end);) adam_rows_cloned(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
+    for (int64_t begin, end; chunks.next(begin, end);)
+      adam_rows_cloned(P, G, M, V, n, begin, end, c, beta1, beta2, eps);
   });
 }
 
@@ -119,8 +121,8 @@ void adam_update_tensor_ops(const at::Tensor& p, const at::Tensor& g, const at::
   const at::Tensor take1 = column(c.active * (1 - beta1), p);
   const at::Tensor take2 = column(c.active * (1 - beta2), p);
   at::Tensor grad = g;
-  if (c.decay_factor.defined()) p.mul_(column(c.decay_factor, p));   // AdamW: decay the weights
-  if (c.l2.defined()) grad = g.addcmul(p, column(c.l2, p));            // Adam: L2 in the gradient
+  if (c.decay_factor.defined()) p.mul_(column(c.decay_factor, p));  // AdamW: decay the weights
+  if (c.l2.defined()) grad = g.addcmul(p, column(c.l2, p));         // Adam: L2 in the gradient
   m.mul_(keep1).addcmul_(grad, take1);
   v.mul_(keep2).addcmul_(grad * take2, grad);
   const at::Tensor denom = (v.sqrt() / column(c.sqrt_bias_correction2, p)).add_(eps);

@@ -35,8 +35,8 @@ struct FlatLayout {
 // kWith*: not kL2, which would hide the table row kL2 (adam_math.h) inside the kernel
 // (the first H100 run, 2026-11-26, read the step-size row as the L2 coefficient).
 template <typename T, bool kWithDecay, bool kWithL2>
-__global__ void update_flat_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
-                                   T* __restrict__ v, int64_t K, const __grid_constant__ FlatLayout layout,
+__global__ void update_flat_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
+                                   int64_t K, const __grid_constant__ FlatLayout layout,
                                    const double* __restrict__ table, T beta1, T beta2, T one_minus_beta1,
                                    T one_minus_beta2, T eps) {
   const int64_t total = layout.end[layout.blocks - 1];
@@ -47,10 +47,10 @@ __global__ void update_flat_kernel(T* __restrict__ p, const T* __restrict__ g, T
     const int64_t start = b == 0 ? 0 : layout.end[b - 1];
     const int64_t k = (i - start) / layout.numel[b];
     if (table[kActive * K + k] == 0.0) continue;  // frozen: untouched, whatever its gradient holds
-    adam_element<T, kWithDecay, kWithL2>(p[i], g[i], m[i], v[i], static_cast<T>(table[kNegStepSize * K + k]),
-                                 static_cast<T>(table[kSqrtBiasCorrection2 * K + k]),
-                                 static_cast<T>(table[kDecayFactor * K + k]), static_cast<T>(table[kL2 * K + k]),
-                                 beta1, beta2, one_minus_beta1, one_minus_beta2, eps);
+    adam_element<T, kWithDecay, kWithL2>(
+        p[i], g[i], m[i], v[i], static_cast<T>(table[kNegStepSize * K + k]),
+        static_cast<T>(table[kSqrtBiasCorrection2 * K + k]), static_cast<T>(table[kDecayFactor * K + k]),
+        static_cast<T>(table[kL2 * K + k]), beta1, beta2, one_minus_beta1, one_minus_beta2, eps);
   }
 }
 

@@ -20,8 +20,10 @@ enum class LrScheduleKind {
   kCosine,        // linear warm-up over W updates, then cosine from 1 to min_factor at update T, then min_factor
 };
 
-inline constexpr EnumNames<LrScheduleKind, 3> kLrScheduleKindNames{
-    "learning-rate schedule", {{{LrScheduleKind::kConstant, "constant"}, {LrScheduleKind::kLinearWarmup, "warmup"}, {LrScheduleKind::kCosine, "cosine"}}}};
+inline constexpr EnumNames<LrScheduleKind, 3> kLrScheduleKindNames{"learning-rate schedule",
+                                                                   {{{LrScheduleKind::kConstant, "constant"},
+                                                                     {LrScheduleKind::kLinearWarmup, "warmup"},
+                                                                     {LrScheduleKind::kCosine, "cosine"}}}};
 inline std::string_view to_string(LrScheduleKind kind) { return kLrScheduleKindNames.name(kind); }
 // Throws naming the value and the accepted names.
 inline LrScheduleKind parse_lr_schedule(std::string_view name) { return kLrScheduleKindNames.parse(name); }

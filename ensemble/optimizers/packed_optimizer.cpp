@@ -7,8 +7,8 @@ namespace packtrain::ensemble {
 
 namespace {
 void check_per_member(const char* what, const at::Tensor& t, int64_t K) {
-  TORCH_CHECK(t.defined() && t.dim() == 1 && t.size(0) == K, what, " must have one value per member: expected [",
-              K, "], got ", t.defined() ? c10::str(t.sizes()) : std::string("undefined"));
+  TORCH_CHECK(t.defined() && t.dim() == 1 && t.size(0) == K, what, " must have one value per member: expected [", K,
+              "], got ", t.defined() ? c10::str(t.sizes()) : std::string("undefined"));
 }
 }  // namespace
 

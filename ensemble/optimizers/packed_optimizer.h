@@ -82,11 +82,11 @@ class PackedOptimizer {
   PackedParameters* parameters_;
   std::vector<at::Tensor> param_blocks_;  // (K, n_i) views of the parameters
   std::vector<at::Tensor> grad_blocks_;   // (K, n_i) views of the gradients
-  at::Tensor lr_;            // (K) float64
-  at::Tensor weight_decay_;  // (K) float64
-  at::Tensor mask_;          // (K) bool
-  at::Tensor step_;          // (K) float64
-  at::Tensor current_lr_;    // (K) float64
+  at::Tensor lr_;                         // (K) float64
+  at::Tensor weight_decay_;               // (K) float64
+  at::Tensor mask_;                       // (K) bool
+  at::Tensor step_;                       // (K) float64
+  at::Tensor current_lr_;                 // (K) float64
   LrSchedule schedule_;
 };
 

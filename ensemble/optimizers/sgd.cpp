@@ -16,8 +16,7 @@ void SGDOptions::validate() const {
 }
 
 PackedSGD::PackedSGD(PackedParameters& parameters, SGDOptions options)
-    : PackedOptimizer(parameters, (options.validate(), options.lr()), options.weight_decay()),
-      options_(options) {
+    : PackedOptimizer(parameters, (options.validate(), options.lr()), options.weight_decay()), options_(options) {
   if (options_.momentum() != 0) {
     momentum_buffer_ = at::zeros_like(parameters.flat());
     momentum_blocks_ = parameters.blocks(momentum_buffer_);

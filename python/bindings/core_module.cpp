@@ -5,22 +5,22 @@
 // holds it again) is where Ctrl-C is seen, as the CLI sees it between epochs.
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
+#include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/data_split.h"
+#include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
+#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
+#include "packtrain/runtime/trainers/ensemble/run_resume.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
+#include "packtrain/runtime/trainers/multitask/multitask_resume.h"
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 #include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/uncertainty/calibration.h"
-#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
-#include "packtrain/runtime/trainers/memory_estimate.h"
-#include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
 #include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
-#include "packtrain/runtime/trainers/ensemble/run_resume.h"
 #include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
-#include "packtrain/runtime/trainers/multitask/multitask_resume.h"
-#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
-#include "packtrain/runtime/data/labelled_texts.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -55,15 +55,19 @@ void to_python_logging(const std::string& message) {
 // lists and the options their first values.
 packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& overrides_json,
                                                           packtrain::runtime::SweepGrid& grid) {
-  nlohmann::json merged = nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
+  nlohmann::json merged =
+      nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
   const nlohmann::json overrides = nlohmann::json::parse(overrides_json);
-  grid = {{merged.at("lr").get<double>()}, {merged.at("weight_decay").get<double>()}, 1,
+  grid = {{merged.at("lr").get<double>()},
+          {merged.at("weight_decay").get<double>()},
+          1,
           {merged.at("dropout").get<double>()}};
   for (const auto& [key, value] : overrides.items()) {
     if (!merged.contains(key)) throw py::value_error("unknown trainer option '" + key + "'");
-    std::vector<double>* list = key == "lr" ? &grid.lr : key == "weight_decay" ? &grid.weight_decay
-                                : key == "dropout"                       ? &grid.dropout
-                                                                         : nullptr;
+    std::vector<double>* list = key == "lr"             ? &grid.lr
+                                : key == "weight_decay" ? &grid.weight_decay
+                                : key == "dropout"      ? &grid.dropout
+                                                        : nullptr;
     if (list != nullptr && value.is_array()) {
       if (value.empty()) throw py::value_error(key + ": an empty list; give one value, or several to sweep them");
       list->clear();
@@ -212,7 +216,8 @@ packtrain::runtime::EnsemblePrediction prediction_from(const py::dict& d) {
   p.member_variance = get("member_variance");
   p.member_probabilities = get("member_probabilities");
   const at::Tensor& first = p.member_probabilities.defined() ? p.member_probabilities : p.member_mean;
-  if (!first.defined()) throw py::value_error("a prediction needs member_mean (K, N) or member_probabilities (K, N, C)");
+  if (!first.defined())
+    throw py::value_error("a prediction needs member_mean (K, N) or member_probabilities (K, N, C)");
   if (d.contains("included") && !d["included"].is_none()) {
     p.included = d["included"].cast<std::vector<int64_t>>();
   } else {
@@ -331,12 +336,13 @@ void add_resume(py::module_& m) {
             return std::pair(std::move(rt::resume(source, options).trainer), source.run);
           }
           if (!x || !y) {
-            throw packtrain::UserError(path + ": this run was fitted from Python and its rows are not in the "
-                                              "checkpoint: give X and y (and X_val, y_val), the rows fit() trained on");
+            throw packtrain::UserError(path +
+                                       ": this run was fitted from Python and its rows are not in the "
+                                       "checkpoint: give X and y (and X_val, y_val), the rows fit() trained on");
           }
-          return std::pair(rt::resume_with_data(source, options, *x, *y, val_x.value_or(at::Tensor()),
-                                                val_y.value_or(at::Tensor())),
-                           source.run);
+          return std::pair(
+              rt::resume_with_data(source, options, *x, *y, val_x.value_or(at::Tensor()), val_y.value_or(at::Tensor())),
+              source.run);
         });
         return py::make_tuple(py::cast(std::move(trainer)), run.feature_names, run.target_name);
       },
@@ -346,10 +352,12 @@ void add_resume(py::module_& m) {
 
 // The trainer's options and schema, memory checks, data options and splits, devices.
 void add_options_and_data(py::module_& m) {
-  m.def("default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()); },
-        "The trainer's default options as JSON: `packtrain train`'s (the struct's own).");
-  m.def("option_schema", [] { return packtrain::runtime::trainer_option_schema().describe().dump(); },
-        "The trainer's options schema as JSON: each field's name, kind, flag, help, default, range, choices.");
+  m.def(
+      "default_options", [] { return packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()); },
+      "The trainer's default options as JSON: `packtrain train`'s (the struct's own).");
+  m.def(
+      "option_schema", [] { return packtrain::runtime::trainer_option_schema().describe().dump(); },
+      "The trainer's options schema as JSON: each field's name, kind, flag, help, default, range, choices.");
   m.def("check_fit_memory", &check_fit_memory, py::arg("options_json"), py::arg("rows"), py::arg("features"),
         py::arg("classes"), py::arg("validation_rows"),
         "MemoryError when a fit of these options and data sizes would not fit in memory (`train`'s estimate).");
@@ -432,21 +440,24 @@ void add_uncertainty(py::module_& m) {
     const rt::Head head = e.member_variance.defined() ? rt::Head::kGaussian : rt::Head::kMean;
     return rt::combine_members(std::move(e), head);
   };
-  m.def("fit_variance_scale", [combined](const py::dict& p, const at::Tensor& y) {
-        return rt::fit_variance_scale(combined(p), y);
-      },
-      py::arg("prediction"), py::arg("y"));
-  m.def("scale_variance", [combined](const py::dict& p, double scale) {
-        return prediction_dict(rt::scale_variance(combined(p), scale));
-      },
-      py::arg("prediction"), py::arg("scale"));
-  m.def("mixture_cdf", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_cdf(prediction_from(p), y); },
-        py::arg("prediction"), py::arg("y"));
   m.def(
-      "mixture_log_density", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_log_density(prediction_from(p), y); },
+      "fit_variance_scale",
+      [combined](const py::dict& p, const at::Tensor& y) { return rt::fit_variance_scale(combined(p), y); },
       py::arg("prediction"), py::arg("y"));
-  m.def("mixture_crps", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_crps(prediction_from(p), y); },
-        py::arg("prediction"), py::arg("y"));
+  m.def(
+      "scale_variance",
+      [combined](const py::dict& p, double scale) { return prediction_dict(rt::scale_variance(combined(p), scale)); },
+      py::arg("prediction"), py::arg("scale"));
+  m.def(
+      "mixture_cdf", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_cdf(prediction_from(p), y); },
+      py::arg("prediction"), py::arg("y"));
+  m.def(
+      "mixture_log_density",
+      [](const py::dict& p, const at::Tensor& y) { return rt::mixture_log_density(prediction_from(p), y); },
+      py::arg("prediction"), py::arg("y"));
+  m.def(
+      "mixture_crps", [](const py::dict& p, const at::Tensor& y) { return rt::mixture_crps(prediction_from(p), y); },
+      py::arg("prediction"), py::arg("y"));
   m.def(
       "mixture_quantiles",
       [](const py::dict& p, const std::vector<double>& q) { return rt::mixture_quantiles(prediction_from(p), q); },
@@ -480,10 +491,12 @@ void add_calibration_and_acquisition(py::module_& m) {
         return classification_calibration_dict(rt::classification_calibration(probabilities, target, bins));
       },
       py::arg("probabilities"), py::arg("target"), py::arg("bins") = rt::kDefaultConfidenceBins);
-  m.def("acquisition_option_schema", [] { return rt::acquisition_option_schema().describe().dump(); },
-        "`acquire`'s options schema as JSON (as option_schema for the trainer's): acquire()'s defaults.");
-  m.def("active_learning_option_schema", [] { return rt::active_learning_option_schema().describe().dump(); },
-        "`active-learn`'s loop and acquisition options schema as JSON.");
+  m.def(
+      "acquisition_option_schema", [] { return rt::acquisition_option_schema().describe().dump(); },
+      "`acquire`'s options schema as JSON (as option_schema for the trainer's): acquire()'s defaults.");
+  m.def(
+      "active_learning_option_schema", [] { return rt::active_learning_option_schema().describe().dump(); },
+      "`active-learn`'s loop and acquisition options schema as JSON.");
   m.def("acquisition_strategies", [] {
     std::vector<std::string> names;
     for (const auto& [value, name] : rt::kAcquisitionStrategyNames.entries) names.emplace_back(name);
@@ -528,24 +541,31 @@ void add_checkpoints(py::module_& m) {
       py::arg("path"), py::arg("device") = "cpu");
 
   py::class_<LoadedEnsemble, std::unique_ptr<LoadedEnsemble>>(m, "ShardedEnsemble")
-      .def("predict", [](const LoadedEnsemble& e, const at::Tensor& x) {
-        return prediction_dict(without_gil([&] { return e.predict(x); }));
-      }, py::arg("x"))
+      .def(
+          "predict",
+          [](const LoadedEnsemble& e, const at::Tensor& x) {
+            return prediction_dict(without_gil([&] { return e.predict(x); }));
+          },
+          py::arg("x"))
       .def_property_readonly("members", &LoadedEnsemble::members)
       .def_property_readonly("shards", &LoadedEnsemble::shards)
-      .def_property_readonly("options_json", [](const LoadedEnsemble& e) { return packtrain::runtime::to_json(e.first().options()); })
+      .def_property_readonly("options_json",
+                             [](const LoadedEnsemble& e) { return packtrain::runtime::to_json(e.first().options()); })
       .def_property_readonly("in_features", [](const LoadedEnsemble& e) { return e.first().in_features(); })
       .def_property_readonly("classes", [](const LoadedEnsemble& e) { return e.first().classes(); });
 }
 
 void add_multitask(py::module_& m) {
   // The multi-task transformer (runtime::MultiTaskTrainer): options as its JSON.
-  m.def("default_multitask_options", [] { return packtrain::runtime::to_json(packtrain::runtime::MultiTaskTrainerOptions()); });
-  m.def("multitask_option_schema", [] { return packtrain::runtime::multitask_option_schema().describe().dump(); },
-        "The multi-task trainer's options schema as JSON (as option_schema for the ensemble trainer's).");
+  m.def("default_multitask_options",
+        [] { return packtrain::runtime::to_json(packtrain::runtime::MultiTaskTrainerOptions()); });
+  m.def(
+      "multitask_option_schema", [] { return packtrain::runtime::multitask_option_schema().describe().dump(); },
+      "The multi-task trainer's options schema as JSON (as option_schema for the ensemble trainer's).");
   py::class_<MultiTaskTrainer>(m, "MultiTask")
       .def(py::init([](const std::string& options_json, const std::string& device) {
-             packtrain::runtime::MultiTaskTrainerOptions o = packtrain::runtime::multitask_options_from_json(options_json);
+             packtrain::runtime::MultiTaskTrainerOptions o =
+                 packtrain::runtime::multitask_options_from_json(options_json);
              o.model().device(c10::Device(device));
              o.log(to_python_logging);
              o.validate();
@@ -559,18 +579,17 @@ void add_multitask(py::module_& m) {
             return without_gil([&] { return t.set_training_data(data); });
           },
           py::arg("texts"), py::arg("labels"))
-      .def(
-          "train_epoch",
-          [](MultiTaskTrainer& t) {
-            const packtrain::runtime::MultiTaskEpochReport r = without_gil([&] { return t.train_epoch(); });
-            py::dict d;
-            d["epoch"] = r.epoch;
-            d["steps"] = r.steps;
-            d["classification_loss"] = r.classification_loss;
-            d["lm_loss"] = r.lm_loss;
-            d["seconds"] = r.seconds;
-            return d;
-          })
+      .def("train_epoch",
+           [](MultiTaskTrainer& t) {
+             const packtrain::runtime::MultiTaskEpochReport r = without_gil([&] { return t.train_epoch(); });
+             py::dict d;
+             d["epoch"] = r.epoch;
+             d["steps"] = r.steps;
+             d["classification_loss"] = r.classification_loss;
+             d["lm_loss"] = r.lm_loss;
+             d["seconds"] = r.seconds;
+             return d;
+           })
       .def(
           "evaluate",
           [](MultiTaskTrainer& t, const std::vector<std::string>& texts, const std::vector<int64_t>& labels) {
@@ -592,15 +611,17 @@ void add_multitask(py::module_& m) {
           },
           py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("seed"),
           py::call_guard<py::gil_scoped_release>())
-      .def("save", [](const MultiTaskTrainer& t, const std::string& path) { t.save(path); }, py::arg("path"),
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "save", [](const MultiTaskTrainer& t, const std::string& path) { t.save(path); }, py::arg("path"),
+          py::call_guard<py::gil_scoped_release>())
       .def_static(
           "load",
           [](const std::string& path, const std::string& device) {
             return MultiTaskTrainer::load(path, c10::Device(device), nullptr, to_python_logging);
           },
           py::arg("path"), py::arg("device") = "cpu")
-      .def_property_readonly("options_json", [](const MultiTaskTrainer& t) { return packtrain::runtime::to_json(t.options()); })
+      .def_property_readonly("options_json",
+                             [](const MultiTaskTrainer& t) { return packtrain::runtime::to_json(t.options()); })
       .def_property_readonly("epochs_done", &MultiTaskTrainer::epochs_done)
       .def_property_readonly("steps_done", &MultiTaskTrainer::steps_done);
   // Resuming a run of `packtrain multitask train` (runtime/trainers/multitask/multitask_resume.h):
@@ -622,13 +643,15 @@ void add_multitask(py::module_& m) {
 
 // What a trainer reports: its options, progress, losses and members.
 void add_trainer_state(py::class_<EnsembleTrainer>& trainer) {
-  trainer.def_property_readonly("options_json", [](const EnsembleTrainer& t) { return packtrain::runtime::to_json(t.options()); })
+  trainer
+      .def_property_readonly("options_json",
+                             [](const EnsembleTrainer& t) { return packtrain::runtime::to_json(t.options()); })
       .def_property_readonly("prepared", &EnsembleTrainer::prepared)
       // Identifies the prepared steps (and so their captured graphs): unchanged when
       // prepare() on data of the same shapes kept them.
-      .def_property_readonly("steps_id", [](EnsembleTrainer& t) {
-        return t.prepared() ? reinterpret_cast<uintptr_t>(&t.steps()) : uintptr_t{0};
-      })
+      .def_property_readonly(
+          "steps_id",
+          [](EnsembleTrainer& t) { return t.prepared() ? reinterpret_cast<uintptr_t>(&t.steps()) : uintptr_t{0}; })
       .def_property_readonly("variance_scale", &EnsembleTrainer::variance_scale)
       .def_property_readonly("epoch", &EnsembleTrainer::epoch)
       .def_property_readonly("steps_taken", &EnsembleTrainer::steps_taken)
@@ -648,7 +671,9 @@ void add_trainer_state(py::class_<EnsembleTrainer>& trainer) {
 void add_trainer(py::module_& m) {
   py::class_<EnsembleTrainer> trainer(m, "Trainer");
   trainer
-      .def(py::init([](const std::string& options_json) { return std::make_unique<EnsembleTrainer>(options_from(options_json)); }),
+      .def(py::init([](const std::string& options_json) {
+             return std::make_unique<EnsembleTrainer>(options_from(options_json));
+           }),
            py::arg("options_json"))
       .def(
           "prepare",
@@ -690,8 +715,8 @@ void add_trainer(py::module_& m) {
           [](EnsembleTrainer& t, const std::optional<at::Tensor>& val_x, const std::optional<at::Tensor>& val_y,
              bool select_best) {
             const std::vector<packtrain::runtime::ConfigurationReport> reports = without_gil([&] {
-              return packtrain::runtime::report_configurations(t, val_x.value_or(at::Tensor()),
-                                                               val_y.value_or(at::Tensor()), at::Tensor(), at::Tensor());
+              return packtrain::runtime::report_configurations(
+                  t, val_x.value_or(at::Tensor()), val_y.value_or(at::Tensor()), at::Tensor(), at::Tensor());
             });
             py::list out;
             for (const auto& r : reports) {
@@ -716,19 +741,15 @@ void add_trainer(py::module_& m) {
           },
           py::arg("val_x") = py::none(), py::arg("val_y") = py::none(), py::arg("select_best") = false)
       .def(
-          "reinitialize",
-          [](EnsembleTrainer& t, uint64_t seed) { t.reinitialize(seed); }, py::arg("seed"),
+          "reinitialize", [](EnsembleTrainer& t, uint64_t seed) { t.reinitialize(seed); }, py::arg("seed"),
           py::call_guard<py::gil_scoped_release>())
       .def(
           "save",
           [](const EnsembleTrainer& t, const std::string& path, const std::vector<std::string>& feature_names,
-             const std::string& target_name) {
-            t.save(path, run_description(feature_names, target_name));
-          },
+             const std::string& target_name) { t.save(path, run_description(feature_names, target_name)); },
           py::arg("path"), py::arg("feature_names"), py::arg("target_name"), py::call_guard<py::gil_scoped_release>());
   add_trainer_state(trainer);
 }
-
 
 }  // namespace
 

@@ -8,8 +8,8 @@
 #include "packtrain/runtime/cli/schema_flags.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
-#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -61,10 +61,11 @@ void print_curve_json(const ActiveLearnCommand& c, const runtime::SplitData& dat
   out["strategy"] = result.strategy;
   out["metric"] = result.metric;
   for (const runtime::LearningCurvePoint& p : result.curve) {
-    out["curve"].push_back({{"round", p.round},
-                            {"labelled", p.labelled},
-                            {result.strategy + "_" + result.metric, p.acquired},
-                            {"random_" + result.metric, std::isnan(p.random) ? nlohmann::json(nullptr) : nlohmann::json(p.random)}});
+    out["curve"].push_back(
+        {{"round", p.round},
+         {"labelled", p.labelled},
+         {result.strategy + "_" + result.metric, p.acquired},
+         {"random_" + result.metric, std::isnan(p.random) ? nlohmann::json(nullptr) : nlohmann::json(p.random)}});
   }
   out["csv"] = c.csv;
   out["plot"] = c.plot;
@@ -118,22 +119,21 @@ int run_active_learn(ActiveLearnCommand c) {
                "packtrain active-learn: {} on {}; {} run(s) x {} members per strategy ({} in one pack), {} rounds "
                "from {} labelled rows, +{} per round, {} epochs each\n",
                data.description, options.device().str(), c.loop.ensembles(), options.members(),
-               strategies * c.loop.ensembles() * options.members(), c.loop.rounds(), c.loop.initial(),
-               c.loop.acquire(), options.epochs());
+               strategies * c.loop.ensembles() * options.members(), c.loop.rounds(), c.loop.initial(), c.loop.acquire(),
+               options.epochs());
   }
-  const runtime::ActiveLearningResult result = runtime::run_active_learning(
-      options, pool.features, pool.targets, test.features, test.targets, c.loop,
-      [&](const runtime::LearningCurvePoint& p) {
-        if (!progress) return;
-        fmt::print(stderr, "round {:>3}/{}  labelled {:>5}  test {}: {} {:.4f}{}\n", p.round + 1, c.loop.rounds(),
-                   p.labelled, metric, strategy, p.acquired,
-                   std::isnan(p.random) ? "" : fmt::format("  random {:.4f}", p.random));
-      });
+  const runtime::ActiveLearningResult result =
+      runtime::run_active_learning(options, pool.features, pool.targets, test.features, test.targets, c.loop,
+                                   [&](const runtime::LearningCurvePoint& p) {
+                                     if (!progress) return;
+                                     fmt::print(stderr, "round {:>3}/{}  labelled {:>5}  test {}: {} {:.4f}{}\n",
+                                                p.round + 1, c.loop.rounds(), p.labelled, metric, strategy, p.acquired,
+                                                std::isnan(p.random) ? "" : fmt::format("  random {:.4f}", p.random));
+                                   });
   DeferredWriteError writes;  // the curve is printed before a failed write ends the run
-  const bool written =
-      writes.attempt([&] { runtime::write_learning_curve_csv(c.csv, result); }) &&
-      writes.attempt(
-          [&] { runtime::write_learning_curve_svg(c.plot, result, fmt::format("Active learning on {}", data.all.name)); });
+  const bool written = writes.attempt([&] { runtime::write_learning_curve_csv(c.csv, result); }) && writes.attempt([&] {
+    runtime::write_learning_curve_svg(c.plot, result, fmt::format("Active learning on {}", data.all.name));
+  });
   if (c.json) {
     print_curve_json(c, data, options, result, log_lines);
     return writes.rethrow_or(0);
@@ -160,7 +160,9 @@ void add_active_learn_command(CLI::App& app, int& status) {
   add_trainer_options(a, c->trainer);
   // The loop's and its acquisition's flags, --help and checks: their schema (active_learning.cpp).
   add_schema_flags(a, runtime::active_learning_option_schema(), c->loop);
-  a->get_option("--strategy")->default_str("epistemic|bald")->each([c](const std::string&) { c->strategy_given = true; });
+  a->get_option("--strategy")->default_str("epistemic|bald")->each([c](const std::string&) {
+    c->strategy_given = true;
+  });
   a->add_option("--csv", c->csv, "Learning curve CSV")->capture_default_str()->group("Output");
   a->add_option("--plot", c->plot, "Learning curve plot (SVG)")->capture_default_str()->group("Output");
   a->add_flag("--json", c->json, "Print the result as JSON on stdout")->group("Output");

@@ -25,7 +25,8 @@ c10::Device pick_device(const std::string& name) {
   } catch (const c10::Error&) {
     throw UsageError("unknown device '" + name + "' (expected auto, cpu, cuda or cuda:N)");
   }
-  if (device.is_cuda() && !at::hasCUDA()) throw UsageError("device '" + name + "' requested but no CUDA device is available");
+  if (device.is_cuda() && !at::hasCUDA())
+    throw UsageError("device '" + name + "' requested but no CUDA device is available");
   if (!device.is_cuda() && !device.is_cpu()) throw UsageError("device '" + name + "' is not supported (cpu or cuda)");
   // "cuda" means the first device (graphs and pools compare devices with their
   // index), or this rank's in a multi-process run.
@@ -33,10 +34,11 @@ c10::Device pick_device(const std::string& name) {
     const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
     const int64_t gpus = static_cast<int64_t>(at::getNumGPUs());
     if (rank.launched() && rank.local_rank >= gpus) {
-      throw UsageError(fmt::format("rank {} (local rank {}) has no GPU of its own: this machine has {}; packtrain "
-                                   "runs one GPU per process (start at most {} processes per machine, or use --device "
-                                   "cpu)",
-                                   rank.rank, rank.local_rank, gpus, gpus));
+      throw UsageError(
+          fmt::format("rank {} (local rank {}) has no GPU of its own: this machine has {}; packtrain "
+                      "runs one GPU per process (start at most {} processes per machine, or use --device "
+                      "cpu)",
+                      rank.rank, rank.local_rank, gpus, gpus));
     }
     device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank.launched() ? rank.local_rank : 0));
   }

@@ -19,7 +19,7 @@ namespace packtrain::runtime {
 namespace distributed {
 class ProcessGroup;
 }
-}
+}  // namespace packtrain::runtime
 
 namespace packtrain::cli {
 

@@ -11,7 +11,7 @@ namespace packtrain::cli {
 void add_train_commands(CLI::App& app, int& status);    // train, resume
 void add_predict_commands(CLI::App& app, int& status);  // predict, evaluate, acquire, export
 void add_active_learn_command(CLI::App& app, int& status);
-void add_info_commands(CLI::App& app, int& status);     // info, profile
+void add_info_commands(CLI::App& app, int& status);       // info, profile
 void add_multitask_commands(CLI::App& app, int& status);  // multitask train, resume, score, generate
 void add_launch_command(CLI::App& app, int& status);      // launch --nproc N -- <command>
 

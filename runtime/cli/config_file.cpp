@@ -94,7 +94,8 @@ ConfigLines scan_config_file(const std::string& path) {
     }
     // A bare list (`lr = 1e-3,3e-3`) is split by CLI11, which drops a trailing empty
     // element the command line refuses (`--lr 1e-3,`): refused here too.
-    if (value[0] != '[' && value[0] != '"' && value[0] != '\'' && trim(value.substr(0, value.find('#'))).ends_with(',')) {
+    if (value[0] != '[' && value[0] != '"' && value[0] != '\'' &&
+        trim(value.substr(0, value.find('#'))).ends_with(',')) {
       throw fail(fmt::format("'{}' ends with a comma: an element of the list is empty (remove the comma)", text));
     }
     depth = std::max(0, bracket_depth(value));

@@ -19,8 +19,8 @@ CLI::Option* add_enum_option(CLI::App* app, const std::string& flag, E& field, c
       [&field, &names, flag](const std::string& name) {
         const auto value = names.find(name);
         if (!value) {
-          throw CLI::ValidationError(flag, "unknown " + std::string(names.what) + " '" + name + "' (expected " +
-                                               names.expected() + ")");
+          throw CLI::ValidationError(
+              flag, "unknown " + std::string(names.what) + " '" + name + "' (expected " + names.expected() + ")");
         }
         field = *value;
       },

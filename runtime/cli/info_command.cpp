@@ -100,9 +100,15 @@ nlohmann::json collectives_check(c10::Device device) {
     broadcast_ok = broadcast_ok && (from_root.cpu() == 42).all().item<bool>();
   }
   group->barrier();
-  return {{"rank", info.rank}, {"world_size", info.world_size}, {"local_rank", info.local_rank},
-          {"source", info.source}, {"backend", group->backends()}, {"device", group->device().str()},
-          {"all_reduce_ok", all_reduce_ok}, {"broadcast_ok", broadcast_ok}, {"describe", info.describe()}};
+  return {{"rank", info.rank},
+          {"world_size", info.world_size},
+          {"local_rank", info.local_rank},
+          {"source", info.source},
+          {"backend", group->backends()},
+          {"device", group->device().str()},
+          {"all_reduce_ok", all_reduce_ok},
+          {"broadcast_ok", broadcast_ok},
+          {"describe", info.describe()}};
 }
 
 int run_info(bool json, bool collectives, const std::string& device) {
@@ -121,7 +127,8 @@ int run_info(bool json, bool collectives, const std::string& device) {
   }
   if (json) {
     std::cout << j.dump(2) << "\n";
-    if (collectives) return j["collectives"]["all_reduce_ok"].get<bool>() && j["collectives"]["broadcast_ok"].get<bool>() ? 0 : 1;
+    if (collectives)
+      return j["collectives"]["all_reduce_ok"].get<bool>() && j["collectives"]["broadcast_ok"].get<bool>() ? 0 : 1;
     return 0;
   }
   fmt::print("packtrain {}\nLibTorch {} (CUDA runtime in this build: {})\n", j["packtrain"].get<std::string>(),
@@ -193,8 +200,11 @@ int run_collectives_profile(const ProfileArgs& args) {
   }
   if (info.rank != 0) return 0;
   const std::string backend = device.is_cuda() ? "NCCL" : "Gloo";
-  const nlohmann::json out = {{"world_size", info.world_size}, {"backend", backend}, {"device", device.str()},
-                              {"repeats", args.collective_repeats}, {"allreduce", rows}};
+  const nlohmann::json out = {{"world_size", info.world_size},
+                              {"backend", backend},
+                              {"device", device.str()},
+                              {"repeats", args.collective_repeats},
+                              {"allreduce", rows}};
   if (args.json) {
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -254,8 +264,9 @@ void add_info_commands(CLI::App& app, int& status) {
                  "Join this process's multi-process run (torchrun, Slurm or packtrain launch variables) and check an "
                  "all-reduce and a broadcast over Gloo, and over NCCL when --device is a GPU");
   auto device = std::make_shared<std::string>("cpu");
-  info->add_option("--device", *device, "With --collectives: cpu (Gloo only), cuda or cuda:N (NCCL too; under a "
-                                        "launcher \"cuda\" is this rank's GPU)")
+  info->add_option("--device", *device,
+                   "With --collectives: cpu (Gloo only), cuda or cuda:N (NCCL too; under a "
+                   "launcher \"cuda\" is this rank's GPU)")
       ->capture_default_str();
   auto options = std::make_shared<bool>(false);
   info->add_flag("--options", *options,
@@ -269,29 +280,36 @@ void add_info_commands(CLI::App& app, int& status) {
                  "The same for `active-learn`'s loop and acquisition options (beside train's trainer options)");
   auto acquisition_options = std::make_shared<bool>(false);
   info->add_flag("--acquisition-options", *acquisition_options, "The same for `acquire`'s acquisition options");
-  info->callback([json, collectives, device, options, multitask_options, active_learning_options, acquisition_options,
-                  &status] {
-    if (*options || *multitask_options || *active_learning_options || *acquisition_options) {
-      if (*options) print_options(runtime::trainer_option_schema(), *json);
-      else if (*multitask_options) print_options(runtime::multitask_option_schema(), *json);
-      else if (*active_learning_options) print_options(runtime::active_learning_option_schema(), *json);
-      else print_options(runtime::acquisition_option_schema(), *json);
-      status = 0;
-      return;
-    }
-    status = run_info(*json, *collectives, *device);
-  });
+  info->callback(
+      [json, collectives, device, options, multitask_options, active_learning_options, acquisition_options, &status] {
+        if (*options || *multitask_options || *active_learning_options || *acquisition_options) {
+          if (*options)
+            print_options(runtime::trainer_option_schema(), *json);
+          else if (*multitask_options)
+            print_options(runtime::multitask_option_schema(), *json);
+          else if (*active_learning_options)
+            print_options(runtime::active_learning_option_schema(), *json);
+          else
+            print_options(runtime::acquisition_option_schema(), *json);
+          status = 0;
+          return;
+        }
+        status = run_info(*json, *collectives, *device);
+      });
 
   auto p = std::make_shared<ProfileArgs>();
   CLI::App* profile = app.add_subcommand(
-      "profile", "Measure how much of a training step is kernel launches: host and device microseconds per step,\n"
-                 "kernels per step, eager versus captured, and a plain verdict (launch-bound or compute-bound).\n"
-                 "Workload: K MLP regressors (8 inputs, 1 output, ReLU, MSE, AdamW) on synthetic data on the device.");
+      "profile",
+      "Measure how much of a training step is kernel launches: host and device microseconds per step,\n"
+      "kernels per step, eager versus captured, and a plain verdict (launch-bound or compute-bound).\n"
+      "Workload: K MLP regressors (8 inputs, 1 output, ReLU, MSE, AdamW) on synthetic data on the device.");
   profile->add_option("--members", p->members, "Ensemble members K")->capture_default_str()->check(positive());
   profile->add_option("--hidden", p->hidden, "Width of each hidden layer")->capture_default_str()->check(positive());
   profile->add_option("--depth", p->depth, "Number of hidden layers")->capture_default_str()->check(non_negative());
   profile->add_option("--batch", p->batch, "Mini-batch size")->capture_default_str()->check(positive());
-  profile->add_option("--unroll", p->unroll, "Steps per graph replay on the captured path")->capture_default_str()->check(positive());
+  profile->add_option("--unroll", p->unroll, "Steps per graph replay on the captured path")
+      ->capture_default_str()
+      ->check(positive());
   profile->add_option("--steps", p->steps, "Timed steps per path")->capture_default_str()->check(positive());
   profile->add_option("--device", p->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   auto* graph_flag = profile->add_flag("--graph", p->graph, "Profile the captured step (the default on a GPU)");

@@ -1,8 +1,8 @@
 #include "packtrain/runtime/cli/interrupt.h"
 
+#include <unistd.h>
 #include <csignal>
 #include <cstring>
-#include <unistd.h>
 
 namespace packtrain::cli {
 

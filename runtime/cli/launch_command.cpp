@@ -207,7 +207,8 @@ class ForwardedSignals {
   ForwardedSignals& operator=(const ForwardedSignals&) = delete;
 
  private:
-  struct sigaction term_ {}, hup_ {};
+  struct sigaction term_ {
+  }, hup_{};
 };
 
 void signal_running(const std::vector<Child>& children, int signal) {
@@ -237,7 +238,7 @@ int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupt
   int first_failure = 0, told_to_stop = 0;
   int64_t failed_rank = -1, forwarded = 0;
   clock::time_point deadline = clock::time_point::max();  // when the next escalation is due
-  int escalation = 0;  // 0: none yet, 1: SIGTERM sent, 2: SIGKILL sent
+  int escalation = 0;                                     // 0: none yet, 1: SIGTERM sent, 2: SIGKILL sent
   size_t running = children.size();
   const auto grace = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(a.grace_seconds));
   while (running > 0) {
@@ -284,7 +285,8 @@ int supervise(std::vector<Child>& children, const LaunchArgs& a, const Interrupt
   if (told_to_stop != 0) return 128 + told_to_stop;
   // A rank that lost its peer fails with an internal error (1) while the peer exits 2
   // with the real reason, a user error: the launch says what the user must change.
-  if (first_failure == 1 && std::any_of(children.begin(), children.end(), [](const Child& c) { return c.status == 2; })) {
+  if (first_failure == 1 &&
+      std::any_of(children.begin(), children.end(), [](const Child& c) { return c.status == 2; })) {
     return 2;
   }
   return first_failure;
@@ -308,27 +310,29 @@ int64_t nproc_limit(const LaunchArgs& a) {
 }
 
 int run_launch(const LaunchArgs& a) {
-  if (a.command.empty()) throw UsageError("launch: give the command after --, e.g. packtrain launch --nproc 2 -- train");
+  if (a.command.empty())
+    throw UsageError("launch: give the command after --, e.g. packtrain launch --nproc 2 -- train");
   if (a.command.front() == "launch") throw UsageError("launch: the command cannot itself be launch");
   if (a.nproc > nproc_limit(a)) {
     const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-    throw UsageError(fmt::format("launch: --nproc {} is more than {} ({}; every rank is a whole process with its "
-                                 "own copy of the model and data); pass --max-nproc N to allow more",
-                                 a.nproc, nproc_limit(a),
-                                 a.max_nproc > 0 ? "--max-nproc" : fmt::format("4 per CPU core here, {} cores", cores)));
+    throw UsageError(
+        fmt::format("launch: --nproc {} is more than {} ({}; every rank is a whole process with its "
+                    "own copy of the model and data); pass --max-nproc N to allow more",
+                    a.nproc, nproc_limit(a),
+                    a.max_nproc > 0 ? "--max-nproc" : fmt::format("4 per CPU core here, {} cores", cores)));
   }
   const int port = store_port(a.master_addr, static_cast<int>(a.master_port));
   fmt::print(stderr, "launch: {} processes, store {}:{}, command: packtrain {}\n", a.nproc, a.master_addr, port,
              fmt::join(a.command, " "));
-  const ForwardedSignals forwarded;  // before the first fork: a TERM/HUP from now on reaches the ranks
+  const ForwardedSignals forwarded;              // before the first fork: a TERM/HUP from now on reaches the ranks
   const Interrupts interrupts(/*end_after=*/0);  // forwarded: the ranks decide
   std::vector<Child> children;
   try {
     for (int64_t r = 0; r < a.nproc; ++r) children.push_back(start_rank(a, port, r));
   } catch (const std::exception& e) {
     stop_started(children);
-    throw std::runtime_error(fmt::format("{} (after starting {} of {} ranks; those were stopped)", e.what(),
-                                         children.size(), a.nproc));
+    throw std::runtime_error(
+        fmt::format("{} (after starting {} of {} ranks; those were stopped)", e.what(), children.size(), a.nproc));
   }
   const int first_failure = supervise(children, a, interrupts);
   drain_output(children);
@@ -348,21 +352,22 @@ void add_launch_command(CLI::App& app, int& status) {
   launch->add_option("--nproc", a->nproc, "Processes to start (one per GPU on a GPU machine)")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))
       ->capture_default_str();
-  launch->add_option("--max-nproc", a->max_nproc,
-                     "Most processes --nproc may start (0: 4 per CPU core, at least 8)")
+  launch->add_option("--max-nproc", a->max_nproc, "Most processes --nproc may start (0: 4 per CPU core, at least 8)")
       ->check(CLI::Range(int64_t{0}, int64_t{1024}))
       ->capture_default_str();
   launch->add_option("--master-addr", a->master_addr, "Address of rank 0's store")->capture_default_str();
   launch->add_option("--master-port", a->master_port, "Port of rank 0's store (0: a free one)")
       ->check(CLI::Range(int64_t{0}, int64_t{65535}))
       ->capture_default_str();
-  launch->add_option("--grace", a->grace_seconds,
-                     "Seconds the other ranks get after one fails (then SIGTERM; SIGKILL after as many again)")
+  launch
+      ->add_option("--grace", a->grace_seconds,
+                   "Seconds the other ranks get after one fails (then SIGTERM; SIGKILL after as many again)")
       ->check(non_negative())
       ->capture_default_str();
-  launch->add_option("--timeout", a->timeout_seconds,
-                     "Seconds the rendezvous and each collective may take before every rank stops with an error "
-                     "(sets PACKTRAIN_COLLECTIVE_TIMEOUT; default: that variable if set, else 60)")
+  launch
+      ->add_option("--timeout", a->timeout_seconds,
+                   "Seconds the rendezvous and each collective may take before every rank stops with an error "
+                   "(sets PACKTRAIN_COLLECTIVE_TIMEOUT; default: that variable if set, else 60)")
       ->check(between(runtime::distributed::kMinTimeoutSeconds, runtime::distributed::kMaxTimeoutSeconds));
   launch->add_option("command", a->command, "The packtrain command and its arguments, after --")->required();
   launch->callback([a, &status] { status = run_launch(*a); });

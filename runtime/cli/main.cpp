@@ -20,8 +20,8 @@
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
-#include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/io/checkpoint_file.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -133,8 +133,9 @@ void add_threads_option(CLI::App& app, int& threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"packtrain: train many small models as one (packed ensembles, captured training steps).\n"
-               "Run `packtrain <command> --help` for a command's options."};
+  CLI::App app{
+      "packtrain: train many small models as one (packed ensembles, captured training steps).\n"
+      "Run `packtrain <command> --help` for a command's options."};
   app.require_subcommand(1);
   app.set_config("--config", "", "TOML file of `flag = value` lines for the command (command-line flags win)");
   app.config_formatter(std::make_shared<SubcommandConfig>(&app));
@@ -151,13 +152,13 @@ int main(int argc, char** argv) {
   packtrain::cli::make_integer_options_exact(app);  // every integer flag and config key, in one place
 
   std::vector<std::string> args = hoist_config(std::vector<std::string>(argv + 1, argv + argc));
-  const std::string config = args.size() > 1 && args[0] == "--config" ? args[1]
+  const std::string config = args.size() > 1 && args[0] == "--config"              ? args[1]
                              : !args.empty() && args[0].rfind("--config=", 0) == 0 ? args[0].substr(9)
                                                                                    : "";
   // The config is an input of whatever the command writes: no output may replace it.
   if (!config.empty()) packtrain::cli::add_read_file({"--config", config});
   const std::vector<std::string> command_line = args;  // parse() consumes `args`
-  std::reverse(args.begin(), args.end());               // CLI11 takes them last-first
+  std::reverse(args.begin(), args.end());              // CLI11 takes them last-first
   // Whatever stdout holds (a run's results) goes out before the error line.
   const auto fail = [](int code, const std::string& message) {
     std::fflush(stdout);

@@ -42,27 +42,41 @@ nlohmann::json calibration_json(const runtime::EnsembleMetrics& m, runtime::Head
     const runtime::ClassificationCalibration& c = m.classification;
     nlohmann::json bins = nlohmann::json::array();
     for (const runtime::ConfidenceBin& b : c.bins) {
-      bins.push_back({{"lower", b.lower}, {"upper", b.upper}, {"count", b.count}, {"confidence", b.confidence},
+      bins.push_back({{"lower", b.lower},
+                      {"upper", b.upper},
+                      {"count", b.count},
+                      {"confidence", b.confidence},
                       {"accuracy", b.accuracy}});
     }
-    return {{"rows", c.rows}, {"accuracy", number(c.accuracy)}, {"nll", number(c.nll)}, {"brier", number(c.brier)},
-            {"ece", number(c.ece)}, {"ece_bins", c.bins.size()}, {"mean_confidence", number(c.mean_confidence)},
-            {"reliability", bins}, {"summary", runtime::calibration_summary(c)}};
+    return {{"rows", c.rows},
+            {"accuracy", number(c.accuracy)},
+            {"nll", number(c.nll)},
+            {"brier", number(c.brier)},
+            {"ece", number(c.ece)},
+            {"ece_bins", c.bins.size()},
+            {"mean_confidence", number(c.mean_confidence)},
+            {"reliability", bins},
+            {"summary", runtime::calibration_summary(c)}};
   }
   const runtime::RegressionCalibration& c = m.regression;
   nlohmann::json intervals = nlohmann::json::array();
   for (const runtime::IntervalCoverage& i : c.intervals) {
     intervals.push_back({{"level", i.level}, {"coverage", i.coverage}, {"mean_width", i.mean_width}});
   }
-  return {{"rows", c.rows}, {"rmse", number(c.rmse)}, {"mixture_nll", number(c.mixture_nll)},
-          {"gaussian_nll", number(c.gaussian_nll)}, {"crps", number(c.crps)}, {"intervals", intervals},
+  return {{"rows", c.rows},
+          {"rmse", number(c.rmse)},
+          {"mixture_nll", number(c.mixture_nll)},
+          {"gaussian_nll", number(c.gaussian_nll)},
+          {"crps", number(c.crps)},
+          {"intervals", intervals},
           {"miscalibration_area", number(c.miscalibration_area)},
           {"reliability", {{"expected", c.expected}, {"observed", c.observed}}},
           {"summary", runtime::calibration_summary(c)}};
 }
 }  // namespace
 
-void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m, const std::string& what) {
+void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::EnsembleMetrics& m,
+                   const std::string& what) {
   const bool cls = classification(trainer);
   const char* first = cls ? "accuracy" : "RMSE";
   fmt::print("\n{}:\n  {:>8}  {:>10}  {:>10}  {:>9}  {}\n", what, "member", first, "NLL", "status", "best epoch");
@@ -88,9 +102,10 @@ void print_metrics(const runtime::EnsembleTrainer& trainer, const runtime::Ensem
              cell(cls ? m.ensemble.accuracy : m.ensemble.rmse), cell(m.ensemble.nll),
              cls ? "" : "; NLL: its moment-matched Gaussian's");
   if (trainer.variance_scale() != 1) {
-    fmt::print("  Recalibrated on the validation rows: predictive variance x {:.4g} (std x {:.4g}), the mixture "
-               "stretched about its mean; members shown as recalibrated (--recalibrate none: as trained)\n",
-               trainer.variance_scale(), std::sqrt(trainer.variance_scale()));
+    fmt::print(
+        "  Recalibrated on the validation rows: predictive variance x {:.4g} (std x {:.4g}), the mixture "
+        "stretched about its mean; members shown as recalibrated (--recalibrate none: as trained)\n",
+        trainer.variance_scale(), std::sqrt(trainer.variance_scale()));
   }
   print_calibration(m, trainer.options().head());
 }
@@ -144,8 +159,8 @@ std::string reliability_svg(const runtime::EnsembleMetrics& m, runtime::Head hea
   if (head == runtime::Head::kClassification) {
     options.x_label = "confidence (top-class probability)";
     options.y_label = "accuracy";
-    observed.name = fmt::format("ensemble, {} equal-width bins (ECE {:.4f})", m.classification.bins.size(),
-                                m.classification.ece);
+    observed.name =
+        fmt::format("ensemble, {} equal-width bins (ECE {:.4f})", m.classification.bins.size(), m.classification.ece);
     for (const runtime::ConfidenceBin& b : m.classification.bins) {
       if (b.count == 0) continue;
       observed.x.push_back(b.confidence);
@@ -166,9 +181,13 @@ nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& repor
   nlohmann::json out = nlohmann::json::array();
   for (const runtime::ConfigurationReport& r : reports) {
     const runtime::SweepConfiguration& c = r.configuration;
-    nlohmann::json j{{"lr", c.lr}, {"weight_decay", c.weight_decay}, {"dropout", c.dropout},
+    nlohmann::json j{{"lr", c.lr},
+                     {"weight_decay", c.weight_decay},
+                     {"dropout", c.dropout},
                      {"first_member", c.first_member},
-                     {"members", c.members}, {"usable", r.usable}, {"val_loss", number(r.val_loss)}};
+                     {"members", c.members},
+                     {"usable", r.usable},
+                     {"val_loss", number(r.val_loss)}};
     if (!r.test.members.empty()) j["test"] = gathered_metrics_json(r.test, head)["ensemble"];
     out.push_back(j);
   }
@@ -178,17 +197,17 @@ nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& repor
 void print_sweep(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head,
                  const runtime::EnsembleTrainer& trainer) {
   const bool cls = head == runtime::Head::kClassification;
-  fmt::print("\nSweep: {} configurations x {} members (validation loss: mean member {} on the validation rows; "
-             "test: each configuration's members as one ensemble)\n  {:>10}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}\n",
-             reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL", "lr",
-             "weight decay", "dropout", "val loss", cls ? "test acc" : "test RMSE", "test NLL");
+  fmt::print(
+      "\nSweep: {} configurations x {} members (validation loss: mean member {} on the validation rows; "
+      "test: each configuration's members as one ensemble)\n  {:>10}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}\n",
+      reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL", "lr",
+      "weight decay", "dropout", "val loss", cls ? "test acc" : "test RMSE", "test NLL");
   for (const runtime::ConfigurationReport& r : reports) {
     const runtime::SweepConfiguration& c = r.configuration;
-    const bool kept = trainer.member_states()[static_cast<size_t>(c.first_member)].status !=
-                      runtime::MemberStatus::kDeselected;
+    const bool kept =
+        trainer.member_states()[static_cast<size_t>(c.first_member)].status != runtime::MemberStatus::kDeselected;
     fmt::print("  {:>10g}  {:>12g}  {:>8g}  {:>10}  {:>10}  {:>10}  {}\n", c.lr, c.weight_decay, c.dropout,
-               cell(r.val_loss),
-               cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse), cell(r.test.ensemble.nll),
+               cell(r.val_loss), cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse), cell(r.test.ensemble.nll),
                kept ? "" : "(deselected)");
   }
 }

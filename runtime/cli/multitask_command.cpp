@@ -9,11 +9,11 @@
 //   score     class probabilities for texts (arguments, or one per line from a file)
 //   generate  a continuation of --prompt (with --score, the prompt's score too)
 #include "packtrain/runtime/cli/cli_common.h"
-#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/commands.h"
 #include "packtrain/runtime/cli/enum_option.h"
-#include "packtrain/runtime/cli/run_driver.h"
+#include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/range_checks.h"
+#include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/schema_flags.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/fingerprint.h"
@@ -55,8 +55,8 @@ struct MultiTaskTrainArgs {
 };
 
 nlohmann::json metrics_json(const runtime::TaskMetrics& m) {
-  return {{"accuracy", m.accuracy}, {"mcc", m.mcc}, {"lm_loss", m.lm_loss}, {"perplexity", m.perplexity},
-          {"examples", m.examples}, {"tokens", m.tokens}};
+  return {{"accuracy", m.accuracy},     {"mcc", m.mcc},           {"lm_loss", m.lm_loss},
+          {"perplexity", m.perplexity}, {"examples", m.examples}, {"tokens", m.tokens}};
 }
 
 using RunFiles = runtime::MultiTaskRunFiles;  // the checkpoint's run description (multitask_resume.h)
@@ -73,20 +73,20 @@ struct Session {
 void describe(const Session& s, RunDriver& driver) {
   const runtime::MultiTaskTrainerOptions& options = s.trainer.options();
   const auto& m = options.model();
-  driver.note(fmt::format("multitask: {} ({} train / {} dev sentences, {} classes), {} member(s), width {}, {} layers, "
-                          "{} heads, buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
-                          s.files.train.filename().string(), s.trainer.training_examples(), s.dev.size(),
-                          m.classes(), m.members(),
-                          m.width(), m.layers(), m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(),
-                          s.trainer.steps_per_epoch(),
-                          options.shared_inputs() ? "one trunk forward per step"
-                                                  : "two trunk forwards per step (separate LM texts)",
-                          m.device().str(), options.capture() && m.device().is_cuda() ? ", captured" : ""));
+  driver.note(fmt::format(
+      "multitask: {} ({} train / {} dev sentences, {} classes), {} member(s), width {}, {} layers, "
+      "{} heads, buckets {}, batch {} per step, {} steps per epoch, {} on {}{}",
+      s.files.train.filename().string(), s.trainer.training_examples(), s.dev.size(), m.classes(), m.members(),
+      m.width(), m.layers(), m.heads(), fmt::join(options.buckets(), "/"), options.batch_size(),
+      s.trainer.steps_per_epoch(),
+      options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
+      m.device().str(), options.capture() && m.device().is_cuda() ? ", captured" : ""));
   if (s.group != nullptr && !s.trainer.pipelined()) {
-    driver.note(fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
-                            "averaged over {} every step",
-                            s.group->world_size(), s.group->info().source, options.batch_size(),
-                            options.batch_size() / s.group->world_size(), s.group->backends()));
+    driver.note(
+        fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
+                    "averaged over {} every step",
+                    s.group->world_size(), s.group->info().source, options.batch_size(),
+                    options.batch_size() / s.group->world_size(), s.group->backends()));
   }
   if (s.truncated > 0) {
     driver.note(fmt::format("multitask: {} sentence(s) longer than {} tokens truncated to it (policy: cut, then EOS)",
@@ -94,31 +94,36 @@ void describe(const Session& s, RunDriver& driver) {
   }
   if (s.trainer.pipelined()) {
     const int64_t S = options.pipeline_stages(), M = options.micro_batches(), R = s.trainer.pipeline_replicas();
-    driver.note(fmt::format("multitask: pipeline of {} stages over {} ranks ({}), {} micro-batches of {} sentences "
-                            "per step, {} schedule; modelled idle (bubble) fraction (S-1)/(M+S-1) = {:.2f}",
-                            S, s.group->world_size(), s.group->info().source, M, options.batch_size() / (R * M),
-                            m.device().is_cuda() ? "GPipe" : "1F1B", runtime::distributed::bubble_fraction(S, M)));
+    driver.note(
+        fmt::format("multitask: pipeline of {} stages over {} ranks ({}), {} micro-batches of {} sentences "
+                    "per step, {} schedule; modelled idle (bubble) fraction (S-1)/(M+S-1) = {:.2f}",
+                    S, s.group->world_size(), s.group->info().source, M, options.batch_size() / (R * M),
+                    m.device().is_cuda() ? "GPipe" : "1F1B", runtime::distributed::bubble_fraction(S, M)));
     if (m.device().is_cuda()) {
-      driver.note(fmt::format("multitask: each stage's micro-batch steps {} (static buffers; the backward recomputes "
-                              "the stage's forward, the last stage runs forward and backward as one step)",
-                              options.capture() ? "captured as CUDA graphs" : "run eagerly (--no-capture)"));
+      driver.note(
+          fmt::format("multitask: each stage's micro-batch steps {} (static buffers; the backward recomputes "
+                      "the stage's forward, the last stage runs forward and backward as one step)",
+                      options.capture() ? "captured as CUDA graphs" : "run eagerly (--no-capture)"));
     }
     if (R > 1) {
-      driver.note(fmt::format("multitask: {} replicas of the pipeline (ranks = {} stages x {} replicas; rank r: stage "
-                              "r % {} of replica r / {}), each on {} of the batch's {} sentences; each stage's "
-                              "gradients summed over its {} replicas every step",
-                              R, S, R, S, S, options.batch_size() / R, options.batch_size(), R));
+      driver.note(
+          fmt::format("multitask: {} replicas of the pipeline (ranks = {} stages x {} replicas; rank r: stage "
+                      "r % {} of replica r / {}), each on {} of the batch's {} sentences; each stage's "
+                      "gradients summed over its {} replicas every step",
+                      R, S, R, S, S, options.batch_size() / R, options.batch_size(), R));
     }
     for (const std::string& line : runtime::distributed::describe_placement(s.trainer.placement(), R)) {
       driver.note("multitask: " + line);
     }
     if (m.tie_lm_head()) {
-      driver.note(fmt::format("multitask: the LM head is tied to the token embedding: stages 0 and {} each hold a "
-                              "copy, their gradients are summed every step",
-                              S - 1));
+      driver.note(
+          fmt::format("multitask: the LM head is tied to the token embedding: stages 0 and {} each hold a "
+                      "copy, their gradients are summed every step",
+                      S - 1));
     }
   }
-  if (s.trainer.epochs_done() > 0) driver.note(fmt::format("multitask: resuming after epoch {}", s.trainer.epochs_done()));
+  if (s.trainer.epochs_done() > 0)
+    driver.note(fmt::format("multitask: resuming after epoch {}", s.trainer.epochs_done()));
 }
 
 // Class k's name, or its number when the run has no names.
@@ -131,8 +136,8 @@ std::string class_name(const std::vector<std::string>& names, int64_t k) {
 std::pair<int64_t, double> majority_class(const runtime::LabelledTexts& dev) {
   std::map<int64_t, int64_t> counts;
   for (const int64_t label : dev.labels) ++counts[label];
-  const auto most = std::max_element(counts.begin(), counts.end(),
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  const auto most =
+      std::max_element(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   return {most->first, static_cast<double>(most->second) / static_cast<double>(dev.size())};
 }
 
@@ -144,22 +149,28 @@ void report(const Session& s, const RunDriver& driver, const nlohmann::json& epo
   const std::string checkpoint = saved ? driver.checkpoint().path : "";
   const c10::Device device = s.trainer.options().model().device();
   if (driver.json()) {
-    const nlohmann::json out = {{"train", s.files.train.string()}, {"dev", s.files.dev.string()},
-                                {"device", device.str()},
-                                {"options", nlohmann::json::parse(runtime::to_json(s.trainer.options()))},
-                                {"truncated", s.truncated}, {"epochs", epochs}, {"seconds", seconds},
-                                {"dev_metrics", metrics_json(metrics)},
-                                {"majority_class", {{"class", class_name(s.files.class_names, majority)},
-                                                    {"accuracy", majority_accuracy}, {"mcc", 0.0}}},
-                                {"class_names", s.files.class_names}, {"checkpoint", checkpoint},
-                                {"log", driver.graph_log_lines()}};
+    const nlohmann::json out = {
+        {"train", s.files.train.string()},
+        {"dev", s.files.dev.string()},
+        {"device", device.str()},
+        {"options", nlohmann::json::parse(runtime::to_json(s.trainer.options()))},
+        {"truncated", s.truncated},
+        {"epochs", epochs},
+        {"seconds", seconds},
+        {"dev_metrics", metrics_json(metrics)},
+        {"majority_class",
+         {{"class", class_name(s.files.class_names, majority)}, {"accuracy", majority_accuracy}, {"mcc", 0.0}}},
+        {"class_names", s.files.class_names},
+        {"checkpoint", checkpoint},
+        {"log", driver.graph_log_lines()}};
     fmt::print("{}\n", out.dump(1));
     return;
   }
-  fmt::print("Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
-             "perplexity {:.3f}\n",
-             s.files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
-             metrics.perplexity);
+  fmt::print(
+      "Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
+      "perplexity {:.3f}\n",
+      s.files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
+      metrics.perplexity);
   fmt::print("Majority class ('{}') on dev: accuracy {:.4f}, Matthews correlation 0: the classifier {} it\n",
              class_name(s.files.class_names, majority), majority_accuracy,
              metrics.mcc > 0 && metrics.accuracy > majority_accuracy ? "beats" : "does not beat");
@@ -197,15 +208,18 @@ int run_session(const Session& s, RunDriver& driver) {
     stop_if_diverged(s, driver, r);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / static_cast<double>(r.epoch - first) * static_cast<double>(s.files.epochs - r.epoch);
-    driver.note(fmt::format("epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
-                            "ETA {:.0f} s",
-                            r.epoch, s.files.epochs, r.classification_loss, r.lm_loss,
-                            static_cast<double>(r.steps) / r.seconds, eta));
-    epochs.push_back({{"epoch", r.epoch}, {"classification_loss", r.classification_loss}, {"lm_loss", r.lm_loss},
-                      {"seconds", r.seconds}, {"steps", r.steps}});
+    driver.note(fmt::format(
+        "epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
+        "ETA {:.0f} s",
+        r.epoch, s.files.epochs, r.classification_loss, r.lm_loss, static_cast<double>(r.steps) / r.seconds, eta));
+    epochs.push_back({{"epoch", r.epoch},
+                      {"classification_loss", r.classification_loss},
+                      {"lm_loss", r.lm_loss},
+                      {"seconds", r.seconds},
+                      {"steps", r.steps}});
     go_on = driver.after_epoch(r.epoch, s.files.epochs, s.trainer.steps_done(), save);
   }
-  DeferredWriteError writes;  // the dev metrics are printed before a failed final write ends the run
+  DeferredWriteError writes;                // the dev metrics are printed before a failed final write ends the run
   const bool saved = writes.attempt(save);  // the last epoch done, also when interrupted
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!go_on) {
@@ -232,18 +246,20 @@ void check_stage_outputs(const runtime::MultiTaskTrainer& trainer, const std::st
 // their fields: model.layers, micro_batches).
 void check_pipeline_flags(const runtime::MultiTaskTrainerOptions& o) {
   if (o.pipeline_stages() > o.model().layers()) {
-    throw UsageError(fmt::format("--pipeline-stages {} exceeds --layers {}: each stage holds at least one block; give "
-                                 "at most {} stages or more layers",
-                                 o.pipeline_stages(), o.model().layers(), o.model().layers()));
+    throw UsageError(
+        fmt::format("--pipeline-stages {} exceeds --layers {}: each stage holds at least one block; give "
+                    "at most {} stages or more layers",
+                    o.pipeline_stages(), o.model().layers(), o.model().layers()));
   }
   if (o.batch_size() % o.micro_batches() != 0) {
     throw UsageError(fmt::format("--micro-batches {} does not divide --batch {}: give a divisor of the batch",
                                  o.micro_batches(), o.batch_size()));
   }
   if (o.pipeline_stages() > 1 && !o.shared_inputs()) {
-    throw UsageError(fmt::format("--separate-lm-texts cannot be used with --pipeline-stages {}: a pipeline run reads "
-                                 "the same sentences for both tasks",
-                                 o.pipeline_stages()));
+    throw UsageError(
+        fmt::format("--separate-lm-texts cannot be used with --pipeline-stages {}: a pipeline run reads "
+                    "the same sentences for both tasks",
+                    o.pipeline_stages()));
   }
 }
 
@@ -282,13 +298,13 @@ int run_train(const MultiTaskTrainArgs& a) {
   check_pipeline_flags(options);
   options.validate();  // a UserError: exit 2 with its message
   if (options.batch_size() > static_cast<int64_t>(train.size())) {
-    throw UsageError(fmt::format("batch {} is larger than the training set ({} sentences)", options.batch_size(),
-                                 train.size()));
+    throw UsageError(
+        fmt::format("batch {} is larger than the training set ({} sentences)", options.batch_size(), train.size()));
   }
-  runtime::check_memory(runtime::estimate_multitask_run(options, static_cast<int64_t>(train.size()),
-                                                        !a.checkpoint.path.empty()),
-                        "lower --members, --width, --layers, --max-length, --buckets or --batch (or run where more "
-                        "memory is free)");
+  runtime::check_memory(
+      runtime::estimate_multitask_run(options, static_cast<int64_t>(train.size()), !a.checkpoint.path.empty()),
+      "lower --members, --width, --layers, --max-length, --buckets or --batch (or run where more "
+      "memory is free)");
   // The group before the trainer: the trainer's captured steps (which hold NCCL
   // kernels on a GPU) must be destroyed before the communicator.
   const auto group = join_if_launched(options.model().device());
@@ -296,10 +312,11 @@ int run_train(const MultiTaskTrainArgs& a) {
   options.log(driver.graph_log());
   const int64_t S = options.pipeline_stages();
   if (S > 1 && (group == nullptr || group->world_size() % S != 0)) {
-    throw UsageError(fmt::format("--pipeline-stages {} needs {} processes, one per stage (or a multiple: stages x "
-                                 "replicas): packtrain launch --nproc {} -- multitask train --pipeline-stages {} ... "
-                                 "(this run has {})",
-                                 S, S, S, S, group == nullptr ? 1 : group->world_size()));
+    throw UsageError(
+        fmt::format("--pipeline-stages {} needs {} processes, one per stage (or a multiple: stages x "
+                    "replicas): packtrain launch --nproc {} -- multitask train --pipeline-stages {} ... "
+                    "(this run has {})",
+                    S, S, S, S, group == nullptr ? 1 : group->world_size()));
   }
   if (S > 1 && options.batch_size() % (group->world_size() / S * options.micro_batches()) != 0) {
     throw UsageError(fmt::format("--batch {} does not split into {} replica(s) x {} micro-batches of equal size",
@@ -337,12 +354,15 @@ int run_resume(MultiTaskResumeArgs a) {
   check_outputs({{"-o", a.out.path, stages_beside}, {"--log", a.output.log}}, inputs);
   check_outputs({{"--log", a.output.log}}, {{"checkpoint", a.checkpoint}});  // only -o may replace it
   const c10::Device device = pick_device(a.device);
-  const auto group = join_if_launched(device);  // before the trainer: destroyed after it
+  const auto group = join_if_launched(device);     // before the trainer: destroyed after it
   RunDriver driver(a.output, a.out, group.get());  // outlives the trainer's log
   // A pipeline checkpoint resumes each rank's stage (on as many ranks as stages).
-  runtime::ResumedMultiTask run = runtime::resume_multitask(
-      checkpoint, {.epochs = a.epochs, .device = device, .log = driver.graph_log(),
-                   .note = [&driver](const std::string& line) { driver.note(line); }, .group = group.get()});
+  runtime::ResumedMultiTask run =
+      runtime::resume_multitask(checkpoint, {.epochs = a.epochs,
+                                             .device = device,
+                                             .log = driver.graph_log(),
+                                             .note = [&driver](const std::string& line) { driver.note(line); },
+                                             .group = group.get()});
   check_stage_outputs(*run.trainer, a.out.path, run.files.epochs, inputs);
   return run_session({*run.trainer, run.files, run.dev, run.truncated, group.get()}, driver);
 }
@@ -407,8 +427,7 @@ int run_score(const std::string& checkpoint, const std::vector<std::string>& arg
     const bool cut = static_cast<int64_t>(texts[i].size()) > limit;
     const auto [predicted, probability] = likeliest(names, row);
     if (json) {
-      rows.push_back({{"text", texts[i]}, {"probabilities", probabilities}, {"class", predicted},
-                      {"truncated", cut}});
+      rows.push_back({{"text", texts[i]}, {"probabilities", probabilities}, {"class", predicted}, {"truncated", cut}});
     } else if (binary) {
       fmt::print("{:.4f}\t{}{}\n", probabilities.back(), texts[i], cut ? "\t(truncated)" : "");
     } else {
@@ -431,8 +450,8 @@ int run_generate(const std::string& checkpoint, const std::string& prompt, const
       with_score ? trainer->score_and_generate(prompt, g)
                  : runtime::MultiTaskTrainer::ScoredGeneration{at::Tensor(), trainer->generate(prompt, g)};
   if (json) {
-    nlohmann::json j = {{"prompt", prompt}, {"continuations", out.continuations},
-                        {"decode", trainer->last_decode_mode()}};
+    nlohmann::json j = {
+        {"prompt", prompt}, {"continuations", out.continuations}, {"decode", trainer->last_decode_mode()}};
     if (with_score) {
       const at::Tensor p = out.probabilities.contiguous();
       j["probabilities"] = std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
@@ -475,12 +494,16 @@ void add_multitask_train(CLI::App* mt, int& status) {
   train->add_option("--task", a->task, "A bundled labelled-text task (its train and dev files):" + tasks)
       ->check(CLI::IsMember(task_names))
       ->capture_default_str();
-  train->add_option("--train", a->train, "TSV: CoLA's 4 columns or (label, sentence), labels 0..C-1 (default: the "
-                                         "task's train file)");
+  train->add_option("--train", a->train,
+                    "TSV: CoLA's 4 columns or (label, sentence), labels 0..C-1 (default: the "
+                    "task's train file)");
   train->add_option("--dev", a->dev, "TSV for the dev metrics (default: the task's dev file)");
-  train->add_option("--class-names", a->class_names, "File naming class k on line k; their count is C (default: the "
-                                                      "task's names; with --train, C = 1 + the largest label)");
-  train->add_option("--epochs", a->epochs, "Passes over the training sentences")->check(positive())->capture_default_str();
+  train->add_option("--class-names", a->class_names,
+                    "File naming class k on line k; their count is C (default: the "
+                    "task's names; with --train, C = 1 + the largest label)");
+  train->add_option("--epochs", a->epochs, "Passes over the training sentences")
+      ->check(positive())
+      ->capture_default_str();
   add_schema_flags(train, runtime::multitask_option_schema(), o);
   train->add_option("--device", a->device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
   train->add_option("-o,--out", a->checkpoint.path, "Checkpoint to write (after every epoch)")->capture_default_str();
@@ -492,8 +515,9 @@ void add_multitask_train(CLI::App* mt, int& status) {
 void add_multitask_resume(CLI::App* mt, int& status) {
   auto r = std::make_shared<MultiTaskResumeArgs>();
   CLI::App* resume = mt->add_subcommand(
-      "resume", "Continue a multitask run from its checkpoint with the same sentence files, exactly as if it had not "
-                "stopped (from an epoch boundary).");
+      "resume",
+      "Continue a multitask run from its checkpoint with the same sentence files, exactly as if it had not "
+      "stopped (from an epoch boundary).");
   resume->add_option("checkpoint", r->checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
   resume->add_option("--epochs", r->epochs, "Train until this many epochs are done (default: the run's own)")
       ->check(positive());
@@ -517,9 +541,8 @@ void add_multitask_score(CLI::App* mt, int& status) {
   score->add_option("--file", *score_file, "Also score every line of this file");
   score->add_option("--device", *score_device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   score->add_flag("--json", *score_json, "All probabilities as JSON");
-  score->callback([=, &status] {
-    status = run_score(*score_checkpoint, *score_texts, *score_file, *score_device, *score_json);
-  });
+  score->callback(
+      [=, &status] { status = run_score(*score_checkpoint, *score_texts, *score_file, *score_device, *score_json); });
 }
 
 // multitask generate CHECKPOINT --prompt P: sampling flags bind onto GenerateOptions.
@@ -535,10 +558,18 @@ void add_multitask_generate(CLI::App* mt, int& status) {
       "generate", "Continue --prompt with the LM head (KV cache; the decode step is a CUDA graph on a GPU).");
   generate->add_option("checkpoint", *gen_checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
   generate->add_option("--prompt", *prompt, "Text to continue")->required();
-  generate->add_option("--max-new-tokens", g->max_new_tokens, "Bytes to generate at most")->check(positive())->capture_default_str();
-  generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy; finite)")->check(finite_non_negative())->capture_default_str();
-  generate->add_option("--top-k", g->top_k, "Sample among the k likeliest tokens (0: all)")->check(non_negative())->capture_default_str();
-  generate->add_option("--seed", g->seed, "Sampling seed (the same seed gives the same text)")->capture_default_str()->check(non_negative());
+  generate->add_option("--max-new-tokens", g->max_new_tokens, "Bytes to generate at most")
+      ->check(positive())
+      ->capture_default_str();
+  generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy; finite)")
+      ->check(finite_non_negative())
+      ->capture_default_str();
+  generate->add_option("--top-k", g->top_k, "Sample among the k likeliest tokens (0: all)")
+      ->check(non_negative())
+      ->capture_default_str();
+  generate->add_option("--seed", g->seed, "Sampling seed (the same seed gives the same text)")
+      ->capture_default_str()
+      ->check(non_negative());
   generate->add_flag("--score", *with_score, "Also score the prompt with the classification head");
   generate->add_flag("--no-capture", *no_capture, "Decode eagerly on a GPU too");
   generate->add_option("--device", *gen_device, "auto, cpu, cuda or cuda:N")->capture_default_str();

@@ -7,12 +7,12 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <climits>
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <utility>
 
 namespace packtrain::cli {
@@ -62,9 +62,10 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
     }
     if (target.kind == runtime::OutputKind::kStream) {
       if (out.writes_beside) {
-        throw UsageError(fmt::format("{}: is a {}, but this checkpoint is several files named after it; name a "
-                                     "regular file (or leave {} out to keep none)",
-                                     where, target.type, out.flag));
+        throw UsageError(
+            fmt::format("{}: is a {}, but this checkpoint is several files named after it; name a "
+                        "regular file (or leave {} out to keep none)",
+                        where, target.type, out.flag));
       }
       continue;  // written in place, never replaced: no input is lost, no directory entry made
     }

@@ -1,19 +1,19 @@
 // `packtrain predict`, `evaluate`, `acquire` and `export`: use a checkpoint without training.
 #include "packtrain/runtime/cli/cli_common.h"
+#include "packtrain/runtime/cli/commands.h"
+#include "packtrain/runtime/cli/metrics_report.h"
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/cli/schema_flags.h"
-#include "packtrain/runtime/cli/commands.h"
-#include "packtrain/runtime/cli/metrics_report.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
-#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_export.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
 #include "packtrain/runtime/trainers/ensemble/member_parallel.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 #include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
 
 #include <ATen/ATen.h>
@@ -45,12 +45,14 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const runtime::L
     return std::find(table.columns.begin(), table.columns.end(), name) != table.columns.end();
   };
   // A headerless training table names its columns by number: nothing to match.
-  const bool named = static_cast<int64_t>(names.size()) == I && std::any_of(names.begin(), names.end(), [](const std::string& n) {
-    return n.empty() || n.find_first_not_of("0123456789") != std::string::npos;
-  });
+  const bool named =
+      static_cast<int64_t>(names.size()) == I && std::any_of(names.begin(), names.end(), [](const std::string& n) {
+        return n.empty() || n.find_first_not_of("0123456789") != std::string::npos;
+      });
   if (table.has_header && named && !std::all_of(names.begin(), names.end(), has)) {
     std::vector<std::string> missing;
-    std::copy_if(names.begin(), names.end(), std::back_inserter(missing), [&](const std::string& n) { return !has(n); });
+    std::copy_if(names.begin(), names.end(), std::back_inserter(missing),
+                 [&](const std::string& n) { return !has(n); });
     throw runtime::DataError(fmt::format(
         "{}: its header lacks the model's feature column(s) {} (it has {}); the model reads its columns by the "
         "names it was trained with ({}), or by position from a table with no header",
@@ -65,9 +67,8 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const runtime::L
   if (table.cols() != needed) {
     throw runtime::DataError(fmt::format(
         "{}: the model takes {} feature columns{}{}; the file has {} columns{}", table.file.string(), I,
-        with_target ? " and a target column" : "",
-        names.empty() ? "" : fmt::format(" ({})", fmt::join(names, ", ")), table.cols(),
-        table.has_header ? fmt::format(" ({})", fmt::join(table.columns, ", ")) : ""));
+        with_target ? " and a target column" : "", names.empty() ? "" : fmt::format(" ({})", fmt::join(names, ", ")),
+        table.cols(), table.has_header ? fmt::format(" ({})", fmt::join(table.columns, ", ")) : ""));
   }
   for (int64_t c = 0; c < needed; ++c) cols.push_back(c);
   return cols;
@@ -99,9 +100,10 @@ std::function<runtime::EnsemblePrediction(const at::Tensor&)> checked_predict(
   return [&m, where = std::move(where), done = std::make_shared<int64_t>(0)](const at::Tensor& rows) {
     runtime::EnsemblePrediction p = m.predict(rows);
     if (const auto row = runtime::first_non_finite_row(p)) {
-      throw runtime::DataError(fmt::format("{}: the ensemble's prediction for this row is not finite (its features lie "
-                                           "too far outside the training data for float32); drop or rescale the row",
-                                           where(*done + *row)));
+      throw runtime::DataError(
+          fmt::format("{}: the ensemble's prediction for this row is not finite (its features lie "
+                      "too far outside the training data for float32); drop or rescale the row",
+                      where(*done + *row)));
     }
     *done += rows.size(0);
     return p;
@@ -140,8 +142,9 @@ std::string level_name(double level) { return fmt::format("{:g}", 100 * level); 
 // 0.9000001: both "90").
 void check_interval_levels(const std::vector<double>& levels, bool given, runtime::Head head) {
   if (given && head == runtime::Head::kClassification) {
-    throw UsageError("--interval is for regression: this model is a classifier, whose predictions are labels and class "
-                     "probabilities (drop --interval)");
+    throw UsageError(
+        "--interval is for regression: this model is a classifier, whose predictions are labels and class "
+        "probabilities (drop --interval)");
   }
   for (size_t i = 0; i < levels.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
@@ -163,7 +166,8 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   if (cls) {
     out += "predicted";
     for (double c : classes) out += fmt::format(",p_{}", c);
-    if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
+    if (per_member)
+      for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
     out += "\n";
     const at::Tensor member_class = p.member_probabilities.argmax(2).contiguous();  // (K, N)
     const auto predicted = p.predicted.accessor<double, 1>();
@@ -172,7 +176,8 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
     for (int64_t r = 0; r < probs.size(0); ++r) {
       out += fmt::format("{}", predicted[r]);
       for (int64_t c = 0; c < probs.size(1); ++c) out += fmt::format(",{:.6g}", probs[r][c]);
-      if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{}", classes[members[k][r]]);
+      if (per_member)
+        for (int64_t k = 0; k < K; ++k) out += fmt::format(",{}", classes[members[k][r]]);
       out += "\n";
     }
     return out;
@@ -181,7 +186,8 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   // mixture's central intervals.
   out += "mean,std,aleatoric_std,epistemic_std";
   for (double level : levels) out += fmt::format(",lower_{0},upper_{0}", level_name(level));
-  if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
+  if (per_member)
+    for (int64_t k = 0; k < K; ++k) out += fmt::format(",member_{}", k);
   out += "\n";
   const runtime::UncertaintyDecomposition d = runtime::decompose_uncertainty(p);
   std::vector<at::Tensor> bounds;
@@ -197,7 +203,8 @@ std::string prediction_csv(const runtime::EnsembleTrainer& trainer, const runtim
   for (int64_t r = 0; r < mean.size(0); ++r) {
     out += fmt::format("{:.9g},{:.9g},{:.9g},{:.9g}", mean[r], sd[r], aleatoric[r], epistemic[r]);
     for (const at::Tensor& b : bounds) out += fmt::format(",{:.9g}", b.data_ptr<double>()[r]);
-    if (per_member) for (int64_t k = 0; k < K; ++k) out += fmt::format(",{:.9g}", members[k][r]);
+    if (per_member)
+      for (int64_t k = 0; k < K; ++k) out += fmt::format(",{:.9g}", members[k][r]);
     out += "\n";
   }
   return out;
@@ -236,7 +243,7 @@ struct EvaluateCommand {
   bool json = false;
   std::vector<double> intervals = runtime::kDefaultIntervalLevels;  // coverage levels (regression)
   bool intervals_given = false;
-  std::string reliability;                                          // SVG path, or empty
+  std::string reliability;  // SVG path, or empty
   runtime::DataArgs format;
 };
 
@@ -253,16 +260,18 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEn
     const runtime::SplitData data = runtime::load_split_data(m.run().data);
     // On data changed since training these would be other rows under the run's name;
     // a table given explicitly is the user's choice of data.
-    if (!runtime::check_same_data(m.run(), data, "to score the new data give it as a table: packtrain evaluate " +
-                                                     c.checkpoint + " TABLE")) {
-      fmt::print(stderr, "packtrain evaluate: note: {} records no fingerprint of its data (an earlier version wrote "
-                         "it): cannot check that {} is unchanged since training\n",
+    if (!runtime::check_same_data(
+            m.run(), data, "to score the new data give it as a table: packtrain evaluate " + c.checkpoint + " TABLE")) {
+      fmt::print(stderr,
+                 "packtrain evaluate: note: {} records no fingerprint of its data (an earlier version wrote "
+                 "it): cannot check that {} is unchanged since training\n",
                  c.checkpoint, m.run().data.data);
     }
     const runtime::Dataset test = data.test();
     if (test.features.size(0) == 0) throw UsageError("the run had no test rows: give a table to evaluate on");
     const std::string what = data.description + ", test rows";
-    return {test.features, test.targets, what, [what](int64_t row) { return fmt::format("{}: row {}", what, row + 1); }};
+    return {test.features, test.targets, what,
+            [what](int64_t row) { return fmt::format("{}: row {}", what, row + 1); }};
   }
   runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
   const at::Tensor xy = model_inputs(table, m, /*with_target=*/true);
@@ -314,14 +323,16 @@ int run_export(const ExportCommand& c) {
   if (const auto manifest = runtime::read_shard_manifest(c.checkpoint)) {
     std::vector<std::string> files;
     for (const auto& shard : manifest->shards) files.push_back(shard.file.string());
-    throw UsageError(fmt::format("{} is a member-parallel manifest ({} members in {} shards); export reads one "
-                                 "checkpoint: export each shard ({})",
-                                 c.checkpoint, manifest->members, manifest->shards.size(), fmt::join(files, ", ")));
+    throw UsageError(
+        fmt::format("{} is a member-parallel manifest ({} members in {} shards); export reads one "
+                    "checkpoint: export each shard ({})",
+                    c.checkpoint, manifest->members, manifest->shards.size(), fmt::join(files, ", ")));
   }
   const runtime::LoadedEnsemble m =
       runtime::LoadedEnsemble::from_checkpoint(*runtime::EnsembleTrainer::read_checkpoint(c.checkpoint), c10::kCPU);
   const int64_t exported = runtime::export_members(c.output, m.first(), m.run().feature_names, c.members);
-  fmt::print(stderr, "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",
+  fmt::print(stderr,
+             "packtrain export: {} member(s) -> {} (load with torch.load; see scripts/load_packtrain_export.py)\n",
              exported, c.output);
   return 0;
 }
@@ -344,8 +355,8 @@ int run_acquire(AcquireCommand c) {
   try {  // before the pool is read and scored
     runtime::check_acquisition_options(c.options, cls);
   } catch (const UserError& e) {
-    throw UsageError(fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy),
-                                 e.what()));
+    throw UsageError(
+        fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy), e.what()));
   }
   runtime::Table table = runtime::read_table(c.pool, runtime::table_format(c.format));
   const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
@@ -361,7 +372,8 @@ int run_acquire(AcquireCommand c) {
     try {
       return runtime::select_batch(scores, c.count, c.options);
     } catch (const UserError& e) {  // --selection power on negative scores (ucb)
-      throw UsageError(fmt::format("--selection {}: {}", runtime::kBatchSelectionNames.name(c.options.selection), e.what()));
+      throw UsageError(
+          fmt::format("--selection {}: {}", runtime::kBatchSelectionNames.name(c.options.selection), e.what()));
     }
   }();
   const double* score = scores.contiguous().data_ptr<double>();
@@ -373,7 +385,7 @@ int run_acquire(AcquireCommand c) {
     for (size_t i = 0; i < chosen.size(); ++i) {
       rows.push_back({{"rank", i + 1}, {"row", chosen[i]}, {"score", score[chosen[i]]}});
     }
-    nlohmann::json out{{"checkpoint", c.checkpoint}, {"pool", c.pool},       {"pool_rows", x.size(0)},
+    nlohmann::json out{{"checkpoint", c.checkpoint}, {"pool", c.pool},         {"pool_rows", x.size(0)},
                        {"strategy", strategy},       {"selection", selection}, {"count", c.count},
                        {"seed", c.options.seed},     {"chosen", rows}};
     if (c.options.strategy == runtime::AcquisitionStrategy::kUcb) out["ucb_beta"] = c.options.ucb_beta;
@@ -381,7 +393,8 @@ int run_acquire(AcquireCommand c) {
     text = out.dump(2) + "\n";
   } else {
     text = "rank,row,score\n";
-    for (size_t i = 0; i < chosen.size(); ++i) text += fmt::format("{},{},{:.9g}\n", i + 1, chosen[i], score[chosen[i]]);
+    for (size_t i = 0; i < chosen.size(); ++i)
+      text += fmt::format("{},{},{:.9g}\n", i + 1, chosen[i], score[chosen[i]]);
   }
   if (c.output.empty() || c.output == "-") {
     std::cout << text;
@@ -402,11 +415,12 @@ void add_table_format_options(CLI::App* app, runtime::DataArgs& a) {
 void add_predict_command(CLI::App& app, int& status) {
   auto predict = std::make_shared<PredictCommand>();
   CLI::App* p = app.add_subcommand(
-      "predict", "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out. Regression, per row: the\n"
-                 "ensemble mean; its total std split into aleatoric (the noise the members predict) and epistemic\n"
-                 "(their disagreement), std² = aleatoric² + epistemic²; and central intervals of the members'\n"
-                 "mixture itself (--interval). Classification: the predicted label and class probabilities.\n"
-                 "Columns are matched by the training feature names when the file has a header, else taken in order.");
+      "predict",
+      "Predict with a checkpoint: a CSV/TSV of feature rows in, a CSV out. Regression, per row: the\n"
+      "ensemble mean; its total std split into aleatoric (the noise the members predict) and epistemic\n"
+      "(their disagreement), std² = aleatoric² + epistemic²; and central intervals of the members'\n"
+      "mixture itself (--interval). Classification: the predicted label and class probabilities.\n"
+      "Columns are matched by the training feature names when the file has a header, else taken in order.");
   p->add_option("checkpoint", predict->checkpoint,
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();
@@ -431,12 +445,13 @@ void add_predict_command(CLI::App& app, int& status) {
 void add_evaluate_command(CLI::App& app, int& status) {
   auto evaluate = std::make_shared<EvaluateCommand>();
   CLI::App* e = app.add_subcommand(
-      "evaluate", "Metrics of a checkpoint per member and for the ensemble: on the test rows of the run's own data\n"
-                  "(default), or on a table with the feature columns and the target column. The ensemble's\n"
-                  "scores and calibration follow, with a verdict in words. Regression: RMSE, NLL of the mixture and\n"
-                  "of its moment-matched Gaussian (what deep-ensemble papers report), CRPS, coverage and mean width of\n"
-                  "central intervals (--interval), miscalibration area. Classification: accuracy, NLL, Brier score,\n"
-                  "expected calibration error (15 equal-width confidence bins).");
+      "evaluate",
+      "Metrics of a checkpoint per member and for the ensemble: on the test rows of the run's own data\n"
+      "(default), or on a table with the feature columns and the target column. The ensemble's\n"
+      "scores and calibration follow, with a verdict in words. Regression: RMSE, NLL of the mixture and\n"
+      "of its moment-matched Gaussian (what deep-ensemble papers report), CRPS, coverage and mean width of\n"
+      "central intervals (--interval), miscalibration area. Classification: accuracy, NLL, Brier score,\n"
+      "expected calibration error (15 equal-width confidence bins).");
   e->add_option("checkpoint", evaluate->checkpoint,
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();
@@ -461,18 +476,21 @@ void add_evaluate_command(CLI::App& app, int& status) {
 void add_acquire_command(CLI::App& app, int& status) {
   auto acquire = std::make_shared<AcquireCommand>();
   CLI::App* a = app.add_subcommand(
-      "acquire", "Choose which unlabelled rows to label next: score every row of a pool (a table of feature\n"
-                 "columns, as for predict) with the checkpoint's ensemble and write the chosen rows' index (0-based\n"
-                 "among the data rows), score and rank as CSV (or --json). Regression: epistemic (the members'\n"
-                 "disagreement; default), variance (total predictive variance), ucb (mean + beta * std).\n"
-                 "Classification: bald (mutual information; default), entropy, margin, variation-ratio. random for\n"
-                 "a baseline. --selection power or softmax draws the batch at random in proportion to the scores\n"
-                 "(seeded), which keeps a batch from filling with near-duplicates of one region.");
+      "acquire",
+      "Choose which unlabelled rows to label next: score every row of a pool (a table of feature\n"
+      "columns, as for predict) with the checkpoint's ensemble and write the chosen rows' index (0-based\n"
+      "among the data rows), score and rank as CSV (or --json). Regression: epistemic (the members'\n"
+      "disagreement; default), variance (total predictive variance), ucb (mean + beta * std).\n"
+      "Classification: bald (mutual information; default), entropy, margin, variation-ratio. random for\n"
+      "a baseline. --selection power or softmax draws the batch at random in proportion to the scores\n"
+      "(seeded), which keeps a batch from filling with near-duplicates of one region.");
   a->add_option("checkpoint", acquire->checkpoint,
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();
   a->add_option("pool", acquire->pool, "CSV/TSV/whitespace table of unlabelled feature rows")->required();
-  a->add_option("--count,-b", acquire->count, "Rows to choose (the batch size b)")->capture_default_str()->check(positive());
+  a->add_option("--count,-b", acquire->count, "Rows to choose (the batch size b)")
+      ->capture_default_str()
+      ->check(positive());
   // --strategy, --selection, --power, --ucb-beta, --seed: their schema (acquisition.h).
   add_schema_flags(a, runtime::acquisition_option_schema(), acquire->options);
   // A negative --seed is refused by the uint64 range alone (make_integer_options_exact:
@@ -495,8 +513,9 @@ void add_acquire_command(CLI::App& app, int& status) {
 void add_export_command(CLI::App& app, int& status) {
   auto exporter = std::make_shared<ExportCommand>();
   CLI::App* x = app.add_subcommand(
-      "export", "Write members of a checkpoint for Python PyTorch: one torch.load(path) gives their state dicts\n"
-                "(torch.nn.Sequential names), architecture, standardization and head.");
+      "export",
+      "Write members of a checkpoint for Python PyTorch: one torch.load(path) gives their state dicts\n"
+      "(torch.nn.Sequential names), architecture, standardization and head.");
   x->add_option("checkpoint", exporter->checkpoint, "Checkpoint written by `packtrain train --checkpoint`")->required();
   x->add_option("output", exporter->output, "Export file (.pt)")->required();
   x->add_option("--member", exporter->members,

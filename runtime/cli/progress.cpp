@@ -22,9 +22,10 @@ void Progress::epoch(const runtime::EpochReport& r, int64_t members) {
   const double per_epoch = elapsed / static_cast<double>(r.epoch - first_epoch_);
   const double eta = r.active == 0 ? 0 : per_epoch * static_cast<double>(r.epochs - r.epoch);
   const std::string val = std::isnan(r.val_loss) ? "" : fmt::format("  val {:8.4f}", r.val_loss);
-  driver_->progress(fmt::format("epoch {:>4}/{}  train {:8.4f}{}  active {:>3}/{}  {:>9.0f} member-steps/s  ETA {:5.1f}s",
-                                r.epoch, r.epochs, r.train_loss, val, r.active, members, rate_, eta),
-                    r.epoch, r.epochs, /*force=*/r.active == 0);
+  driver_->progress(
+      fmt::format("epoch {:>4}/{}  train {:8.4f}{}  active {:>3}/{}  {:>9.0f} member-steps/s  ETA {:5.1f}s", r.epoch,
+                  r.epochs, r.train_loss, val, r.active, members, rate_, eta),
+      r.epoch, r.epochs, /*force=*/r.active == 0);
   for (const std::string& event : r.events) driver_->note(event);
 }
 

@@ -32,9 +32,13 @@ CLI::Validator bound(const std::string& name, const std::string& rule, Ok ok) {
 }  // namespace detail
 
 // > 0 (counts, sizes, rates).
-inline CLI::Validator positive() { return detail::bound("POSITIVE", "> 0", [](double v) { return v > 0; }); }
+inline CLI::Validator positive() {
+  return detail::bound("POSITIVE", "> 0", [](double v) { return v > 0; });
+}
 // >= 0 (seeds, epochs that may be 0, seconds).
-inline CLI::Validator non_negative() { return detail::bound("NONNEGATIVE", ">= 0", [](double v) { return v >= 0; }); }
+inline CLI::Validator non_negative() {
+  return detail::bound("NONNEGATIVE", ">= 0", [](double v) { return v >= 0; });
+}
 // lo <= v <= hi (nan and inf are outside any range), e.g. a timeout's seconds.
 inline CLI::Validator between(double lo, double hi) {
   return detail::bound(fmt::format("[{}, {}]", lo, hi), fmt::format("between {} and {}", lo, hi),
@@ -54,9 +58,9 @@ inline CLI::Validator open_unit() {
 // rounds to 1).
 inline CLI::Validator interval_level() {
   const CLI::Validator level = open_unit();
-  const CLI::Validator tails = detail::bound(
-      "", "at most 0.9999999999999998 (the upper tail (1 + level) / 2 of a larger level rounds to 1)",
-      [](double v) { return !(v > 0 && v < 1) || ((1 - v) / 2 > 0 && (1 + v) / 2 < 1); });
+  const CLI::Validator tails =
+      detail::bound("", "at most 0.9999999999999998 (the upper tail (1 + level) / 2 of a larger level rounds to 1)",
+                    [](double v) { return !(v > 0 && v < 1) || ((1 - v) / 2 > 0 && (1 + v) / 2 < 1); });
   return CLI::Validator(
       [level, tails](std::string& text) {
         const std::string problem = level(text);

@@ -55,7 +55,7 @@ class RunDriver {
   RunDriver(const RunDriver&) = delete;
   RunDriver& operator=(const RunDriver&) = delete;
 
-  bool primary() const { return primary_; }  // rank 0, or the only process
+  bool primary() const { return primary_; }   // rank 0, or the only process
   bool json() const { return output_.json; }  // false on ranks other than 0
   const CheckpointArgs& checkpoint() const { return checkpoint_; }
   double seconds() const;  // since the driver started

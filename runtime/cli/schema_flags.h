@@ -90,7 +90,8 @@ void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
           f.flag,
           [&options, &f, expected](const std::string& name) {
             if (std::find(f.choices.begin(), f.choices.end(), name) == f.choices.end()) {
-              throw CLI::ValidationError(f.flag, "unknown " + f.choice_what + " '" + name + "' (expected " + expected + ")");
+              throw CLI::ValidationError(f.flag,
+                                         "unknown " + f.choice_what + " '" + name + "' (expected " + expected + ")");
             }
             f.set(options, nlohmann::json(name));
           },
@@ -119,7 +120,8 @@ void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
       option = detail::add_typed<std::string>(app, f, options, f.help);
     }
     if (f.bounded() && !f.sweep && f.kind != OptionKind::kFlag) option->check(detail::field_bounds(f));
-    if (f.kind != OptionKind::kFlag && !f.sweep) option->default_str(f.optional && f.get(options).is_null() ? "auto" : f.shown(options));
+    if (f.kind != OptionKind::kFlag && !f.sweep)
+      option->default_str(f.optional && f.get(options).is_null() ? "auto" : f.shown(options));
     if (!f.group.empty()) option->group(f.group);
   }
 }

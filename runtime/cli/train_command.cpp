@@ -7,9 +7,9 @@
 #include "packtrain/runtime/cli/metrics_report.h"
 #include "packtrain/runtime/cli/output_paths.h"
 #include "packtrain/runtime/cli/progress.h"
+#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/cli/run_driver.h"
 #include "packtrain/runtime/cli/trainer_flags.h"
-#include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/run_data.h"
@@ -21,8 +21,8 @@
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 #include "packtrain/runtime/trainers/ensemble/member_parallel.h"
-#include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/ensemble/run_resume.h"
+#include "packtrain/runtime/trainers/memory_estimate.h"
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
@@ -50,19 +50,27 @@ struct SessionArgs {
 };
 
 void add_session_options(CLI::App* app, SessionArgs& s) {
-  app->add_option("--checkpoint", s.checkpoint.path,
-                  "Write a checkpoint here at the end, every --checkpoint-every epochs, and on Ctrl-C (atomic: the last good "
-                  "file survives a crash)")->group("Output");
-  app->add_option("--checkpoint-every", s.checkpoint.every, "Epochs between checkpoints (0: only at the end)")
-      ->capture_default_str()->check(non_negative())->group("Output");
-  app->add_option("--export", s.export_path, "Also write all members for Python: torch.load(path) (scripts/load_packtrain_export.py)")
+  app->add_option(
+         "--checkpoint", s.checkpoint.path,
+         "Write a checkpoint here at the end, every --checkpoint-every epochs, and on Ctrl-C (atomic: the last good "
+         "file survives a crash)")
       ->group("Output");
-  app->add_option("--trace", s.trace, "Write the run's NVTX ranges as Chrome trace JSON (open in ui.perfetto.dev)")->group("Output");
+  app->add_option("--checkpoint-every", s.checkpoint.every, "Epochs between checkpoints (0: only at the end)")
+      ->capture_default_str()
+      ->check(non_negative())
+      ->group("Output");
+  app->add_option("--export", s.export_path,
+                  "Also write all members for Python: torch.load(path) (scripts/load_packtrain_export.py)")
+      ->group("Output");
+  app->add_option("--trace", s.trace, "Write the run's NVTX ranges as Chrome trace JSON (open in ui.perfetto.dev)")
+      ->group("Output");
   add_output_options(app, s.output);
   app->add_option("--rank-check-every", s.rank_check_every,
                   "Data parallel: also compare the ranks' parameter checksums every this many steps (each a host "
                   "synchronization; 0: after every epoch only)")
-      ->capture_default_str()->check(non_negative())->group("Multi-process");
+      ->capture_default_str()
+      ->check(non_negative())
+      ->group("Multi-process");
   app->add_option_function<std::string>(
          "--select",
          [&s](const std::string& v) {
@@ -70,7 +78,8 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
            s.select_best = v == "best";
          },
          "A sweep (--lr/--weight-decay/--dropout lists): all keeps every configuration's members; best keeps the "
-         "configuration with the lowest validation loss (its members' mean NLL, or RMSE for a mean head, on the validation rows "
+         "configuration with the lowest validation loss (its members' mean NLL, or RMSE for a mean head, on the "
+         "validation rows "
          "only) and deselects the rest before the test metrics and the checkpoint")
       ->default_str("all")
       ->group("Training");
@@ -115,34 +124,35 @@ void describe(const Session& s, RunDriver& driver) {
   const runtime::EnsembleTrainerOptions& o = s.trainer.options();
   const runtime::distributed::ProcessGroup* group = s.dist.group;
   if (s.dist.member_parallel()) {
-    driver.note(fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
-                            "gradient traffic",
-                            s.dist.members, group->world_size(), group->info().source, s.dist.shard.first,
-                            s.dist.shard.first + s.dist.shard.count - 1));
+    driver.note(
+        fmt::format("member parallel: {} members over {} ranks ({}); rank 0 trains members {}..{}, no "
+                    "gradient traffic",
+                    s.dist.members, group->world_size(), group->info().source, s.dist.shard.first,
+                    s.dist.shard.first + s.dist.shard.count - 1));
   } else if (group != nullptr) {
-    driver.note(fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
-                            "over {} every step",
-                            group->world_size(), group->info().source, s.trainer.batch_size(), s.trainer.per_rank_batch(),
-                            group->backends()));
+    driver.note(
+        fmt::format("data parallel: {} ranks ({}), global batch {} = {} per rank; gradients averaged "
+                    "over {} every step",
+                    group->world_size(), group->info().source, s.trainer.batch_size(), s.trainer.per_rank_batch(),
+                    group->backends()));
   }
   const auto configurations = runtime::sweep_configurations(o);
   if (configurations.size() > 1) {
-    driver.note(fmt::format("sweep: {} configurations (learning rate x weight decay x dropout) x {} members in one "
-                            "pack",
-                            configurations.size(), configurations.front().members));
+    driver.note(
+        fmt::format("sweep: {} configurations (learning rate x weight decay x dropout) x {} members in one "
+                    "pack",
+                    configurations.size(), configurations.front().members));
   }
-  driver.note(fmt::format("packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}",
-                          s.command, s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()),
-                          o.depth(), o.hidden(),
-                          o.architecture() == "mlp" ? std::string(ensemble::to_string(o.activation())) : o.architecture(),
-                          o.epochs(), s.trainer.batch_size(),
-                          graphs::to_string(o.order()),
-                          s.trainer.patience() > 0 ? fmt::format(", early stopping on {} validation loss (patience {})",
-                                                         o.early_stopping() == runtime::EarlyStopping::kEnsemble
-                                                             ? "the ensemble's"
-                                                             : "each member's",
-                                                         s.trainer.patience())
-                                           : ""));
+  driver.note(fmt::format(
+      "packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}", s.command,
+      s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()), o.depth(), o.hidden(),
+      o.architecture() == "mlp" ? std::string(ensemble::to_string(o.activation())) : o.architecture(), o.epochs(),
+      s.trainer.batch_size(), graphs::to_string(o.order()),
+      s.trainer.patience() > 0
+          ? fmt::format(", early stopping on {} validation loss (patience {})",
+                        o.early_stopping() == runtime::EarlyStopping::kEnsemble ? "the ensemble's" : "each member's",
+                        s.trainer.patience())
+          : ""));
 }
 
 // Writes the session's checkpoint (member parallel: this rank's shard, then the
@@ -150,9 +160,8 @@ void describe(const Session& s, RunDriver& driver) {
 void save(const Session& s, const RunDriver& driver) {
   const std::string& path = driver.checkpoint().path;
   if (path.empty()) return;
-  const std::string extra =
-      to_json(runtime::RunDescription{s.data_args, s.data.all.feature_names, s.data.all.target_name,
-                                      runtime::fingerprint_hex(s.data.fingerprint)});
+  const std::string extra = to_json(runtime::RunDescription{
+      s.data_args, s.data.all.feature_names, s.data.all.target_name, runtime::fingerprint_hex(s.data.fingerprint)});
   if (s.dist.member_parallel()) {
     s.dist.sharded->save(s.trainer, extra);
   } else if (driver.primary()) {
@@ -250,8 +259,10 @@ nlohmann::json result_json(const Session& s, const RunDriver& driver, const Prog
   out["test_rows"] = s.data.split.test.size();
   out["checkpoint"] = driver.checkpoint().path;
   if (const runtime::distributed::ProcessGroup* group = s.dist.group) {
-    out["data_parallel"] = {{"ranks", group->world_size()}, {"global_batch", s.trainer.batch_size()},
-                            {"per_rank_batch", s.trainer.per_rank_batch()}, {"backends", group->backends()}};
+    out["data_parallel"] = {{"ranks", group->world_size()},
+                            {"global_batch", s.trainer.batch_size()},
+                            {"per_rank_batch", s.trainer.per_rank_batch()},
+                            {"backends", group->backends()}};
   }
   out["log"] = driver.graph_log_lines();
   return out;
@@ -266,22 +277,23 @@ std::vector<runtime::ConfigurationReport> sweep_reports(const Session& s) {
 }
 
 // --select best: keeps the configuration with the lowest validation loss.
-void select_configuration(const Session& s, RunDriver& driver, const std::vector<runtime::ConfigurationReport>& reports) {
+void select_configuration(const Session& s, RunDriver& driver,
+                          const std::vector<runtime::ConfigurationReport>& reports) {
   if (reports.empty()) return;
   const runtime::ConfigurationReport& best = reports[runtime::best_configuration(reports)];
   const runtime::SweepConfiguration& c = best.configuration;
   s.trainer.keep_members(c.first_member, c.members);
-  driver.note(fmt::format("sweep: kept lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean validation "
-                          "loss {:.4f}); the other {} configurations' members are deselected",
-                          c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1,
-                          best.val_loss,
-                          reports.size() - 1));
+  driver.note(
+      fmt::format("sweep: kept lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean validation "
+                  "loss {:.4f}); the other {} configurations' members are deselected",
+                  c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1, best.val_loss,
+                  reports.size() - 1));
 }
 
 // One process or data parallel: rank 0 exports and reports the test metrics
 // (`saved`: whether the final checkpoint was written).
-int report(const Session& s, const RunDriver& driver, const Progress& progress, DeferredWriteError& writes,
-           bool saved, const std::vector<runtime::ConfigurationReport>& sweep) {
+int report(const Session& s, const RunDriver& driver, const Progress& progress, DeferredWriteError& writes, bool saved,
+           const std::vector<runtime::ConfigurationReport>& sweep) {
   if (!driver.primary()) return 0;
   const bool exported = !s.args.export_path.empty() && writes.attempt([&] {
     runtime::export_members(s.args.export_path, s.trainer, s.data.all.feature_names, {});
@@ -326,9 +338,8 @@ int run_session(const Session& s, RunDriver& driver) {
   }
   // A sweep's configurations, scored before --select best deselects any of them.
   // Every data-parallel rank selects (the same configuration: the same weights and rows).
-  const std::vector<runtime::ConfigurationReport> sweep = driver.primary() || s.args.select_best
-                                                              ? sweep_reports(s)
-                                                              : std::vector<runtime::ConfigurationReport>{};
+  const std::vector<runtime::ConfigurationReport> sweep =
+      driver.primary() || s.args.select_best ? sweep_reports(s) : std::vector<runtime::ConfigurationReport>{};
   if (s.args.select_best) select_configuration(s, driver, sweep);
   if (s.dist.member_parallel()) {  // collective: a rank that fails to write its shard must stop the others
     save(s, driver);
@@ -339,7 +350,8 @@ int run_session(const Session& s, RunDriver& driver) {
 }
 
 // What to change when a run does not fit in memory (estimated, or an allocation failed).
-constexpr const char* kLowerRunSize = "lower --members, --hidden, --depth or --batch (or run where more memory is free)";
+constexpr const char* kLowerRunSize =
+    "lower --members, --hidden, --depth or --batch (or run where more memory is free)";
 
 // Loads the run's rows, refuses a run whose estimated memory is not available
 // (memory_estimate.h), then fits the trainer's standardization and builds its
@@ -370,9 +382,10 @@ void note_few_recalibration_rows(const runtime::EnsembleTrainerOptions& o, int64
       rows == 0 || rows >= kFewRows) {
     return;
   }
-  driver.note(fmt::format("note: --recalibrate variance fits its scale on only {} validation row{}, too few for a "
-                          "reliable one: hold out more rows (--val-fraction, --val-index) or use --recalibrate none",
-                          rows, rows == 1 ? "" : "s"));
+  driver.note(
+      fmt::format("note: --recalibrate variance fits its scale on only {} validation row{}, too few for a "
+                  "reliable one: hold out more rows (--val-fraction, --val-index) or use --recalibrate none",
+                  rows, rows == 1 ? "" : "s"));
 }
 
 struct TrainCommand {
@@ -392,8 +405,9 @@ runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
   const bool stops_early = o.patience() ? *o.patience() > 0 : validation;
   if (c.member_parallel && o.early_stopping() == runtime::EarlyStopping::kEnsemble && stops_early) {
     if (c.early_stopping_given) {
-      throw UsageError("--early-stopping ensemble needs every member in one process: use --early-stopping member "
-                       "with --member-parallel");
+      throw UsageError(
+          "--early-stopping ensemble needs every member in one process: use --early-stopping member "
+          "with --member-parallel");
     }
     o.early_stopping(runtime::EarlyStopping::kMember);
   }
@@ -401,18 +415,21 @@ runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
   // asked for explicitly where it cannot, it is an error, not silently nothing.
   if (c.recalibrate_given && o.recalibration() == runtime::Recalibration::kVariance) {
     if (o.head() == runtime::Head::kClassification) {
-      throw UsageError("--recalibrate variance stretches a regression ensemble's predictive variance: a classifier has "
-                       "none (drop --recalibrate)");
+      throw UsageError(
+          "--recalibrate variance stretches a regression ensemble's predictive variance: a classifier has "
+          "none (drop --recalibrate)");
     }
     if (!validation) {
-      throw UsageError("--recalibrate variance fits its scale on validation rows, and this run has none: give "
-                       "--val-fraction > 0 or --val-index, or drop --recalibrate");
+      throw UsageError(
+          "--recalibrate variance fits its scale on validation rows, and this run has none: give "
+          "--val-fraction > 0 or --val-index, or drop --recalibrate");
     }
   }
   if (c.member_parallel && o.recalibration() != runtime::Recalibration::kNone) {
     if (c.recalibrate_given) {
-      throw UsageError("--recalibrate variance fits one scale to the whole ensemble, which needs every member in one "
-                       "process: use --recalibrate none with --member-parallel");
+      throw UsageError(
+          "--recalibrate variance fits one scale to the whole ensemble, which needs every member in one "
+          "process: use --recalibrate none with --member-parallel");
     }
     o.recalibration(runtime::Recalibration::kNone);
   }
@@ -423,9 +440,10 @@ runtime::EnsembleTrainerOptions train_options(const TrainCommand& c) {
 runtime::distributed::RankInfo member_parallel_rank(const std::string& what) {
   const runtime::distributed::RankInfo rank = runtime::distributed::rank_info_from_environment();
   if (!rank.launched()) {
-    throw UsageError(fmt::format("{} splits the members across the ranks of a multi-process run: start it with "
-                                 "packtrain launch, torchrun or srun (`launch --nproc 1` for one process)",
-                                 what));
+    throw UsageError(
+        fmt::format("{} splits the members across the ranks of a multi-process run: start it with "
+                    "packtrain launch, torchrun or srun (`launch --nproc 1` for one process)",
+                    what));
   }
   return rank;
 }
@@ -444,7 +462,9 @@ void check_session_outputs(const SessionArgs& s, const DataArgs& data, bool memb
       inputs.push_back({"shard of " + resumed->path.string(), shard.file.string()});
     }
   }
-  check_outputs({{"--checkpoint", s.checkpoint.path, member_parallel}, {"--export", s.export_path}, {"--trace", s.trace},
+  check_outputs({{"--checkpoint", s.checkpoint.path, member_parallel},
+                 {"--export", s.export_path},
+                 {"--trace", s.trace},
                  {"--log", s.output.log}},
                 inputs);
 }
@@ -469,7 +489,8 @@ int run_member_parallel(const TrainCommand& c) {
   runtime::EnsembleTrainer trainer(options);
   const SplitData data = prepare(trainer, c.data, !c.session.checkpoint.path.empty());
   runtime::ShardedCheckpoint sharded(c.session.checkpoint.path, *group, K);
-  return run_session({trainer, data, c.data, c.session, "train", Distribution::members_over(*group, sharded, shard, K)}, driver);
+  return run_session({trainer, data, c.data, c.session, "train", Distribution::members_over(*group, sharded, shard, K)},
+                     driver);
 }
 
 int run_train(const TrainCommand& c) {
@@ -502,7 +523,10 @@ struct ResumeCommand {
 // driver's log, the group of its ranks.
 runtime::ResumeOptions resume_options(const ResumeCommand& c, c10::Device device, RunDriver& driver,
                                       runtime::distributed::ProcessGroup* group) {
-  return {.epochs = c.epochs, .device = device, .log = driver.graph_log(), .group = group,
+  return {.epochs = c.epochs,
+          .device = device,
+          .log = driver.graph_log(),
+          .group = group,
           .rank_check_every = c.session.rank_check_every};
 }
 
@@ -536,7 +560,7 @@ int run_resume(ResumeCommand c) {
   const c10::Device device = pick_device(c.device);
   if (c.session.checkpoint.path.empty()) c.session.checkpoint.path = c.from;
   check_session_outputs(c.session, source.run.data);  // the checkpoint resumed may be replaced: it is not an input here
-  const auto group = join_if_launched(device);  // before the trainer: destroyed after it
+  const auto group = join_if_launched(device);        // before the trainer: destroyed after it
   RunDriver driver(c.session.output, c.session.checkpoint, group.get());
   if (device.is_cpu()) runtime::retain_freed_cpu_memory();
   // Every rank reads the same checkpoint: data parallel resumes as it trained.
@@ -555,7 +579,8 @@ void add_train_commands(CLI::App& app, int& status) {
   CLI::App* t = app.add_subcommand(
       "train",
       "Train a packed ensemble and print per-member and ensemble metrics on the test rows.\n"
-      "With no arguments: a deep ensemble of 16 Gaussian regressors on the bundled UCI concrete data, standard split 0\n"
+      "With no arguments: a deep ensemble of 16 Gaussian regressors on the bundled UCI concrete data, standard split "
+      "0\n"
       "(10% of the training rows held out for validation), up to 200 epochs, stopped early when the ensemble's\n"
       "validation NLL has not improved for 50 epochs (its best epoch's weights kept). Ctrl-C stops after the current\n"
       "epoch (and writes --checkpoint); a second Ctrl-C stops at once.");
@@ -575,9 +600,10 @@ void add_train_commands(CLI::App& app, int& status) {
 
   auto resume = std::make_shared<ResumeCommand>();
   CLI::App* r = app.add_subcommand(
-      "resume", "Continue a run from its checkpoint exactly as if it had not stopped (same data, reloaded from the\n"
-                "description in the checkpoint), then report test metrics. Writes the checkpoint back in place unless\n"
-                "--checkpoint names another file.");
+      "resume",
+      "Continue a run from its checkpoint exactly as if it had not stopped (same data, reloaded from the\n"
+      "description in the checkpoint), then report test metrics. Writes the checkpoint back in place unless\n"
+      "--checkpoint names another file.");
   r->add_option("checkpoint", resume->from,
                 "Checkpoint written by `packtrain train --checkpoint`, or the manifest of a --member-parallel run "
                 "(resume it under packtrain launch, on any number of ranks)")
@@ -586,7 +612,8 @@ void add_train_commands(CLI::App& app, int& status) {
       ->check(positive());
   r->add_option("--device", resume->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   add_session_options(r, resume->session);
-  r->callback([resume, &status] { status = within_memory("the run", kLowerRunSize, [&] { return run_resume(*resume); }); });
+  r->callback(
+      [resume, &status] { status = within_memory("the run", kLowerRunSize, [&] { return run_resume(*resume); }); });
 }
 
 }  // namespace packtrain::cli

@@ -19,27 +19,47 @@ void add_trainer_options(CLI::App* app, TrainerFlags& f) {
 
 void add_data_options(CLI::App* app, runtime::DataArgs& a) {
   app->add_option("--data", a.data,
-                  "Bundled data set (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant, power-plant, protein-tertiary-structure; images and sequences: optdigits, mnist1d), a directory in the UCI format, an array directory (features.npy + labels.npy, or train_/test_ pairs of them) or an .npz of the same arrays, or a CSV/TSV file")
-      ->capture_default_str()->group("Data");
-  app->add_option("--features", a.features, "Table files: feature columns, comma-separated names or 0-based indices (default: all but the target)")->group("Data");
-  app->add_option("--target", a.target, "Table files: the target column, a name or index (default: the last column)")->group("Data");
-  app->add_option("--delimiter", a.delimiter, "auto, comma, tab, semicolon or space")->capture_default_str()->group("Data");
-  app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")->capture_default_str()->group("Data");
+                  "Bundled data set (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, "
+                  "naval-propulsion-plant, power-plant, protein-tertiary-structure; images and sequences: optdigits, "
+                  "mnist1d), a directory in the UCI format, an array directory (features.npy + labels.npy, or "
+                  "train_/test_ pairs of them) or an .npz of the same arrays, or a CSV/TSV file")
+      ->capture_default_str()
+      ->group("Data");
+  app->add_option(
+         "--features", a.features,
+         "Table files: feature columns, comma-separated names or 0-based indices (default: all but the target)")
+      ->group("Data");
+  app->add_option("--target", a.target, "Table files: the target column, a name or index (default: the last column)")
+      ->group("Data");
+  app->add_option("--delimiter", a.delimiter, "auto, comma, tab, semicolon or space")
+      ->capture_default_str()
+      ->group("Data");
+  app->add_option("--header", a.header, "Does the table have a header row: auto, yes or no")
+      ->capture_default_str()
+      ->group("Data");
   app->add_option("--split", a.split, "UCI directories: the standard split k (index_train_k.txt / index_test_k.txt)")
-      ->capture_default_str()->check(non_negative())->group("Data");
-  app->add_option("--train-index", a.train_index, "File of 0-based training row indices (with --test-index)")->group("Data");
+      ->capture_default_str()
+      ->check(non_negative())
+      ->group("Data");
+  app->add_option("--train-index", a.train_index, "File of 0-based training row indices (with --test-index)")
+      ->group("Data");
   app->add_option("--val-index", a.val_index, "File of 0-based validation row indices")->group("Data");
   app->add_option("--test-index", a.test_index, "File of 0-based test row indices (with --train-index)")->group("Data");
-  app->add_option("--val-fraction", a.val_fraction, "Fraction of the training rows held out for validation (seeded; 0: none)")
-      ->capture_default_str()->group("Data");
-  app->add_option("--test-fraction", a.test_fraction, "Table files without index files: fraction of rows held out for test")
-      ->capture_default_str()->group("Data");
+  app->add_option("--val-fraction", a.val_fraction,
+                  "Fraction of the training rows held out for validation (seeded; 0: none)")
+      ->capture_default_str()
+      ->group("Data");
+  app->add_option("--test-fraction", a.test_fraction,
+                  "Table files without index files: fraction of rows held out for test")
+      ->capture_default_str()
+      ->group("Data");
   app->add_option("--split-seed", a.split_seed, "Seed of the random splits")->capture_default_str()->group("Data");
 }
 
 runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   runtime::EnsembleTrainerOptions o = f.options;
-  const std::vector<double> &lr = f.values("lr"), &weight_decay = f.values("weight_decay"), &dropout = f.values("dropout");
+  const std::vector<double>&lr = f.values("lr"), &weight_decay = f.values("weight_decay"),
+        &dropout = f.values("dropout");
   if (lr.empty() || weight_decay.empty() || dropout.empty()) {
     throw UsageError("--lr, --weight-decay and --dropout need at least one value");
   }
@@ -50,8 +70,9 @@ runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
     if (f.sweep()) {
       o = within_memory(fmt::format("a sweep of {} configurations x --members {}",
                                     lr.size() * weight_decay.size() * dropout.size(), o.members()),
-                        "lower --members or give fewer --lr, --weight-decay or --dropout values",
-                        [&] { return runtime::sweep_options(o, {lr, weight_decay, o.members(), dropout}); });
+                        "lower --members or give fewer --lr, --weight-decay or --dropout values", [&] {
+                          return runtime::sweep_options(o, {lr, weight_decay, o.members(), dropout});
+                        });
     }
     o.validate();
   } catch (const c10::Error& e) {

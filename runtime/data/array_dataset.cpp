@@ -87,9 +87,10 @@ Dataset load_npz_file(const fs::path& file) {
     if (it == arrays.end()) {
       std::string names;
       for (const auto& [key, array] : arrays) names += (names.empty() ? "" : ", ") + key;
-      throw DataError(fmt::format("{}: no array '{}' (it holds: {}); an .npz data set holds features and labels, or "
-                                  "train_features, train_labels, test_features and test_labels",
-                                  file.string(), name, names.empty() ? "none" : names));
+      throw DataError(
+          fmt::format("{}: no array '{}' (it holds: {}); an .npz data set holds features and labels, or "
+                      "train_features, train_labels, test_features and test_labels",
+                      file.string(), name, names.empty() ? "none" : names));
     }
     return it->second;
   };

@@ -63,11 +63,13 @@ bool has_table_options(const DatasetSpec& spec) {
 
 Dataset load_uci_directory(const fs::path& dir, const DatasetSpec& spec) {
   if (has_table_options(spec)) {
-    throw DataError(dir.string() + ": a UCI-format directory takes its columns from index_features.txt and "
+    throw DataError(dir.string() +
+                    ": a UCI-format directory takes its columns from index_features.txt and "
                     "index_target.txt; features, target and table format apply to table files only");
   }
   std::error_code ec;
-  if (!fs::exists(dir / "data.txt", ec)) throw DataError(dir.string() + ": not a UCI-format data set directory (no data.txt)");
+  if (!fs::exists(dir / "data.txt", ec))
+    throw DataError(dir.string() + ": not a UCI-format data set directory (no data.txt)");
   RegressionData uci = load_uci(dir);
   Dataset data{uci.name, dir, {}, std::to_string(uci.target_column), uci.features, uci.targets, std::nullopt, {}, {}};
   for (int64_t column : uci.feature_columns) data.feature_names.push_back(std::to_string(column));
@@ -91,7 +93,8 @@ std::vector<int64_t> feature_columns(const Table& table, const std::vector<std::
   }
   for (const std::string& name : chosen) {
     const int64_t c = table.column_index(name);
-    if (c == target) throw DataError(table.file.string() + ": column '" + table.columns[c] + "' is both the target and a feature");
+    if (c == target)
+      throw DataError(table.file.string() + ": column '" + table.columns[c] + "' is both the target and a feature");
     if (std::find(columns.begin(), columns.end(), c) != columns.end()) {
       throw DataError(table.file.string() + ": column '" + table.columns[c] + "' is chosen twice as a feature");
     }
@@ -105,7 +108,7 @@ Dataset load_table_file(const fs::path& file, const DatasetSpec& spec) {
   const int64_t target = spec.target.empty() ? table.cols() - 1 : table.column_index(spec.target);
   const std::vector<int64_t> features = feature_columns(table, spec.features, target);
   Dataset data{file.stem().string(), file, {}, table.columns[target], table.numeric(features), table.numeric({target}),
-               std::nullopt, {}, {}};
+               std::nullopt,         {},   {}};
   for (int64_t c : features) data.feature_names.push_back(table.columns[c]);
   return data;
 }
@@ -128,7 +131,8 @@ fs::path bundled_data_dir() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path& candidate : {exe.parent_path() / "../../data", exe.parent_path() / "../share/packtrain/data"}) {
+    for (const fs::path& candidate :
+         {exe.parent_path() / "../../data", exe.parent_path() / "../share/packtrain/data"}) {
       if (!fs::is_directory(candidate, ec)) continue;
       const fs::path canonical = fs::weakly_canonical(candidate, ec);
       return ec ? candidate.lexically_normal() : canonical;
@@ -151,19 +155,22 @@ Dataset load_dataset(const DatasetSpec& spec) {
   Dataset data;
   if (fs::is_directory(path, ec) && is_array_directory(path)) {
     if (has_table_options(spec)) {
-      throw DataError(path.string() + ": an array directory's features and labels are its .npy files; features, "
+      throw DataError(path.string() +
+                      ": an array directory's features and labels are its .npy files; features, "
                       "target and table format apply to table files only");
     }
     data = load_array_directory(path);
   } else if (fs::is_directory(path, ec)) {
     data = load_uci_directory(path, spec);
   } else if (path.extension() == ".npy") {
-    throw DataError(path.string() + ": a .npy file is read as part of an array directory: put the features in "
+    throw DataError(path.string() +
+                    ": a .npy file is read as part of an array directory: put the features in "
                     "features.npy and the labels in labels.npy (or train_ and test_ pairs) in one directory, and "
                     "give the directory (or np.savez them into one .npz file)");
   } else if (path.extension() == ".npz") {
     if (has_table_options(spec)) {
-      throw DataError(path.string() + ": an .npz archive's features and labels are its arrays; features, target and "
+      throw DataError(path.string() +
+                      ": an .npz archive's features and labels are its arrays; features, target and "
                       "table format apply to table files only");
     }
     data = load_npz_file(path);
@@ -176,7 +183,8 @@ Dataset load_dataset(const DatasetSpec& spec) {
 
 DataSplit uci_split(const Dataset& data, int k) {
   if (!data.uci_splits) {
-    throw DataError(data.source.string() + ": no standard splits (those come with a UCI-format directory's "
+    throw DataError(data.source.string() +
+                    ": no standard splits (those come with a UCI-format directory's "
                     "n_splits.txt and index files); split by fractions instead");
   }
   SplitIndices split = load_uci_split(data.source, k, data.features.size(0));

@@ -20,27 +20,27 @@ struct Dataset {
   std::filesystem::path source;            // the directory or file it was read from
   std::vector<std::string> feature_names;  // (I) header names, else the file's 0-based column numbers
   std::string target_name;
-  at::Tensor features;                     // (N, I) float64, CPU
-  at::Tensor targets;                      // (N, 1) float64, CPU
-  std::optional<int> uci_splits;           // standard splits of a UCI directory (n_splits.txt)
+  at::Tensor features;            // (N, I) float64, CPU
+  at::Tensor targets;             // (N, 1) float64, CPU
+  std::optional<int> uci_splits;  // standard splits of a UCI directory (n_splits.txt)
   // One sample's shape before flattening to the I features: (C, H, W) for images,
   // (C, L) for sequences, (I) for a table; its product is always I.
   std::vector<int64_t> sample_shape;
-  std::optional<DataSplit> own_split;      // an array directory's own train / test split
+  std::optional<DataSplit> own_split;  // an array directory's own train / test split
 };
 
 // The rows `rows` (0-based) of `data`, in that order, with the same names and source.
 Dataset subset(const Dataset& data, const std::vector<int64_t>& rows);
 
 struct DatasetSpec {
-  // A bundled data set's name (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm, naval-propulsion-plant,
-  // power-plant, protein-tertiary-structure; the image sets optdigits and mnist1d), a UCI-format directory, an array
-  // directory (features.npy and labels.npy, or train_ and test_ pairs) or an .npz archive of them, or a CSV / TSV /
-  // whitespace table file.
+  // A bundled data set's name (concrete, energy, yacht, wine-quality-red, bostonHousing, kin8nm,
+  // naval-propulsion-plant, power-plant, protein-tertiary-structure; the image sets optdigits and mnist1d), a
+  // UCI-format directory, an array directory (features.npy and labels.npy, or train_ and test_ pairs) or an .npz
+  // archive of them, or a CSV / TSV / whitespace table file.
   std::string path;
-  TableFormat format;                  // table files only
+  TableFormat format;                 // table files only
   std::vector<std::string> features;  // table files: names or indices; empty = every column but the target
-  std::string target;                  // table files: a name or index; empty = the last column
+  std::string target;                 // table files: a name or index; empty = the last column
 };
 
 // Where the bundled data sets are: $PACKTRAIN_DATA_DIR if set; else data/ next to

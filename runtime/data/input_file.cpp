@@ -4,10 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sys/stat.h>
 
 namespace packtrain::runtime {
 
@@ -16,19 +16,21 @@ uint64_t check_input_file(const std::filesystem::path& file, std::string_view wh
   if (::stat(file.c_str(), &st) != 0) {
     const int error = errno;
     if (error == ELOOP) throw DataError(fmt::format("{}: a loop of symbolic links, not a {}", file.string(), what));
-    throw DataError(fmt::format("{}: cannot open file ({}; a {} was expected)", file.string(), std::strerror(error), what));
+    throw DataError(
+        fmt::format("{}: cannot open file ({}; a {} was expected)", file.string(), std::strerror(error), what));
   }
   if (S_ISDIR(st.st_mode)) throw DataError(fmt::format("{}: is a directory, not a {}", file.string(), what));
   if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                       : S_ISSOCK(st.st_mode)                                             ? "a socket"
-                                                                                          : "not a regular file";
-    throw DataError(fmt::format("{}: is {}, not a regular file; a {} must be a regular file", file.string(), kind,
-                                what));
+    const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                    : "not a regular file";
+    throw DataError(
+        fmt::format("{}: is {}, not a regular file; a {} must be a regular file", file.string(), kind, what));
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    throw DataError(fmt::format("{}: {} bytes, more than the {} bytes a {} may have", file.string(), st.st_size,
-                                max_bytes, what));
+    throw DataError(
+        fmt::format("{}: {} bytes, more than the {} bytes a {} may have", file.string(), st.st_size, max_bytes, what));
   }
   return static_cast<uint64_t>(st.st_size);
 }

@@ -1,8 +1,8 @@
 #include "packtrain/runtime/data/labelled_texts.h"
 
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/dataset.h"
+#include "packtrain/runtime/data/input_file.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -49,9 +49,10 @@ LabelledTexts read_labelled_tsv(const std::filesystem::path& path, int64_t class
   for_each_line(path, "text data file", [&](int64_t number, const std::string& line) {
     const std::vector<std::string> cells = split_tabs(line);
     if (cells.size() != 4 && cells.size() != 2) {
-      throw DataError(fmt::format("{}:{}: expected 4 tab-separated columns (source, label, notation, sentence) "
-                                  "or 2 (label, sentence), found {}",
-                                  path.string(), number, cells.size()));
+      throw DataError(
+          fmt::format("{}:{}: expected 4 tab-separated columns (source, label, notation, sentence) "
+                      "or 2 (label, sentence), found {}",
+                      path.string(), number, cells.size()));
     }
     const std::string& label_text = cells.size() == 4 ? cells[1] : cells[0];
     const std::string& text = cells.back();
@@ -77,11 +78,14 @@ std::vector<BundledTextTask> bundled_text_tasks() {
       {"languages",
        "which of 5 languages a sentence is in (English, German, Spanish, Italian, Portuguese fortune cookies from "
        "Debian; 8,000 train / 1,000 dev, classes balanced)",
-       languages / "train.tsv", languages / "dev.tsv", {}},
+       languages / "train.tsv",
+       languages / "dev.tsv",
+       {}},
       {"cola",
        "CoLA v1.1: is an English sentence grammatically acceptable (8,551 train / 527 in-domain dev, 70% "
        "acceptable)",
-       bundled_cola_dir() / "in_domain_train.tsv", bundled_cola_dir() / "in_domain_dev.tsv",
+       bundled_cola_dir() / "in_domain_train.tsv",
+       bundled_cola_dir() / "in_domain_dev.tsv",
        {"unacceptable", "acceptable"}},
   };
 }
@@ -109,8 +113,8 @@ std::vector<std::string> read_class_names(const std::filesystem::path& path) {
     names.push_back(line);
   });
   if (names.size() < 2) {
-    throw DataError(fmt::format("{}: {} class name(s); a classifier needs at least 2, one per line", path.string(),
-                                names.size()));
+    throw DataError(
+        fmt::format("{}: {} class name(s); a classifier needs at least 2, one per line", path.string(), names.size()));
   }
   return names;
 }

@@ -73,8 +73,9 @@ class HeaderDictionary {
         has_descr = true;
       } else if (key == "fortran_order") {
         if (boolean()) {
-          fail_format("the array is in Fortran order (fortran_order: True); only C order is read — save it "
-                      "with np.save(path, np.ascontiguousarray(a))");
+          fail_format(
+              "the array is in Fortran order (fortran_order: True); only C order is read — save it "
+              "with np.save(path, np.ascontiguousarray(a))");
         }
         has_order = true;
       } else if (key == "shape") {
@@ -124,8 +125,9 @@ class HeaderDictionary {
   std::string quoted_or_structured() {
     skip_space();
     if (pos_ < text_.size() && text_[pos_] == '[') {
-      fail_format("a structured dtype (descr is a list of fields); save plain numeric arrays, features and "
-                  "labels in files of their own");
+      fail_format(
+          "a structured dtype (descr is a list of fields); save plain numeric arrays, features and "
+          "labels in files of their own");
     }
     return quoted("the dtype");
   }
@@ -134,10 +136,12 @@ class HeaderDictionary {
       if (d.descr == descr) return d.dtype;
     }
     std::string hint;
-    if (!descr.empty() && descr[0] == '>') hint = "; it is big-endian: save it with a.astype(a.dtype.newbyteorder('<'))";
-    fail_format(fmt::format("dtype '{}' is not read (float32 '<f4', float64 '<f8', int64 '<i8', int32 '<i4' and "
-                            "uint8 '|u1' are){}",
-                            descr, hint));
+    if (!descr.empty() && descr[0] == '>')
+      hint = "; it is big-endian: save it with a.astype(a.dtype.newbyteorder('<'))";
+    fail_format(
+        fmt::format("dtype '{}' is not read (float32 '<f4', float64 '<f8', int64 '<i8', int32 '<i4' and "
+                    "uint8 '|u1' are){}",
+                    descr, hint));
   }
   bool boolean() {
     skip_space();
@@ -246,8 +250,10 @@ NpyArray npy_from_bytes(std::string_view bytes, const fs::path& file) {
   constexpr uint64_t cap = kMaxInputBytes + 1;
   uint64_t count = 1;
   for (int64_t d : header.shape) {
-    if (d != 0 && count > cap / static_cast<uint64_t>(d)) count = cap;
-    else count *= static_cast<uint64_t>(d);
+    if (d != 0 && count > cap / static_cast<uint64_t>(d))
+      count = cap;
+    else
+      count *= static_cast<uint64_t>(d);
   }
   if (count >= cap) {
     throw DataError(fmt::format("{}: truncated: shape {} of {} needs more than the {} data bytes the file has",
@@ -291,9 +297,10 @@ std::map<std::string, NpyArray> read_npz(const fs::path& file) {
     }
     const std::string name = stat.name;
     if (name.size() < 4 || name.substr(name.size() - 4) != ".npy") {
-      throw DataError(fmt::format("{}: member '{}' is not a .npy array (an .npz holds NAME.npy members, as np.savez "
-                                  "writes them)",
-                                  file.string(), name));
+      throw DataError(
+          fmt::format("{}: member '{}' is not a .npy array (an .npz holds NAME.npy members, as np.savez "
+                      "writes them)",
+                      file.string(), name));
     }
     total += stat.size;
     if (total > kMaxInputBytes) {
@@ -323,9 +330,10 @@ NpyFeaturesAndLabels read_npy_features_and_labels(const fs::path& features_file,
 NpyFeaturesAndLabels features_and_labels(const NpyArray& features, const fs::path& features_file,
                                          const NpyArray& labels, const fs::path& labels_file) {
   if (features.shape.size() < 2) {
-    throw DataError(fmt::format("{}: features of shape {}: expected a row axis and at least one more, (N, I), "
-                                "(N, C, L) or (N, C, H, W)",
-                                features_file.string(), shape_text(features.shape)));
+    throw DataError(
+        fmt::format("{}: features of shape {}: expected a row axis and at least one more, (N, I), "
+                    "(N, C, L) or (N, C, H, W)",
+                    features_file.string(), shape_text(features.shape)));
   }
   const int64_t rows = features.shape[0];
   const std::vector<int64_t> sample_shape(features.shape.begin() + 1, features.shape.end());
@@ -336,16 +344,15 @@ NpyFeaturesAndLabels features_and_labels(const NpyArray& features, const fs::pat
   }
   const at::Tensor flat = features.values.reshape({rows, width});
   if (const int64_t bad = first_unusable(flat); bad >= 0) {
-    throw DataError(fmt::format("{}: row {}, element {} of {}: value {} is {}", features_file.string(), bad / width,
-                                bad % width, width, flat.reshape({-1})[bad].item<double>(),
-                                std::isfinite(flat.reshape({-1})[bad].item<double>()) ? "beyond float32's range"
-                                                                                      : "not finite"));
+    throw DataError(
+        fmt::format("{}: row {}, element {} of {}: value {} is {}", features_file.string(), bad / width, bad % width,
+                    width, flat.reshape({-1})[bad].item<double>(),
+                    std::isfinite(flat.reshape({-1})[bad].item<double>()) ? "beyond float32's range" : "not finite"));
   }
 
   if (labels.shape.size() != 1) {
     throw DataError(fmt::format("{}: labels of shape {}: expected one dimension, (N){}", labels_file.string(),
-                                shape_text(labels.shape),
-                                labels.shape.size() == 2 ? "; save labels.reshape(-1)" : ""));
+                                shape_text(labels.shape), labels.shape.size() == 2 ? "; save labels.reshape(-1)" : ""));
   }
   if (labels.shape[0] != rows) {
     throw DataError(fmt::format("{}: {} labels for the {} rows of {}", labels_file.string(), labels.shape[0], rows,

@@ -33,13 +33,12 @@ RunDescription run_description_from_json(const std::string& text) {
 namespace {
 // The delimiter names (with the characters themselves accepted too).
 enum class Delimiter { kAuto, kComma, kTab, kSemicolon, kSpace };
-constexpr EnumNames<Delimiter, 5> kDelimiterNames{
-    "delimiter",
-    {{{Delimiter::kAuto, "auto"},
-      {Delimiter::kComma, "comma"},
-      {Delimiter::kTab, "tab"},
-      {Delimiter::kSemicolon, "semicolon"},
-      {Delimiter::kSpace, "space"}}}};
+constexpr EnumNames<Delimiter, 5> kDelimiterNames{"delimiter",
+                                                  {{{Delimiter::kAuto, "auto"},
+                                                    {Delimiter::kComma, "comma"},
+                                                    {Delimiter::kTab, "tab"},
+                                                    {Delimiter::kSemicolon, "semicolon"},
+                                                    {Delimiter::kSpace, "space"}}}};
 constexpr EnumNames<HeaderMode, 3> kHeaderModeNames{
     "header mode", {{{HeaderMode::kDetect, "auto"}, {HeaderMode::kYes, "yes"}, {HeaderMode::kNo, "no"}}}};
 
@@ -122,12 +121,11 @@ SplitData load_split_data(const DataArgs& a) {
     carve_validation(out.split, a.val_fraction, a.split_seed);
   }
   check_split(out.split, rows);
-  out.description = fmt::format("{} {} ({} train / {} validation / {} test rows, {} features{})", out.all.name, how,
-                                out.split.train.size(), out.split.validation.size(), out.split.test.size(),
-                                out.all.features.size(1),
-                                out.all.sample_shape.size() > 1
-                                    ? fmt::format(", samples of shape ({})", fmt::join(out.all.sample_shape, ", "))
-                                    : "");
+  out.description = fmt::format(
+      "{} {} ({} train / {} validation / {} test rows, {} features{})", out.all.name, how, out.split.train.size(),
+      out.split.validation.size(), out.split.test.size(), out.all.features.size(1),
+      out.all.sample_shape.size() > 1 ? fmt::format(", samples of shape ({})", fmt::join(out.all.sample_shape, ", "))
+                                      : "");
   out.fingerprint = fingerprint(out);
   return out;
 }
@@ -136,9 +134,10 @@ bool check_same_data(const RunDescription& run, const SplitData& data, const std
   if (run.data_fingerprint.empty()) return false;
   const std::string now = fingerprint_hex(data.fingerprint);
   if (run.data_fingerprint != now) {
-    throw DataError(fmt::format("{}: the data or its split changed since this run was trained (fingerprint {}, now "
-                                "{}); {}",
-                                run.data.data, run.data_fingerprint, now, advice));
+    throw DataError(
+        fmt::format("{}: the data or its split changed since this run was trained (fingerprint {}, now "
+                    "{}); {}",
+                    run.data.data, run.data_fingerprint, now, advice));
   }
   return true;
 }

@@ -15,12 +15,12 @@ namespace packtrain::runtime {
 // Where a run's data come from and how they are split. Defaults: the bundled
 // concrete set, its standard split 0, 10% of the training rows for validation.
 struct DataArgs {
-  std::string data = "concrete";  // bundled name, UCI directory, or CSV/TSV file
-  std::string features;           // comma-separated names or indices; empty: all but the target
-  std::string target;             // name or index; empty: the last column
-  std::string delimiter = "auto";  // auto, comma, tab, semicolon, space
-  std::string header = "auto";     // auto, yes, no
-  int split = 0;                   // UCI standard split
+  std::string data = "concrete";                   // bundled name, UCI directory, or CSV/TSV file
+  std::string features;                            // comma-separated names or indices; empty: all but the target
+  std::string target;                              // name or index; empty: the last column
+  std::string delimiter = "auto";                  // auto, comma, tab, semicolon, space
+  std::string header = "auto";                     // auto, yes, no
+  int split = 0;                                   // UCI standard split
   std::string train_index, val_index, test_index;  // index files (0-based rows)
   double val_fraction = 0.1;   // carved from the training rows when there is no validation index file
   double test_fraction = 0.2;  // table files without index files
@@ -49,7 +49,7 @@ DatasetSpec dataset_spec(const DataArgs& args);
 struct SplitData {
   Dataset all;
   DataSplit split;
-  std::string description;  // e.g. "concrete split 0 (834 train / 93 validation / 103 test rows)"
+  std::string description;   // e.g. "concrete split 0 (834 train / 93 validation / 103 test rows)"
   uint64_t fingerprint = 0;  // of every row and of the split (runtime/data/fingerprint.h)
   Dataset train() const { return subset(all, split.train); }
   Dataset validation() const { return subset(all, split.validation); }

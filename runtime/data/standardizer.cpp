@@ -30,11 +30,13 @@ void throw_at(const Unrepresentable& u, const char* what) {
 
 std::string Unrepresentable::problem() const {
   if (!(std::abs(value) <= kMaxCellMagnitude)) {
-    return fmt::format("value {:g} beyond float32's range (±3.4e38, the precision packtrain computes in; rescale the column)", value);
+    return fmt::format(
+        "value {:g} beyond float32's range (±3.4e38, the precision packtrain computes in; rescale the column)", value);
   }
-  return fmt::format("value {:g} is {:.3g} training standard deviations from the training mean, beyond float32's "
-                     "range (at most 3.4e38): the model cannot read it; rescale or drop the row",
-                     value, standardized);
+  return fmt::format(
+      "value {:g} is {:.3g} training standard deviations from the training mean, beyond float32's "
+      "range (at most 3.4e38): the model cannot read it; rescale or drop the row",
+      value, standardized);
 }
 
 Standardizer Standardizer::fit(const at::Tensor& x, const char* what) {
@@ -62,7 +64,8 @@ std::optional<Unrepresentable> Standardizer::first_unrepresentable(const at::Ten
     const at::Tensor raw = x.detach().narrow(0, first, std::min(kBlock, x.size(0) - first)).to(at::kDouble);
     const at::Tensor z = transform(raw);
     // NaN compares false: !(|v| <= max) catches it as well as infinities.
-    const auto at = first_set(raw.abs().le(kMaxCellMagnitude).logical_not() | z.abs().le(kMaxCellMagnitude).logical_not());
+    const auto at =
+        first_set(raw.abs().le(kMaxCellMagnitude).logical_not() | z.abs().le(kMaxCellMagnitude).logical_not());
     if (at) {
       return Unrepresentable{first + at->first, at->second, raw[at->first][at->second].item<double>(),
                              z[at->first][at->second].item<double>()};

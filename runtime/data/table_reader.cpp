@@ -134,7 +134,8 @@ std::string read_quoted(Cursor& c, char delimiter, const fs::path& file) {
   const int64_t open_line = c.line;
   std::string out;
   for (++c.pos;; ++c.pos) {
-    if (c.done()) throw DataError(at_line(file, open_line) + ": unterminated quote (a field opened with \" never closes)");
+    if (c.done())
+      throw DataError(at_line(file, open_line) + ": unterminated quote (a field opened with \" never closes)");
     const char ch = c.peek();
     if (ch == '"' && c.pos + 1 < c.text.size() && c.text[c.pos + 1] == '"') {
       out += '"';
@@ -149,7 +150,8 @@ std::string read_quoted(Cursor& c, char delimiter, const fs::path& file) {
   ++c.pos;  // the closing quote
   while (!c.done() && is_pad(c.peek(), delimiter)) ++c.pos;
   if (!c.at_line_end() && c.peek() != delimiter) {
-    throw DataError(at_line(file, c.line) + ": text after a closing quote (inside a quoted field write a quote as \"\")");
+    throw DataError(at_line(file, c.line) +
+                    ": text after a closing quote (inside a quoted field write a quote as \"\")");
   }
   return out;
 }
@@ -275,7 +277,8 @@ int64_t Table::column_index(const std::string& name_or_index) const {
     if (columns[i] == name_or_index) return static_cast<int64_t>(i);
   }
   const std::optional<int64_t> index = parse_integer(name_or_index);
-  if (!index) throw DataError(file.string() + ": unknown column '" + name_or_index + "' (columns: " + column_list(columns) + ")");
+  if (!index)
+    throw DataError(file.string() + ": unknown column '" + name_or_index + "' (columns: " + column_list(columns) + ")");
   const int64_t resolved = *index < 0 ? *index + cols() : *index;
   if (resolved < 0 || resolved >= cols()) {
     throw DataError(file.string() + ": column index " + name_or_index + " out of range: the table has " +
@@ -286,7 +289,8 @@ int64_t Table::column_index(const std::string& name_or_index) const {
 }
 
 at::Tensor Table::numeric(const std::vector<int64_t>& chosen) const {
-  for (int64_t c : chosen) TORCH_CHECK(c >= 0 && c < cols(), file.string(), ": column ", c, " out of range [0, ", cols(), ")");
+  for (int64_t c : chosen)
+    TORCH_CHECK(c >= 0 && c < cols(), file.string(), ": column ", c, " out of range [0, ", cols(), ")");
   at::Tensor out = at::empty({rows(), static_cast<int64_t>(chosen.size())}, at::kDouble);
   auto values = out.accessor<double, 2>();
   for (int64_t r = 0; r < rows(); ++r) {
@@ -313,7 +317,8 @@ Table read_table(const fs::path& file, const TableFormat& format) {
       table.delimiter == ' ' ? parse_whitespace(text) : parse_delimited(text, table.delimiter, file);
   if (records.empty()) throw DataError(file.string() + ": empty file (no rows)");
   check_rectangular(records, file);
-  table.has_header = format.header == HeaderMode::kYes || (format.header == HeaderMode::kDetect && detect_header(records));
+  table.has_header =
+      format.header == HeaderMode::kYes || (format.header == HeaderMode::kDetect && detect_header(records));
   if (table.has_header && records.size() == 1) throw DataError(file.string() + ": no data rows (only a header line)");
   if (table.has_header) {
     table.columns = std::move(records.front().fields);
@@ -321,9 +326,10 @@ Table read_table(const fs::path& file, const TableFormat& format) {
     std::unordered_map<std::string_view, size_t> seen;
     for (size_t c = 0; c < table.columns.size(); ++c) {
       if (const auto [at, added] = seen.emplace(table.columns[c], c); !added) {
-        throw DataError(fmt::format("{}: the header names column '{}' twice (columns {} and {}, 0-based); column "
-                                    "names must be unique",
-                                    at_line(file, records.front().line), shown(table.columns[c]), at->second, c));
+        throw DataError(
+            fmt::format("{}: the header names column '{}' twice (columns {} and {}, 0-based); column "
+                        "names must be unique",
+                        at_line(file, records.front().line), shown(table.columns[c]), at->second, c));
       }
     }
   } else {

@@ -27,11 +27,11 @@ struct TableFormat {
 
 struct Table {
   std::filesystem::path file;
-  char delimiter = ',';                         // as used (' ' = whitespace)
+  char delimiter = ',';  // as used (' ' = whitespace)
   bool has_header = false;
-  std::vector<std::string> columns;              // header names, or "0", "1", ... without one
-  std::vector<std::vector<std::string>> cells;   // data rows of trimmed cell text, (rows, cols)
-  std::vector<int64_t> line_numbers;             // 1-based file line where each data row starts
+  std::vector<std::string> columns;             // header names, or "0", "1", ... without one
+  std::vector<std::vector<std::string>> cells;  // data rows of trimmed cell text, (rows, cols)
+  std::vector<int64_t> line_numbers;            // 1-based file line where each data row starts
 
   int64_t rows() const { return static_cast<int64_t>(cells.size()); }
   int64_t cols() const { return static_cast<int64_t>(columns.size()); }

@@ -1,8 +1,8 @@
 #include "packtrain/runtime/data/uci_dataset.h"
 
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/data_split.h"
+#include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/table_reader.h"
 
 #include <ATen/ATen.h>
@@ -101,7 +101,8 @@ SplitIndices load_uci_split(const fs::path& dir, int k, int64_t rows) {
     throw DataError(dir.string() + ": split " + std::to_string(k) + " out of range: the data set has splits 0.." +
                     std::to_string(count - 1));
   }
-  DataSplit split{read_index_file(dir / ("index_train_" + std::to_string(k) + ".txt"), rows), {},
+  DataSplit split{read_index_file(dir / ("index_train_" + std::to_string(k) + ".txt"), rows),
+                  {},
                   read_index_file(dir / ("index_test_" + std::to_string(k) + ".txt"), rows)};
   check_split(split, rows, dir.string() + " split " + std::to_string(k));
   return {std::move(split.train), std::move(split.test)};

@@ -12,8 +12,8 @@ namespace packtrain::runtime {
 
 struct RegressionData {
   std::string name;
-  at::Tensor features;  // (N, I) float64, CPU
-  at::Tensor targets;   // (N, 1) float64, CPU
+  at::Tensor features;                   // (N, I) float64, CPU
+  at::Tensor targets;                    // (N, 1) float64, CPU
   std::vector<int64_t> feature_columns;  // (I) data.txt columns of the features
   int64_t target_column = -1;            // data.txt column of the target
 };

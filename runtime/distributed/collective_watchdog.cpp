@@ -22,8 +22,8 @@ std::string describe_missed_deadline(const WatchedWork& work, std::chrono::milli
     steps = work.last_step > work.first_step ? fmt::format(" at steps {}-{}", work.first_step, work.last_step)
                                              : fmt::format(" at step {}", work.first_step);
   }
-  return fmt::format("{}{} did not complete within {} ms on {} (a peer died, hangs or is far behind)", work.what,
-                     steps, timeout.count(), who);
+  return fmt::format("{}{} did not complete within {} ms on {} (a peer died, hangs or is far behind)", work.what, steps,
+                     timeout.count(), who);
 }
 
 struct CollectiveWatchdog::State {
@@ -75,10 +75,9 @@ struct CollectiveWatchdog::State {
         continue;
       }
       fired = true;
-      message = probe_error.empty()
-                    ? describe_missed_deadline(front.work, options.timeout, options.who)
-                    : fmt::format("{} failed on {}: {}", front.work.what, options.who,
-                                  probe_error.substr(0, probe_error.find('\n')));
+      message = probe_error.empty() ? describe_missed_deadline(front.work, options.timeout, options.who)
+                                    : fmt::format("{} failed on {}: {}", front.work.what, options.who,
+                                                  probe_error.substr(0, probe_error.find('\n')));
       changed.notify_all();
       // The abort may block (NCCL waits for graphs that hold its kernels): it runs on
       // a thread of its own and the grace clock starts now.

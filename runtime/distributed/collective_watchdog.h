@@ -10,9 +10,9 @@
 // piece misses its deadline the watchdog fires once: it runs `on_timeout` (aborting
 // the communicator releases kernels stuck on a dead peer) and keeps an error naming
 // the work, its steps and this rank, which check() and wait_all() throw on the
-// owner's thread. A probe that throws counts as a missed deadline, with its reason. If the owner has not come back for it within `grace` (it is stuck
-// in a driver call), the watchdog reports the error itself and ends the process
-// with status 1: a hang never outlives its deadline by more than the grace.
+// owner's thread. A probe that throws counts as a missed deadline, with its reason. If the owner has not come back for
+// it within `grace` (it is stuck in a driver call), the watchdog reports the error itself and ends the process with
+// status 1: a hang never outlives its deadline by more than the grace.
 #pragma once
 
 #include <chrono>
@@ -28,7 +28,7 @@ struct WatchdogOptions {
   std::chrono::milliseconds timeout{60'000};
   std::chrono::milliseconds grace{10'000};
   std::chrono::milliseconds poll{2};
-  std::string who = "rank 0 of 1";            // named in the error
+  std::string who = "rank 0 of 1";  // named in the error
   // Runs once on the watchdog's thread before its first probe (e.g. bind the CUDA
   // device and relax the thread's capture mode: probing an event must not disturb
   // a graph the owner is capturing meanwhile).

@@ -60,14 +60,18 @@ struct NcclCommunicator::Impl {
   // stream inside a captured step).
   void refuse_if_aborting(const char* what) const {
     if (aborting.load()) {
-      throw CollectiveError(fmt::format("{} on rank {} of {}: the NCCL communicator was aborted after a missed "
-                                        "deadline", what, rank, world_size));
+      throw CollectiveError(
+          fmt::format("{} on rank {} of {}: the NCCL communicator was aborted after a missed "
+                      "deadline",
+                      what, rank, world_size));
     }
   }
   cudaStream_t stream_for(const at::Tensor& tensor, const char* what) const {
     if (aborted.load()) {
-      throw CollectiveError(fmt::format("{} on rank {} of {}: the NCCL communicator was aborted after a missed "
-                                        "deadline", what, rank, world_size));
+      throw CollectiveError(
+          fmt::format("{} on rank {} of {}: the NCCL communicator was aborted after a missed "
+                      "deadline",
+                      what, rank, world_size));
     }
     if (!tensor.is_cuda() || tensor.device() != device || !tensor.is_contiguous()) {
       throw CollectiveError(fmt::format("{}: this communicator reduces contiguous tensors on {}, got {} on {}{}", what,

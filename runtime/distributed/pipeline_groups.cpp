@@ -11,10 +11,11 @@ namespace packtrain::runtime::distributed {
 PipelineGroups split_pipeline_groups(ProcessGroup& run, int64_t stages) {
   const int64_t world = run.world_size();
   if (stages < 1 || world % stages != 0) {
-    throw UserError(fmt::format("{} pipeline stages need a multiple of {} ranks (stages x replicas: packtrain launch "
-                                "--nproc {} -- multitask train --pipeline-stages {}, or --nproc {} for 2 replicas); "
-                                "this run has {}",
-                                stages, stages, stages, stages, 2 * stages, world));
+    throw UserError(
+        fmt::format("{} pipeline stages need a multiple of {} ranks (stages x replicas: packtrain launch "
+                    "--nproc {} -- multitask train --pipeline-stages {}, or --nproc {} for 2 replicas); "
+                    "this run has {}",
+                    stages, stages, stages, stages, 2 * stages, world));
   }
   PipelineGroups g;
   g.stages = stages;

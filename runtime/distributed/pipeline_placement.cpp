@@ -26,9 +26,10 @@ int64_t count(const ensemble::PackedTransformerOptions& model, ensemble::Transfo
 namespace {
 void check_stages(const ensemble::PackedTransformerOptions& model, int64_t stages) {
   if (stages < 1 || stages > model.layers()) {
-    throw std::invalid_argument(fmt::format("pipeline: {} stages for a model of {} blocks (each stage holds at "
-                                            "least one block: use --layers >= --pipeline-stages)",
-                                            stages, model.layers()));
+    throw std::invalid_argument(
+        fmt::format("pipeline: {} stages for a model of {} blocks (each stage holds at "
+                    "least one block: use --layers >= --pipeline-stages)",
+                    stages, model.layers()));
   }
 }
 
@@ -50,7 +51,8 @@ std::vector<StagePlacement> stages_ending_at(const ensemble::PackedTransformerOp
 
 // The stages' ends minimizing the largest cost(first, end) of a stage (contiguous
 // blocks, each stage at least one), by dynamic programming over (stages, blocks).
-std::vector<int64_t> balanced_ends(int64_t layers, int64_t stages, const std::function<double(int64_t, int64_t)>& cost) {
+std::vector<int64_t> balanced_ends(int64_t layers, int64_t stages,
+                                   const std::function<double(int64_t, int64_t)>& cost) {
   const int64_t L = layers;
   const double inf = std::numeric_limits<double>::infinity();
   // best[s][l]: the smallest largest-stage cost placing blocks [0, l) on s stages.
@@ -108,9 +110,10 @@ std::vector<StagePlacement> place_pipeline_at(const ensemble::PackedTransformerO
   ends.push_back(model.layers());
   for (size_t s = 0; s < boundaries.size(); ++s) {
     if (boundaries[s] < 1 || boundaries[s] >= ends[s + 1]) {
-      throw std::invalid_argument(fmt::format("pipeline: stage boundaries [{}] must be strictly ascending blocks in "
-                                              "[1, {})",
-                                              fmt::join(boundaries, ", "), model.layers()));
+      throw std::invalid_argument(
+          fmt::format("pipeline: stage boundaries [{}] must be strictly ascending blocks in "
+                      "[1, {})",
+                      fmt::join(boundaries, ", "), model.layers()));
     }
   }
   return stages_ending_at(model, ends, rows, tokens);
@@ -132,15 +135,14 @@ std::vector<std::string> describe_placement(const std::vector<StagePlacement>& p
     if (s + 1 == placement.size()) extras += " + final norm and heads";
     std::vector<int64_t> ranks;
     for (int64_t r = 0; r < replicas; ++r) ranks.push_back(r * S + static_cast<int64_t>(s));
-    lines.push_back(fmt::format("stage {} ({} {}): blocks {}-{}{}, {:.3f} M parameters, {:.2f} MB of parameters, "
-                                "gradients and Adam state, {}{}",
-                                s, replicas > 1 ? "ranks" : "rank", fmt::join(ranks, ", "), p.blocks.first_layer, p.blocks.end_layer - 1, extras, p.parameters / 1e6,
-                                p.state_bytes / 1e6,
-                                p.activation_bytes > 0
-                                    ? fmt::format("sends {:.2f} MB of activations per micro-batch", p.activation_bytes / 1e6)
-                                    : std::string("computes the losses"),
-                                p.seconds > 0 ? fmt::format(", {:.2f} ms per micro-batch (measured)", p.seconds * 1e3)
-                                              : std::string()));
+    lines.push_back(fmt::format(
+        "stage {} ({} {}): blocks {}-{}{}, {:.3f} M parameters, {:.2f} MB of parameters, "
+        "gradients and Adam state, {}{}",
+        s, replicas > 1 ? "ranks" : "rank", fmt::join(ranks, ", "), p.blocks.first_layer, p.blocks.end_layer - 1,
+        extras, p.parameters / 1e6, p.state_bytes / 1e6,
+        p.activation_bytes > 0 ? fmt::format("sends {:.2f} MB of activations per micro-batch", p.activation_bytes / 1e6)
+                               : std::string("computes the losses"),
+        p.seconds > 0 ? fmt::format(", {:.2f} ms per micro-batch (measured)", p.seconds * 1e3) : std::string()));
   }
   return lines;
 }

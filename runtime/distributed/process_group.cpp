@@ -1,7 +1,7 @@
 #include "packtrain/runtime/distributed/process_group.h"
 
-#include "packtrain/profiling/nvtx.h"
 #include "packtrain/base/user_error.h"
+#include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/distributed/collective_watchdog.h"
 #include "packtrain/runtime/distributed/nccl_communicator.h"
 
@@ -101,9 +101,10 @@ struct ProcessGroup::Impl {
   }
   NcclCommunicator& device_backend(const at::Tensor& t, const char* what) const {
     if (nccl == nullptr) {
-      throw CollectiveError(fmt::format("{}: a {} tensor, but this process group was joined for the CPU (join it "
-                                        "with the training device to reduce CUDA tensors over NCCL)",
-                                        what, t.device().str()));
+      throw CollectiveError(
+          fmt::format("{}: a {} tensor, but this process group was joined for the CPU (join it "
+                      "with the training device to reduce CUDA tensors over NCCL)",
+                      what, t.device().str()));
     }
     watchdog->check();  // a missed deadline ends the run here, before another NCCL call
     return *nccl;
@@ -159,9 +160,7 @@ void ProcessGroup::Impl::join_nccl(c10::Device device) {
 
 #if defined(PACKTRAIN_HAVE_GLOO)
 namespace {
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0; }
 
 // The interfaces Gloo binds to: GLOO_SOCKET_IFNAME's where the user set it (Gloo's
 // defaults read it); the loopback address when every rank is on this host (one
@@ -216,9 +215,10 @@ int listen_on(const std::string& address, int64_t port) {
     why = std::strerror(errno);
     ::close(fd);
   }
-  throw UserError(fmt::format("rank 0 cannot serve the store on {}:{}: {} (MASTER_ADDR must name an address of "
-                              "rank 0's host, MASTER_PORT a free port)",
-                              address, port, why));
+  throw UserError(
+      fmt::format("rank 0 cannot serve the store on {}:{}: {} (MASTER_ADDR must name an address of "
+                  "rank 0's host, MASTER_PORT a free port)",
+                  address, port, why));
 }
 
 // Whether a TCP connection to `a` opens before `deadline`; otherwise `why` says why.
@@ -259,10 +259,10 @@ void wait_for_store(const RankInfo& info, std::chrono::milliseconds timeout, Clo
     if (now >= deadline) break;
     std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - now));
   }
-  throw UserError(fmt::format("rank {} of {} could not reach the store at {}:{} within {}: {} (rank 0 serves it: "
-                              "is it running, with the same MASTER_ADDR and MASTER_PORT?)",
-                              info.rank, info.world_size, info.master_addr, info.master_port, in_seconds(timeout),
-                              why));
+  throw UserError(
+      fmt::format("rank {} of {} could not reach the store at {}:{} within {}: {} (rank 0 serves it: "
+                  "is it running, with the same MASTER_ADDR and MASTER_PORT?)",
+                  info.rank, info.world_size, info.master_addr, info.master_port, in_seconds(timeout), why));
 }
 
 // Waits until every rank has reached the store, at most until `deadline`: each adds
@@ -284,10 +284,10 @@ void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milli
     return true;
   };
   const auto too_few = [&](int64_t came) {
-    return UserError(fmt::format("rank {} of {}: {} of {} ranks reached the store at {}:{} within {} (start every "
-                                 "rank, each with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT)",
-                                 info.rank, info.world_size, came, info.world_size, info.master_addr,
-                                 info.master_port, in_seconds(timeout)));
+    return UserError(fmt::format(
+        "rank {} of {}: {} of {} ranks reached the store at {}:{} within {} (start every "
+        "rank, each with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT)",
+        info.rank, info.world_size, came, info.world_size, info.master_addr, info.master_port, in_seconds(timeout)));
   };
   if (info.rank == 0) {
     int64_t came = store.add(joined, 1);
@@ -310,10 +310,10 @@ void wait_for_ranks(c10d::Store& store, const RankInfo& info, std::chrono::milli
   }
   if (result < 0) throw too_few(-result);
   if (result == 0) {
-    throw UserError(fmt::format("rank {} of {}: not all {} ranks reached the store at {}:{} within {} (rank 0 "
-                                "says how many did)",
-                                info.rank, info.world_size, info.world_size, info.master_addr, info.master_port,
-                                in_seconds(timeout)));
+    throw UserError(fmt::format(
+        "rank {} of {}: not all {} ranks reached the store at {}:{} within {} (rank 0 "
+        "says how many did)",
+        info.rank, info.world_size, info.world_size, info.master_addr, info.master_port, in_seconds(timeout)));
   }
 }
 
@@ -380,7 +380,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const RankInfo& info, std::chro
 #endif
   if (device.is_cuda()) {
     if (!NcclCommunicator::available()) {
-      throw UserError("training on " + device.str() + " across processes needs NCCL, and this packtrain was built "
+      throw UserError("training on " + device.str() +
+                      " across processes needs NCCL, and this packtrain was built "
                       "without it");
     }
     impl->join_nccl(device);
@@ -393,9 +394,10 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int64_t>&
   if (ranks.empty() || mine == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
       std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
       ranks.back() >= world_size()) {
-    throw std::invalid_argument(fmt::format("subgroup '{}': ranks [{}] must be ascending ranks of this group of {} "
-                                            "with this rank ({}) among them",
-                                            name, fmt::join(ranks, ", "), world_size(), rank()));
+    throw std::invalid_argument(
+        fmt::format("subgroup '{}': ranks [{}] must be ascending ranks of this group of {} "
+                    "with this rank ({}) among them",
+                    name, fmt::join(ranks, ", "), world_size(), rank()));
   }
   PACKTRAIN_NVTX_RANGE("subgroup rendezvous");
   auto impl = std::make_unique<Impl>();
@@ -404,8 +406,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int64_t>&
   impl->info.world_size = static_cast<int64_t>(ranks.size());
   impl->scope = fmt::format("{} ({})", name, impl_->who());
   impl->timeout = impl_->timeout;
-  impl->store = c10::make_intrusive<c10d::PrefixStore>(
-      fmt::format("packtrain/group/{}/{}", impl_->subgroups++, name), impl_->store);
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("packtrain/group/{}/{}", impl_->subgroups++, name),
+                                                       impl_->store);
 #if defined(PACKTRAIN_HAVE_GLOO)
   // Gloo's setup connects every pair of the group's ranks through the store.
   impl->backend = impl->guarded(

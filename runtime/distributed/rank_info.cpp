@@ -64,8 +64,8 @@ RankInfo rank_info_from_environment(const Environment& env) {
     throw UserError(fmt::format("rank {} is outside [0, {}) (the world size)", info.rank, info.world_size));
   }
   if (info.local_world_size < 1 || info.local_rank < 0 || info.local_rank >= info.local_world_size) {
-    throw UserError(fmt::format("local rank {} is outside [0, {}) (the local world size)", info.local_rank,
-                                info.local_world_size));
+    throw UserError(
+        fmt::format("local rank {} is outside [0, {}) (the local world size)", info.local_rank, info.local_world_size));
   }
   if (const auto addr = env("MASTER_ADDR")) {
     info.master_addr = *addr;

@@ -35,8 +35,7 @@ namespace {
 // ---- Atomic writes -------------------------------------------------------------
 
 [[noreturn]] void throw_write_error(const std::filesystem::path& path, const std::string& step, int error) {
-  throw WriteError("cannot write '" + path.string() + "': " + step + ": " +
-                           std::system_category().message(error));
+  throw WriteError("cannot write '" + path.string() + "': " + step + ": " + std::system_category().message(error));
 }
 
 // Removes `<target>.tmp.<pid>.<suffix>` files whose process is gone (kill(pid, 0)
@@ -181,8 +180,8 @@ void check_header(const std::filesystem::path& path, std::string_view file) {
     fail(path, "not a packtrain checkpoint (does not start with \"PKTRNCK1\")");
   }
   if (file.size() < kHeaderBytes) {
-    fail(path, "truncated: header has " + std::to_string(file.size()) + " of " + std::to_string(kHeaderBytes) +
-                   " bytes");
+    fail(path,
+         "truncated: header has " + std::to_string(file.size()) + " of " + std::to_string(kHeaderBytes) + " bytes");
   }
   const uint64_t version = read_le(file, kVersionAt, 4);
   if (version != kFormatVersion) {

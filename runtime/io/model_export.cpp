@@ -73,13 +73,15 @@ void validate_regression(const ensemble::PackedMLPOptions& o, const ExportExtras
   TORCH_CHECK(o.out_features() == outputs, "export: a '", e.head, "' head over ", targets, " targets needs ", outputs,
               " outputs, the pack has ", o.out_features());
   TORCH_CHECK(e.min_variance >= 0, "export: min_variance must be >= 0, got ", e.min_variance);
-  TORCH_CHECK(e.variance_scale > 0 && std::isfinite(e.variance_scale), "export: variance_scale must be positive and "
-              "finite, got ", e.variance_scale);
+  TORCH_CHECK(e.variance_scale > 0 && std::isfinite(e.variance_scale),
+              "export: variance_scale must be positive and "
+              "finite, got ",
+              e.variance_scale);
 }
 
 void validate(const ensemble::PackedMLPOptions& o, const ExportExtras& e) {
-  TORCH_CHECK(e.head == "mean" || e.head == "gaussian" || e.head == "classification", "export: unknown head '",
-              e.head, "' (expected mean, gaussian or classification)");
+  TORCH_CHECK(e.head == "mean" || e.head == "gaussian" || e.head == "classification", "export: unknown head '", e.head,
+              "' (expected mean, gaussian or classification)");
   check_size(e.x_mean, "x_mean", o.in_features());
   check_size(e.x_std, "x_std", o.in_features());
   TORCH_CHECK(e.feature_names.empty() || static_cast<int64_t>(e.feature_names.size()) == o.in_features(),

@@ -22,7 +22,7 @@ struct ExportExtras {
   std::string head;            // "mean", "gaussian" or "classification"
   double min_variance = 1e-6;  // gaussian head: variance = softplus(raw) + min_variance (standardized units)
   std::vector<std::string> feature_names;  // (I) or empty
-  std::vector<double> classes;  // classification: the original label value of each class index (O)
+  std::vector<double> classes;             // classification: the original label value of each class index (O)
   // Regression: the ensemble's recalibration (runtime/trainers/uncertainty/variance_calibration.h),
   // fitted to the members it predicts with; 1: none.
   double variance_scale = 1.0;

@@ -77,7 +77,7 @@ void validate(const std::vector<PlotSeries>& series, const PlotOptions& options)
 
 struct Axis {
   bool log = false;
-  double lo = 0, hi = 1;     // the drawn range
+  double lo = 0, hi = 1;      // the drawn range
   std::vector<double> ticks;  // labelled, with a grid line
   std::vector<double> minor;  // grid line only (log axes: 2..9 x each decade)
   double step = 1;            // linear tick step, for the label's decimals
@@ -182,13 +182,12 @@ struct Frame {
 };
 
 std::string line(double x1, double y1, double x2, double y2, const std::string& style) {
-  return "<line x1=\"" + number(x1) + "\" y1=\"" + number(y1) + "\" x2=\"" + number(x2) + "\" y2=\"" +
-         number(y2) + "\" " + style + "/>\n";
+  return "<line x1=\"" + number(x1) + "\" y1=\"" + number(y1) + "\" x2=\"" + number(x2) + "\" y2=\"" + number(y2) +
+         "\" " + style + "/>\n";
 }
 
 std::string text(double x, double y, const std::string& content, const std::string& attributes) {
-  return "<text x=\"" + number(x) + "\" y=\"" + number(y) + "\" " + attributes + ">" + escape(content) +
-         "</text>\n";
+  return "<text x=\"" + number(x) + "\" y=\"" + number(y) + "\" " + attributes + ">" + escape(content) + "</text>\n";
 }
 
 std::string grid_and_ticks(const Frame& f) {
@@ -240,8 +239,8 @@ std::string series_svg(const Frame& f, const PlotSeries& s, const char* colour) 
     points += number(f.px(s.x[i])) + "," + number(f.py(s.y[i]));
   }
   std::string out = "<g class=\"series\" data-name=\"" + escape(s.name) + "\">\n" + error_bars(f, s, colour);
-  out += "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"2\" points=\"" + points +
-         "\"/>\n";
+  out +=
+      "<polyline fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"2\" points=\"" + points + "\"/>\n";
   for (size_t i = 0; i < s.x.size(); ++i) {
     out += "<circle cx=\"" + number(f.px(s.x[i])) + "\" cy=\"" + number(f.py(s.y[i])) + "\" r=\"3.5\" fill=\"" +
            colour + "\"/>\n";
@@ -296,7 +295,11 @@ std::string legend(const Frame& f, const std::vector<PlotSeries>& series) {
 std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptions& options) {
   validate(series, options);
   const double w = options.width, h = options.height;
-  const Frame f{x_axis(series, options.log_x), y_axis(series, options.log_y), kLeft, kTop, w - kLeft - kRight,
+  const Frame f{x_axis(series, options.log_x),
+                y_axis(series, options.log_y),
+                kLeft,
+                kTop,
+                w - kLeft - kRight,
                 h - kTop - kBottom};
   std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(options.width) +
                     "\" height=\"" + std::to_string(options.height) + "\" viewBox=\"0 0 " +

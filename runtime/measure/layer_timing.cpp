@@ -44,9 +44,10 @@ double median_seconds(const c10::Device device, int64_t repeats, const std::func
 LayerTimes measure_layer_times(const ensemble::PackedTransformerOptions& model, int64_t rows, int64_t tokens,
                                int64_t repeats) {
   if (rows < 1 || tokens < 1 || repeats < 1 || tokens > model.max_length()) {
-    throw std::invalid_argument(fmt::format("measure_layer_times: rows {}, tokens {} (max_length {}) and repeats {} "
-                                            "must be >= 1, tokens within max_length",
-                                            rows, tokens, model.max_length(), repeats));
+    throw std::invalid_argument(
+        fmt::format("measure_layer_times: rows {}, tokens {} (max_length {}) and repeats {} "
+                    "must be >= 1, tokens within max_length",
+                    rows, tokens, model.max_length(), repeats));
   }
   PACKTRAIN_NVTX_RANGE("layer timing");
   ensemble::PackedTransformer one(ensemble::PackedTransformerOptions(model).layers(1));

@@ -6,9 +6,9 @@
 
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/run_data.h"
-#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -242,10 +242,11 @@ MemoryEstimate estimate_active_learning(const EnsembleTrainerOptions& options, c
   pool.predict_rows = std::max(sizes.rows, sizes.predict_rows);
   pool.checkpoints = false;
   MemoryEstimate e = ensemble_estimate(pack, pool, K);
-  e.sizes = fmt::format("{:.0f} run(s) x {:.0f} strateg{} x {} members = {:.0f} in one pack, hidden {}, depth {}, "
-                        "batch {}",
-                        G, strategies, strategies > 1 ? "ies" : "y", options.members(), K, options.hidden(),
-                        options.depth(), options.batch_size());
+  e.sizes = fmt::format(
+      "{:.0f} run(s) x {:.0f} strateg{} x {} members = {:.0f} in one pack, hidden {}, depth {}, "
+      "batch {}",
+      G, strategies, strategies > 1 ? "ies" : "y", options.members(), K, options.hidden(), options.depth(),
+      options.batch_size());
   // Every run's partition of the pool (each pool row once, int64, plus its two
   // vectors) and a Mersenne Twister (2.5 KB) per random run.
   const double rows = static_cast<double>(sizes.rows);
@@ -254,8 +255,8 @@ MemoryEstimate estimate_active_learning(const EnsembleTrainerOptions& options, c
   // stacked (runs, n), repeated per member (K, n) on the host, then on the device.
   const double n = std::min(rows, static_cast<double>(loop.initial()) +
                                       static_cast<double>(loop.rounds() - 1) * static_cast<double>(loop.acquire()));
-  add(e, "active-learning runs and labelled sets",
-      partitions + runs * (2 * n * kLong + 512) + K * n * kLong, MemoryPlace::kHost);
+  add(e, "active-learning runs and labelled sets", partitions + runs * (2 * n * kLong + 512) + K * n * kLong,
+      MemoryPlace::kHost);
   add(e, "labelled rows per member", K * n * kLong);
   return e;
 }
@@ -281,8 +282,8 @@ MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, in
                layers = static_cast<double>(m.layers()), V = static_cast<double>(m.vocab()),
                B = static_cast<double>(options.batch_size()), E = static_cast<double>(options.eval_batch_size()),
                N = static_cast<double>(training_examples);
-  const double T = options.buckets().empty() ? static_cast<double>(m.max_length())
-                                             : static_cast<double>(options.buckets().back());
+  const double T =
+      options.buckets().empty() ? static_cast<double>(m.max_length()) : static_cast<double>(options.buckets().back());
   const double bytes = m.dtype() == at::kDouble ? kDouble : kFloat;
   e.sizes = fmt::format("{} member(s), width {}, {} layers, {} heads, length {}, batch {}", m.members(), m.width(),
                         m.layers(), m.heads(), static_cast<int64_t>(T), options.batch_size());
@@ -327,8 +328,8 @@ AvailableMemory available_memory(c10::Device device) {
     // What the driver has free, and what the caching allocator holds unused.
     const auto stats = allocator->getDeviceStats(index);
     const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-    a.device = static_cast<double>(free) + static_cast<double>(stats.reserved_bytes[aggregate].current -
-                                                               stats.allocated_bytes[aggregate].current);
+    a.device = static_cast<double>(free) +
+               static_cast<double>(stats.reserved_bytes[aggregate].current - stats.allocated_bytes[aggregate].current);
   }
   return a;
 }

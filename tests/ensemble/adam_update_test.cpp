@@ -1,8 +1,8 @@
 // The implementations of the packed Adam update — the vectorized CPU pass, the
 // fused CUDA kernels and the ATen tensor-op path — agree, and all leave a frozen
 // member untouched even when its gradient is NaN.
-#include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/optimizers/adam_update.h"
+#include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "tests/support/test_support.h"
 
@@ -101,8 +101,10 @@ void expect_step_matches_reference(c10::Device device, bool decoupled) {
     c.active = active;
     c.neg_step_size = -(rate / (1 - at::pow(0.9, steps))) * active;
     c.sqrt_bias_correction2 = (1 - at::pow(0.999, steps)).sqrt();
-    if (decoupled) c.decay_factor = 1 - rate * 0.05 * active;
-    else c.l2 = at::full({K}, 0.05, at::kDouble);
+    if (decoupled)
+      c.decay_factor = 1 - rate * 0.05 * active;
+    else
+      c.l2 = at::full({K}, 0.05, at::kDouble);
     const auto pb = blocks(p), gb = blocks(g), mb = blocks(m), vb = blocks(v);
     for (size_t i = 0; i < pb.size(); ++i) adam_update_tensor_ops(pb[i], gb[i], mb[i], vb[i], c, 0.9, 0.999, 1e-8);
   }

@@ -33,9 +33,9 @@ struct Case {
 std::string case_name(const Case& c) {
   std::string loss(to_string(c.loss));
   std::replace(loss.begin(), loss.end(), '-', '_');  // gtest names: letters, digits, '_'
-  return std::string(to_string(c.activation)) + "_" + loss + "_depth" +
-         std::to_string(c.depth) + (c.per_member ? "_per_member" : "_shared") +
-         (c.dtype == at::kFloat ? "_f32" : "_f64") + "_K" + std::to_string(c.members);
+  return std::string(to_string(c.activation)) + "_" + loss + "_depth" + std::to_string(c.depth) +
+         (c.per_member ? "_per_member" : "_shared") + (c.dtype == at::kFloat ? "_f32" : "_f64") + "_K" +
+         std::to_string(c.members);
 }
 
 constexpr int64_t kIn = 5;
@@ -164,7 +164,8 @@ TEST(CpuFusedStepDropout, DropsTheUnitsAutogradDropsAndWritesItsGradients) {
   const std::vector<DropoutCase> cases = {
       {{Activation::kTanh, LossKind::kGaussianNLL, 2, false, at::kDouble}, 0.3, {}},
       {{Activation::kReLU, LossKind::kMSE, 3, true, at::kDouble, 4}, 0.0, {0.0, 0.2, 0.5, 0.8}},
-      {{Activation::kGELU, LossKind::kCrossEntropy, 2, false, at::kFloat, 9, 64, 64}, 0.0,
+      {{Activation::kGELU, LossKind::kCrossEntropy, 2, false, at::kFloat, 9, 64, 64},
+       0.0,
        {0.1, 0.0, 0.3, 0.1, 0.5, 0.0, 0.2, 0.4, 0.6}},
   };
   for (const DropoutCase& d : cases) {

@@ -1,8 +1,8 @@
 // Learning-rate schedules: the device computation equals the host formula at every
 // step, the optimizer applies it per member from each member's own step count, and
 // bad settings are refused by name.
-#include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/optimizers/lr_schedule.h"
+#include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "tests/support/test_support.h"
 

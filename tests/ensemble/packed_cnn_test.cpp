@@ -4,9 +4,9 @@
 // its parameter count is the pack's row; per-member and shared batches agree.
 // (Standalone equivalence: packed_model_contract_test.cpp; learning through the
 // captured steps: runtime's ensemble_steps_test.cpp.)
+#include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/ensemble/architectures.h"
-#include "packtrain/ensemble/packed_cnn.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -52,8 +52,9 @@ TEST(PackedCnn, AMissingOrIncompatibleInputShapeIsAUserErrorSayingWhatToPass) {
 
   PackSpec wrong_size = image_spec();
   wrong_size.in_features = 65;
-  EXPECT_THAT(make_cnn(wrong_size), ThrowsMessage<UserError>(HasSubstr(
-                                        "[1, 8, 8] holds 64 values per sample, but the rows have 65 features")));
+  EXPECT_THAT(
+      make_cnn(wrong_size),
+      ThrowsMessage<UserError>(HasSubstr("[1, 8, 8] holds 64 values per sample, but the rows have 65 features")));
 
   PackSpec rank = image_spec();
   rank.input_shape = {1, 4, 4, 4};

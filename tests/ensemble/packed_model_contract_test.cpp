@@ -37,12 +37,25 @@ struct Architecture {
 
 // Convolutional members: 2-D samples {2, 4, 4} through two blocks, 1-D {2, 6} through one.
 PackedCNNOptions cnn_2d(c10::Device d, uint64_t seed) {
-  return PackedCNNOptions({2, 4, 4}, kOut).members(kMembers).channels({3, 4}).hidden(12).depth(1).seed(seed)
-      .dtype(at::kDouble).device(d);
+  return PackedCNNOptions({2, 4, 4}, kOut)
+      .members(kMembers)
+      .channels({3, 4})
+      .hidden(12)
+      .depth(1)
+      .seed(seed)
+      .dtype(at::kDouble)
+      .device(d);
 }
 PackedCNNOptions cnn_1d(c10::Device d, uint64_t seed) {
-  return PackedCNNOptions({2, 6}, kOut).members(kMembers).channels({3}).kernel_size(5).hidden(12).depth(2)
-      .seed(seed).dtype(at::kDouble).device(d);
+  return PackedCNNOptions({2, 6}, kOut)
+      .members(kMembers)
+      .channels({3})
+      .kernel_size(5)
+      .hidden(12)
+      .depth(2)
+      .seed(seed)
+      .dtype(at::kDouble)
+      .device(d);
 }
 
 const std::vector<Architecture>& architectures() {
@@ -60,19 +73,27 @@ const std::vector<Architecture>& architectures() {
        }},
       {"residual_mlp",
        [](c10::Device d, uint64_t seed) {
-         return std::make_unique<ResidualMLP>(
-             ResidualMLPOptions(kIn, kOut).members(kMembers).hidden(12).blocks(2).seed(seed).dtype(at::kDouble).device(d));
+         return std::make_unique<ResidualMLP>(ResidualMLPOptions(kIn, kOut)
+                                                  .members(kMembers)
+                                                  .hidden(12)
+                                                  .blocks(2)
+                                                  .seed(seed)
+                                                  .dtype(at::kDouble)
+                                                  .device(d));
        },
        [](c10::Device d, uint64_t seed, int64_t k) {
-         return make_standalone_residual_mlp(
-             ResidualMLPOptions(kIn, kOut).members(kMembers).hidden(12).blocks(2).seed(seed).dtype(at::kDouble).device(d),
-             k);
+         return make_standalone_residual_mlp(ResidualMLPOptions(kIn, kOut)
+                                                 .members(kMembers)
+                                                 .hidden(12)
+                                                 .blocks(2)
+                                                 .seed(seed)
+                                                 .dtype(at::kDouble)
+                                                 .device(d),
+                                             k);
        }},
-      {"cnn",
-       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d(d, seed)); },
+      {"cnn", [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_2d(d, seed), k); }, 32},
-      {"cnn_1d",
-       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d(d, seed)); },
+      {"cnn_1d", [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d(d, seed), k); }, 12},
   };
   return all;
@@ -132,8 +153,8 @@ TEST_P(PackedModelContract, TrainingEqualsEachMemberTrainedAloneWithAdamW) {
   std::vector<std::unique_ptr<torch::optim::AdamW>> optimizers;
   for (int64_t k = 0; k < kMembers; ++k) {
     alone.push_back(arch().standalone(device(), kSeed, k));
-    optimizers.push_back(std::make_unique<torch::optim::AdamW>(
-        alone.back().module->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.05)));
+    optimizers.push_back(std::make_unique<torch::optim::AdamW>(alone.back().module->parameters(),
+                                                               torch::optim::AdamWOptions(1e-2).weight_decay(0.05)));
   }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);

@@ -35,14 +35,16 @@ TEST_P(PackedModel, MemberEqualsStandaloneBitwise) {
   for (bool layer_norm : {false, true}) {
     const auto options = small(device()).layer_norm(layer_norm).activation(Activation::kSiLU);
     PackedMLP packed(options);
-    for (int64_t k = 0; k < packed.members(); ++k) expect_params_equal(unpack(packed, k), make_standalone_mlp(options, k));
+    for (int64_t k = 0; k < packed.members(); ++k)
+      expect_params_equal(unpack(packed, k), make_standalone_mlp(options, k));
   }
 }
 
 TEST_P(PackedModel, MembersDoNotDependOnK) {
   PackedMLP three(small(device(), 3));
   PackedMLP eight(small(device(), 8));
-  for (int64_t k = 0; k < 3; ++k) EXPECT_TRUE(all_equal(three.parameters().member_row(k), eight.parameters().member_row(k)));
+  for (int64_t k = 0; k < 3; ++k)
+    EXPECT_TRUE(all_equal(three.parameters().member_row(k), eight.parameters().member_row(k)));
   EXPECT_FALSE(at::equal(eight.parameters().member_row(0).cpu(), eight.parameters().member_row(1).cpu()))
       << "members share their initialization";
 }
@@ -68,8 +70,8 @@ TEST_P(PackedModel, ForwardMatchesStandalone_SharedAndPerMemberBatches) {
 TEST_P(PackedModel, MemberDropoutDropsEachMemberAtItsOwnRate) {
   const std::vector<double> rates{0.0, 0.2, 0.5, 0.8};
   const int64_t H = 32, B = 256;
-  PackedMLP model(PackedMLPOptions(3, H).members(4).hidden(H).depth(1).member_dropout(rates).dtype(at::kDouble)
-                      .device(device()));
+  PackedMLP model(
+      PackedMLPOptions(3, H).members(4).hidden(H).depth(1).member_dropout(rates).dtype(at::kDouble).device(device()));
   EXPECT_TRUE(model.options().has_dropout());
   {
     at::NoGradGuard no_grad;
@@ -85,9 +87,9 @@ TEST_P(PackedModel, MemberDropoutDropsEachMemberAtItsOwnRate) {
     const double p = rates[static_cast<size_t>(k)];
     const at::Tensor o = out[k];
     const at::Tensor kept = o != 0;
-    EXPECT_TRUE(at::allclose(o.masked_select(kept), at::full({kept.sum().item<int64_t>()}, 1.0 / (1.0 - p),
-                                                             at::TensorOptions().dtype(at::kDouble)),
-                             0, 1e-15))
+    EXPECT_TRUE(at::allclose(
+        o.masked_select(kept),
+        at::full({kept.sum().item<int64_t>()}, 1.0 / (1.0 - p), at::TensorOptions().dtype(at::kDouble)), 0, 1e-15))
         << "member " << k;
     const double n = static_cast<double>(B * H), dropped = n - kept.sum().item<double>();
     // Binomial(n, p): within 5 standard deviations (n = 8192).
@@ -153,8 +155,8 @@ TEST_P(PackedModel, DropoutMasksFollowFromSeedDrawMemberAndRowAlone) {
     const double p = rates[static_cast<size_t>(k)], n = 3.0 * B * H;
     const at::Tensor m = all[k];
     EXPECT_NEAR(m.eq(0).to(at::kDouble).mean().item<double>(), p, 5 * std::sqrt(p * (1 - p) / n)) << "member " << k;
-    EXPECT_TRUE(all_close(m.masked_select(m.ne(0)), at::full({1}, 1.0 / (1.0 - p), at::kDouble).expand(
-                                                        {m.ne(0).sum().item<int64_t>()}), 0.0));
+    EXPECT_TRUE(all_close(m.masked_select(m.ne(0)),
+                          at::full({1}, 1.0 / (1.0 - p), at::kDouble).expand({m.ne(0).sum().item<int64_t>()}), 0.0));
   }
   // |r| of independent masks is ~N(0, 1/n): 5 / sqrt(n) is a 5-sigma bound.
   const at::Tensor m = all[1];  // rate 0.5: (3, B, H)
@@ -212,13 +214,15 @@ TEST_P(PackedModel, MaskFreezesMembersBitwise_AdamAndSGD) {
     if (kind == "adamw") {
       opt = std::make_unique<PackedAdam>(model.parameters(), adamw_options().lr(1e-2));
     } else {
-      opt = std::make_unique<PackedSGD>(model.parameters(), SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
+      opt = std::make_unique<PackedSGD>(model.parameters(),
+                                        SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
     }
     train_steps(model, *opt, 3);
     const at::Tensor before = model.parameters().flat().clone();
     const at::Tensor steps_before = opt->step_count().clone();
     at::Tensor state_before;
-    if (auto* adam = dynamic_cast<PackedAdam*>(opt.get())) state_before = at::cat({adam->exp_avg(), adam->exp_avg_sq()}).clone();
+    if (auto* adam = dynamic_cast<PackedAdam*>(opt.get()))
+      state_before = at::cat({adam->exp_avg(), adam->exp_avg_sq()}).clone();
     if (auto* sgd = dynamic_cast<PackedSGD*>(opt.get())) state_before = sgd->momentum_buffer().clone();
 
     at::Tensor mask = at::ones({8}, at::kBool);
@@ -232,7 +236,8 @@ TEST_P(PackedModel, MaskFreezesMembersBitwise_AdamAndSGD) {
     if (auto* sgd = dynamic_cast<PackedSGD*>(opt.get())) state_after = sgd->momentum_buffer();
     const auto rows = [&](const at::Tensor& flat, int64_t k) {
       std::vector<at::Tensor> parts;
-      for (const auto& block : model.parameters().blocks(flat.narrow(0, 0, model.parameters().flat().numel()))) parts.push_back(block[k]);
+      for (const auto& block : model.parameters().blocks(flat.narrow(0, 0, model.parameters().flat().numel())))
+        parts.push_back(block[k]);
       return at::cat(parts);
     };
     for (int64_t k : {2, 5}) {
@@ -241,7 +246,8 @@ TEST_P(PackedModel, MaskFreezesMembersBitwise_AdamAndSGD) {
       EXPECT_EQ(opt->step_count()[k].item<double>(), steps_before[k].item<double>()) << kind;
     }
     for (int64_t k : {0, 7}) {
-      EXPECT_FALSE(at::equal(rows(model.parameters().flat(), k).cpu(), rows(before, k).cpu())) << kind << " member " << k << " stopped";
+      EXPECT_FALSE(at::equal(rows(model.parameters().flat(), k).cpu(), rows(before, k).cpu()))
+          << kind << " member " << k << " stopped";
       EXPECT_EQ(opt->step_count()[k].item<double>(), steps_before[k].item<double>() + 4) << kind;
     }
     EXPECT_TRUE(model.parameters().flat().isfinite().all().item<bool>()) << kind << ": a frozen member's NaN leaked";
@@ -312,8 +318,11 @@ TEST(PackedErrors, BadOptions) {
   expect_error([] { PackedMLP(PackedMLPOptions(4, 1).dropout(1.5)); }, "dropout must be in [0, 1), got 1.5");
   expect_error([] { PackedMLP(PackedMLPOptions(4, 1).members(2).member_dropout({0.1})); },
                "per-member dropout: expected one rate per member (2), got 1");
-  expect_error([] { PackedMLP(PackedMLPOptions(4, 1).members(2).member_dropout({0.1, 1.0})); },
-               "per-member dropout must be in [0, 1), got 1");
+  expect_error(
+      [] {
+        PackedMLP(PackedMLPOptions(4, 1).members(2).member_dropout({0.1, 1.0}));
+      },
+      "per-member dropout must be in [0, 1), got 1");
   expect_error([] { PackedMLP(PackedMLPOptions(4, 1).dtype(at::kLong)); }, "must be floating point");
   expect_error([] { parse_activation("swish"); }, "unknown activation 'swish'");
   expect_error([] { SGDOptions(0.1).nesterov(true).validate(); }, "Nesterov momentum requires momentum > 0");
@@ -325,14 +334,25 @@ TEST(PackedErrors, InputRankWidthAndK) {
   expect_error([&] { model.forward(at::zeros({4})); }, "got rank 1 with shape [4]");
   expect_error([&] { model.forward(at::zeros({2, 3, 4, 5})); }, "got rank 4");
   expect_error([&] { model.forward(at::zeros({10, 5})); }, "expected I=4 (weight [3, 4, 64]), got input [10, 5]");
-  expect_error([&] { model.forward(at::zeros({2, 10, 4})); }, "packed input for 3 members: expected [3, B, 4], got [2, 10, 4]");
+  expect_error(
+      [&] {
+        model.forward(at::zeros({2, 10, 4}));
+      },
+      "packed input for 3 members: expected [3, B, 4], got [2, 10, 4]");
 }
 
 TEST(PackedErrors, DtypeAndDeviceMismatch) {
   PackedMLP model(PackedMLPOptions(4, 1).members(3));
-  expect_error([&] { model.forward(at::zeros({10, 4}, at::kDouble)); }, "input dtype Double differs from the weights' Float");
-  expect_error([&] { model.forward(at::empty({10, 4}, at::TensorOptions().device(c10::kMeta))); },
-               "input is on meta but the weights are on cpu");
+  expect_error(
+      [&] {
+        model.forward(at::zeros({10, 4}, at::kDouble));
+      },
+      "input dtype Double differs from the weights' Float");
+  expect_error(
+      [&] {
+        model.forward(at::empty({10, 4}, at::TensorOptions().device(c10::kMeta)));
+      },
+      "input is on meta but the weights are on cpu");
 }
 
 TEST(PackedErrors, LossShapes) {
@@ -347,7 +367,8 @@ TEST(PackedErrors, LossShapes) {
 TEST(PackedErrors, OptimizerPerMemberShapes) {
   PackedMLP model(PackedMLPOptions(4, 1).members(3));
   PackedAdam opt(model.parameters(), AdamOptions());
-  expect_error([&] { opt.set_lr(at::ones({4})); }, "learning rate must have one value per member: expected [3], got [4]");
+  expect_error([&] { opt.set_lr(at::ones({4})); },
+               "learning rate must have one value per member: expected [3], got [4]");
   expect_error([&] { opt.set_mask(at::ones({2})); }, "mask must have one value per member: expected [3], got [2]");
   expect_error([&] { opt.set_lr(-at::ones({3})); }, "learning rates must be >= 0");
   expect_error([&] { opt.reset_state(at::ones({3})); }, "member selection must be bool");

@@ -93,8 +93,7 @@ std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const Scenario& s,
                                                  torch::optim::AdamWOptions(lr).weight_decay(0.05));
   }
   if (s.optimizer == "adam") {
-    return std::make_unique<torch::optim::Adam>(model->parameters(),
-                                                torch::optim::AdamOptions(lr).weight_decay(0.01));
+    return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(lr).weight_decay(0.01));
   }
   if (s.optimizer == "sgd_nesterov") {
     return std::make_unique<torch::optim::SGD>(
@@ -120,8 +119,8 @@ double train_both_and_compare(const Scenario& s, c10::Device device) {
   for (int64_t step = 0; step < kSteps; ++step) {
     const std::vector<int64_t> x_shape =
         s.per_member_batches ? std::vector<int64_t>{kMembers, kBatch, kIn} : std::vector<int64_t>{kBatch, kIn};
-    const std::vector<int64_t> y_shape = s.per_member_batches ? std::vector<int64_t>{kMembers, kBatch, kOut}
-                                                              : std::vector<int64_t>{kBatch, kOut};
+    const std::vector<int64_t> y_shape =
+        s.per_member_batches ? std::vector<int64_t>{kMembers, kBatch, kOut} : std::vector<int64_t>{kBatch, kOut};
     const at::Tensor x = at::randn(x_shape, gen, t).to(device);
     const at::Tensor y = at::randn(y_shape, gen, t).to(device);
 
@@ -173,14 +172,13 @@ TEST_P(PackedTraining, MatchesStandalone_SGDMomentumDampening_Float64) {
 }
 
 TEST_P(PackedTraining, MatchesStandalone_AdamW_PerMemberBatches_Float64) {
-  EXPECT_LE(train_both_and_compare({.optimizer = "adamw", .per_member_batches = true}, device()),
-            kFloat64Tolerance);
+  EXPECT_LE(train_both_and_compare({.optimizer = "adamw", .per_member_batches = true}, device()), kFloat64Tolerance);
 }
 
 TEST_P(PackedTraining, MatchesStandalone_AdamW_LayerNormGELU_Float64) {
-  EXPECT_LE(train_both_and_compare(
-                {.optimizer = "adamw", .layer_norm = true, .activation = Activation::kGELU}, device()),
-            kFloat64Tolerance);
+  EXPECT_LE(
+      train_both_and_compare({.optimizer = "adamw", .layer_norm = true, .activation = Activation::kGELU}, device()),
+      kFloat64Tolerance);
 }
 
 TEST_P(PackedTraining, MatchesStandalone_AdamW_Float32) {
@@ -188,8 +186,7 @@ TEST_P(PackedTraining, MatchesStandalone_AdamW_Float32) {
 }
 
 TEST_P(PackedTraining, MatchesStandalone_SGDNesterov_Float32) {
-  EXPECT_LE(train_both_and_compare({.optimizer = "sgd_nesterov", .dtype = at::kFloat}, device()),
-            kFloat32Tolerance);
+  EXPECT_LE(train_both_and_compare({.optimizer = "sgd_nesterov", .dtype = at::kFloat}, device()), kFloat32Tolerance);
 }
 
 TEST_P(PackedTraining, MatchesStandalone_AdamW_CosineSchedule_Float64) {
@@ -210,7 +207,8 @@ TEST_P(PackedTraining, BackwardIntoFlatGradEqualsZeroGradAndBackward) {
   PackedMLP packed(options);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const auto t = torch::TensorOptions().dtype(at::kDouble);
-  const at::Tensor x = at::randn({kBatch, kIn}, gen, t).to(device()), y = at::randn({kBatch, kOut}, gen, t).to(device());
+  const at::Tensor x = at::randn({kBatch, kIn}, gen, t).to(device()),
+                   y = at::randn({kBatch, kOut}, gen, t).to(device());
   packed.parameters().zero_grad();
   torch::autograd::backward({packed_mse_loss(packed.forward(x), y).sum()});
   const at::Tensor expected = packed.parameters().flat_grad().clone();

@@ -3,15 +3,15 @@
 // decoding with the KV cache equals recomputing the whole prefix; padding is never
 // read; member k of a pack is the model a pack of one builds with the same seed; its
 // linear layers stay views of the flat buffer through loads and reinitialization.
+#include "packtrain/ensemble/packed_transformer.h"
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_loss.h"
-#include "packtrain/ensemble/packed_transformer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <string>
@@ -44,7 +44,8 @@ TextBatch random_batch(int64_t B, int64_t T, uint64_t seed, c10::Device device) 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   at::Tensor tokens = at::randint(0, 259, {B, T}, gen, at::kLong);
   at::Tensor lengths = at::randint(3, T + 1, {B}, gen, at::kLong);
-  for (int64_t b = 0; b < B; ++b) tokens[b].narrow(0, lengths[b].item<int64_t>(), T - lengths[b].item<int64_t>()).fill_(kPad);
+  for (int64_t b = 0; b < B; ++b)
+    tokens[b].narrow(0, lengths[b].item<int64_t>(), T - lengths[b].item<int64_t>()).fill_(kPad);
   return {tokens.to(device), lengths.to(device)};
 }
 
@@ -71,7 +72,8 @@ void expect_one_forward_equals_two(c10::Device device, bool same_texts) {
   // The two-model approach: each head's model runs its own forward through the
   // (same) trunk weights; the summed loss is backpropagated.
   two_models.parameters().zero_grad();
-  const at::Tensor cls_loss = packed_cross_entropy_loss(two_models.classify(two_models.trunk(cls.tokens), cls.lengths), labels);
+  const at::Tensor cls_loss =
+      packed_cross_entropy_loss(two_models.classify(two_models.trunk(cls.tokens), cls.lengths), labels);
   const at::Tensor lm_loss = packed_lm_loss(two_models.lm_logits(two_models.trunk(lm.tokens)), lm);
   torch::autograd::backward({(cls_loss * w.classification + lm_loss * w.language_model).sum()});
 

@@ -55,7 +55,8 @@ TEST_P(CapturedStepTest, EveryCallIsOneStepAndMatchesTheEagerStep) {
   Accumulator captured(device()), eager(device());
   CapturedStep step("acc", device(), {{"x", {3}}}, captured.step(),
                     CaptureOptions().warmup_steps(2).log([&](const std::string& m) { log.push_back(m); }));
-  CapturedStep reference("acc", device(), {{"x", {3}}}, eager.step(), CaptureOptions().capture(false).log([](auto&) {}));
+  CapturedStep reference("acc", device(), {{"x", {3}}}, eager.step(),
+                         CaptureOptions().capture(false).log([](auto&) {}));
   for (int i = 0; i < 120; ++i) {
     const at::Tensor x = at::full({3}, static_cast<double>(i % 7), at::TensorOptions().device(device()));
     step.run({x});
@@ -123,11 +124,12 @@ TEST_P(CapturedStepTest, AStepThatSynchronizesTheHostRunsEagerlyOneStepPerCall) 
   if (!device().is_cuda()) GTEST_SKIP() << "a CPU step has no host synchronization to notice";
   std::vector<std::string> log;
   at::Tensor acc = at::zeros({3}, at::TensorOptions().device(device()));
-  CapturedStep step("syncing", device(), {{"x", {3}}},
-                    [&](const std::vector<at::Tensor>& in) {
-                      if (in[0].sum().item<float>() > 0) acc.add_(in[0]);  // .item(): waits for the device
-                    },
-                    CaptureOptions().log([&](const std::string& m) { log.push_back(m); }));
+  CapturedStep step(
+      "syncing", device(), {{"x", {3}}},
+      [&](const std::vector<at::Tensor>& in) {
+        if (in[0].sum().item<float>() > 0) acc.add_(in[0]);  // .item(): waits for the device
+      },
+      CaptureOptions().log([&](const std::string& m) { log.push_back(m); }));
   for (int i = 0; i < 6; ++i) step.run({at::ones({3}, acc.options())});
   EXPECT_TRUE(all_equal(acc.cpu(), at::full({3}, 6.0))) << "one step per call, none twice, none lost";
   EXPECT_EQ(step.mode(), StepMode::kEager);
@@ -163,7 +165,8 @@ TEST_P(CapturedStepTest, GraphsOfOnePoolReuseEachOthersTemporaries) {
 
 TEST_P(CapturedStepTest, WarmupStepsMustBePositive) {
   Accumulator a(device());
-  const std::string what = error_of([&] { CapturedStep("acc", device(), {}, a.step(), CaptureOptions().warmup_steps(0)); });
+  const std::string what =
+      error_of([&] { CapturedStep("acc", device(), {}, a.step(), CaptureOptions().warmup_steps(0)); });
   EXPECT_TRUE(contains(what, "warmup_steps must be at least 1")) << what;
 }
 
@@ -206,12 +209,13 @@ class ScriptedBackend : public GraphBackend {
 // both must end equal, every call one step.
 struct ScriptedRun {
   explicit ScriptedRun(Script& script)
-      : step("acc", c10::kCPU, {{"x", {3}}}, captured.step(),
-             CaptureOptions()
-                 .warmup_steps(3)
-                 .log([this](const std::string& m) { log.push_back(m); })
-                 .backend([&script] { return std::make_unique<ScriptedBackend>(script); })) {
-    CapturedStep reference("acc", c10::kCPU, {{"x", {3}}}, eager.step(), CaptureOptions().capture(false).log([](auto&) {}));
+      : step(
+            "acc", c10::kCPU, {{"x", {3}}}, captured.step(),
+            CaptureOptions().warmup_steps(3).log([this](const std::string& m) { log.push_back(m); }).backend([&script] {
+              return std::make_unique<ScriptedBackend>(script);
+            })) {
+    CapturedStep reference("acc", c10::kCPU, {{"x", {3}}}, eager.step(),
+                           CaptureOptions().capture(false).log([](auto&) {}));
     for (int i = 0; i < 10; ++i) {
       const at::Tensor x = at::full({3}, static_cast<double>(i % 4 + 1));
       step.run({x});
@@ -271,8 +275,7 @@ TEST_P(GraphCacheTest, OneStepPerShapeUpToCapacityThenEagerAndLoggedOnce) {
   std::vector<std::string> log;
   at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device()));
   GraphCache cache(
-      "sum", device(), {{"x", 2, at::kFloat}},
-      [&](const std::vector<at::Tensor>& in) { total.add_(in[0].sum()); },
+      "sum", device(), {{"x", 2, at::kFloat}}, [&](const std::vector<at::Tensor>& in) { total.add_(in[0].sum()); },
       CaptureOptions().log([&](const std::string& m) { log.push_back(m); }), nullptr, /*capacity=*/2);
   const auto opts = at::TensorOptions().device(device());
   double expected = 0;
@@ -299,8 +302,9 @@ TEST_P(GraphCacheTest, OneStepPerShapeUpToCapacityThenEagerAndLoggedOnce) {
 }
 
 TEST_P(GraphCacheTest, RejectsRankDtypeAndDeviceMismatches) {
-  GraphCache cache("sum", device(), {{"x", 2, at::kFloat}}, [](const std::vector<at::Tensor>&) {},
-                   CaptureOptions().log([](auto&) {}));
+  GraphCache cache(
+      "sum", device(), {{"x", 2, at::kFloat}}, [](const std::vector<at::Tensor>&) {},
+      CaptureOptions().log([](auto&) {}));
   const auto opts = at::TensorOptions().device(device());
   const std::string rank = error_of([&] { cache.run({at::ones({4}, opts)}); });
   EXPECT_TRUE(contains(rank, "input 'x' must be a 2-d Float tensor")) << rank;
@@ -317,8 +321,9 @@ TEST_P(GraphCacheTest, AnUnindexedDeviceIsIndexedAtTheBoundary) {
   EXPECT_EQ(indexed_device(unindexed), device().is_cuda() ? c10::Device(c10::kCUDA, 0) : unindexed);
   EXPECT_EQ(GraphPool(unindexed).device(), indexed_device(unindexed));
   at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device()));
-  GraphCache cache("sum", unindexed, {{"x", 1, at::kFloat}},
-                   [&](const std::vector<at::Tensor>& in) { total.add_(in[0].sum()); }, CaptureOptions().log([](auto&) {}));
+  GraphCache cache(
+      "sum", unindexed, {{"x", 1, at::kFloat}}, [&](const std::vector<at::Tensor>& in) { total.add_(in[0].sum()); },
+      CaptureOptions().log([](auto&) {}));
   for (int i = 0; i < 5; ++i) cache.run({at::ones({4}, at::TensorOptions().device(device()))});
   EXPECT_EQ(total.item<double>(), 20.0);
   if (device().is_cuda()) EXPECT_EQ(cache.find({{4}})->mode(), StepMode::kGraph);

@@ -23,7 +23,8 @@ class NvtxInjection : public ::testing::Test {
     if (!packtrain::profiling::nvtx_compiled_in()) GTEST_SKIP() << "packtrain was built without NVTX";
     const char* path = std::getenv("NVTX_INJECTION64_PATH");
     if (path == nullptr) GTEST_SKIP() << "NVTX_INJECTION64_PATH is not set (run this test through ctest)";
-    { NvtxRange first("init");  // the first NVTX call loads the injection library
+    {
+      NvtxRange first("init");  // the first NVTX call loads the injection library
     }
     handle_ = ::dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     ASSERT_NE(handle_, nullptr) << "NVTX did not load the injection library " << path;

@@ -27,9 +27,8 @@ bool is_packtrain(nvtxDomainHandle_t domain) {
 
 int NVTX_API push(nvtxDomainHandle_t domain, const nvtxEventAttributes_t* attributes) {
   if (!is_packtrain(domain)) return 0;
-  const char* name = attributes != nullptr && attributes->messageType == NVTX_MESSAGE_TYPE_ASCII
-                         ? attributes->message.ascii
-                         : "?";
+  const char* name =
+      attributes != nullptr && attributes->messageType == NVTX_MESSAGE_TYPE_ASCII ? attributes->message.ascii : "?";
   std::lock_guard lock(g_mutex);
   g_events += std::string("+") + name + "\n";
   return 0;

@@ -1,14 +1,14 @@
 // The Chrome trace export: ranges and counters recorded while tracing, valid JSON
 // that Perfetto and chrome://tracing read (traceEvents with ph/ts/dur/pid/tid).
-#include "packtrain/profiling/nvtx.h"
 #include "packtrain/profiling/trace.h"
+#include "packtrain/profiling/nvtx.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 namespace {
 

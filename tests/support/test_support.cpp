@@ -5,15 +5,15 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
-#include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 namespace packtrain::testing {
 
@@ -38,8 +38,8 @@ namespace {
   const int64_t worst = diff.argmax().item<int64_t>();
   std::ostringstream where;
   where << "worst element at flat index " << worst << " of shape " << actual.sizes() << ": actual "
-        << std::setprecision(17) << a[worst].item<double>() << ", expected " << e[worst].item<double>()
-        << ", |diff| " << diff[worst].item<double>();
+        << std::setprecision(17) << a[worst].item<double>() << ", expected " << e[worst].item<double>() << ", |diff| "
+        << diff[worst].item<double>();
   if (!bitwise) where << " > tolerance " << tolerance;
   return ::testing::AssertionFailure() << where.str();
 }

@@ -62,6 +62,6 @@ class DeviceTest : public ::testing::TestWithParam<c10::Device> {
 
 }  // namespace packtrain::testing
 
-#define PACKTRAIN_INSTANTIATE_DEVICE_TESTS(Suite)                                                \
+#define PACKTRAIN_INSTANTIATE_DEVICE_TESTS(Suite)                                                     \
   INSTANTIATE_TEST_SUITE_P(Devices, Suite, ::testing::ValuesIn(::packtrain::testing::test_devices()), \
                            ::packtrain::testing::device_name)

@@ -119,7 +119,9 @@ std::string EnsembleTrainer::checkpoint_extra(const Checkpoint& checkpoint) {
   return checkpoint.payload.at("extra").toStringRef();
 }
 
-int64_t EnsembleTrainer::checkpoint_epoch(const Checkpoint& checkpoint) { return checkpoint.payload.at("epoch").toInt(); }
+int64_t EnsembleTrainer::checkpoint_epoch(const Checkpoint& checkpoint) {
+  return checkpoint.payload.at("epoch").toInt();
+}
 
 uint64_t EnsembleTrainer::checkpoint_data_fingerprint(const Checkpoint& checkpoint) {
   return static_cast<uint64_t>(checkpoint.payload.at("data_fingerprint").toInt());
@@ -154,7 +156,11 @@ class MemberGather {
 
   MemberGather(const std::vector<EnsembleTrainer::MemberSource>& shards, int64_t first, int64_t count,
                LayoutOf layout_of, std::string where)
-      : shards_(shards), first_(first), count_(count), layout_of_(std::move(layout_of)), where_(std::move(where)),
+      : shards_(shards),
+        first_(first),
+        count_(count),
+        layout_of_(std::move(layout_of)),
+        where_(std::move(where)),
         target_(layout_of_(count)) {}
 
   // The selection's layout (count members).
@@ -210,9 +216,11 @@ void gather_member_tensors(const c10::impl::GenericDict& base, MemberGather& mem
   for (const auto& entry : base) {
     const std::string key = entry.key().toStringRef();
     if (key == "params" || key == "best_params" || key == "resume_params") {
-      const at::Tensor gathered = members.gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
-        return c.payload.contains(key) ? c10::optional<at::Tensor>(c.payload.at(key).toTensor()) : c10::nullopt;
-      }, /*flat=*/true);
+      const at::Tensor gathered = members.gather(
+          [&](const Checkpoint& c) -> c10::optional<at::Tensor> {
+            return c.payload.contains(key) ? c10::optional<at::Tensor>(c.payload.at(key).toTensor()) : c10::nullopt;
+          },
+          /*flat=*/true);
       // Optional buffers some shard lacks: none for the selection (restore asks for
       // best weights only where the run has validation data, which all shards share).
       if (gathered.defined()) {
@@ -221,9 +229,10 @@ void gather_member_tensors(const c10::impl::GenericDict& base, MemberGather& mem
         (void)out.erase(key);
       }
     } else if (key.rfind("member_", 0) == 0) {
-      out.insert_or_assign(key, members.gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> {
-        return c.payload.at(key).toTensor();
-      }, /*flat=*/false));
+      out.insert_or_assign(
+          key,
+          members.gather([&](const Checkpoint& c) -> c10::optional<at::Tensor> { return c.payload.at(key).toTensor(); },
+                         /*flat=*/false));
     }
   }
 }
@@ -242,9 +251,11 @@ c10::impl::GenericDict gather_optimizer_state(const c10::impl::GenericDict& base
       opt.insert(name, t);  // shared by all members
       continue;
     }
-    opt.insert(name, members.gather([&](const EnsembleTrainer::Checkpoint& c) -> c10::optional<at::Tensor> {
-      return c.payload.at("optimizer").toGenericDict().at(name).toTensor();
-    }, flat));
+    opt.insert(name, members.gather(
+                         [&](const EnsembleTrainer::Checkpoint& c) -> c10::optional<at::Tensor> {
+                           return c.payload.at("optimizer").toGenericDict().at(name).toTensor();
+                         },
+                         flat));
   }
   return opt;
 }
@@ -302,8 +313,8 @@ void restore_order(graphs::DeviceBatcher& batcher, const c10::impl::GenericDict&
   batcher.restore_order_state({batcher.order_state().seed, epoch});
   if (log) {
     log("checkpoint from an earlier packtrain (raw batch-order generator state): resuming with "
-        "device-neutral orders from epoch " + std::to_string(epoch) +
-        "; batch orders from here on differ from the uninterrupted run's");
+        "device-neutral orders from epoch " +
+        std::to_string(epoch) + "; batch orders from here on differ from the uninterrupted run's");
   }
 }
 }  // namespace

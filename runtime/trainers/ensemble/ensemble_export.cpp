@@ -10,7 +10,7 @@
 namespace packtrain::runtime {
 
 int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
-                    const std::vector<std::string>& feature_names, const std::vector<int64_t>& members) {
+                       const std::vector<std::string>& feature_names, const std::vector<int64_t>& members) {
   ExportExtras extras;
   extras.x_mean = trainer.x_scale().mean;
   extras.x_std = trainer.x_scale().std;
@@ -24,15 +24,14 @@ int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
   const std::vector<MemberState>& states = trainer.member_states();
   for (int64_t k : members) {
     if (k < 0 || k >= trainer.options().members()) {
-      throw DataError(fmt::format("member {} does not exist (the pack has members 0..{})", k,
-                                   trainer.options().members() - 1));
+      throw DataError(
+          fmt::format("member {} does not exist (the pack has members 0..{})", k, trainer.options().members() - 1));
     }
     const MemberState& m = states[static_cast<size_t>(k)];
     if (!m.usable) {
-      throw DataError(fmt::format("member {} is not part of the ensemble ({}{}): export its usable members", k,
-                                  to_string(m.status),
-                                  m.status == MemberStatus::kDeselected ? ": the sweep kept another configuration"
-                                                                        : " with no good weights"));
+      throw DataError(fmt::format(
+          "member {} is not part of the ensemble ({}{}): export its usable members", k, to_string(m.status),
+          m.status == MemberStatus::kDeselected ? ": the sweep kept another configuration" : " with no good weights"));
     }
   }
   // The ensemble every reader sees: predict, evaluate and the export hold the same

@@ -14,6 +14,6 @@ class EnsembleTrainer;
 // sweep's deselected configurations are left out); returns how many it wrote.
 // DataError naming a member the pack lacks or one that is not in the ensemble.
 int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
-                    const std::vector<std::string>& feature_names, const std::vector<int64_t>& members);
+                       const std::vector<std::string>& feature_names, const std::vector<int64_t>& members);
 
 }  // namespace packtrain::runtime

@@ -48,7 +48,8 @@ at::Tensor class_indices(const at::Tensor& y, const std::vector<double>& classes
 
 EnsemblePrediction EnsembleTrainer::predict(const at::Tensor& x) const {
   EnsemblePrediction p = predict_uncalibrated(x);
-  if (variance_scale_ != 1 && options_.head() != Head::kClassification) p = scale_variance(std::move(p), variance_scale_);
+  if (variance_scale_ != 1 && options_.head() != Head::kClassification)
+    p = scale_variance(std::move(p), variance_scale_);
   return p;
 }
 
@@ -96,8 +97,9 @@ EnsemblePrediction combine_members(EnsemblePrediction p, Head head, const std::v
   TORCH_CHECK(!p.included.empty(), "every member diverged: no usable member to predict with");
   const at::Tensor inc = at::tensor(p.included, at::kLong);
   if (head == Head::kClassification) {
-    TORCH_CHECK(p.member_probabilities.defined() && p.member_probabilities.size(-1) == static_cast<int64_t>(classes.size()),
-                "combine_members: expected member probabilities over ", classes.size(), " classes");
+    TORCH_CHECK(
+        p.member_probabilities.defined() && p.member_probabilities.size(-1) == static_cast<int64_t>(classes.size()),
+        "combine_members: expected member probabilities over ", classes.size(), " classes");
     p.probabilities = p.member_probabilities.index_select(0, inc).mean(0);
     p.predicted = at::tensor(classes, at::kDouble).index_select(0, p.probabilities.argmax(1));
     return p;
@@ -113,7 +115,8 @@ EnsemblePrediction combine_members(EnsemblePrediction p, Head head, const std::v
 }
 
 namespace {
-EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y, const std::vector<double>& levels) {
+EnsembleMetrics regression_metrics(const EnsemblePrediction& p, const at::Tensor& y,
+                                   const std::vector<double>& levels) {
   EnsembleMetrics m;
   const at::Tensor target = y.reshape({-1}).to(at::kDouble);
   for (int64_t k = 0; k < p.member_mean.size(0); ++k) {
@@ -181,8 +184,9 @@ void place_members(EnsemblePrediction& all, const EnsemblePrediction& shard, int
 }
 
 std::optional<int64_t> first_non_finite_row(const EnsemblePrediction& p) {
-  const at::Tensor bad = p.probabilities.defined() ? at::isfinite(p.probabilities).all(1).logical_not()
-                                                   : at::isfinite(p.mean).logical_and(at::isfinite(p.variance)).logical_not();
+  const at::Tensor bad = p.probabilities.defined()
+                             ? at::isfinite(p.probabilities).all(1).logical_not()
+                             : at::isfinite(p.mean).logical_and(at::isfinite(p.variance)).logical_not();
   if (!bad.any().item<bool>()) return std::nullopt;
   return bad.to(at::kByte).argmax().item<int64_t>();  // the first such row
 }

@@ -4,8 +4,8 @@
 // members gathered from its shards with the same functions.
 #pragma once
 
-#include "packtrain/runtime/trainers/uncertainty/calibration.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -24,8 +24,7 @@ EnsembleSteps::EnsembleSteps(ensemble::PackedModel& model, ensemble::PackedOptim
     : model_(&model),
       optimizer_(&optimizer),
       options_((options.validate(), options)),
-      batcher_(std::move(data), model.device(), model.members(), options.batch_size(), options.order(),
-               options.seed()),
+      batcher_(std::move(data), model.device(), model.members(), options.batch_size(), options.order(), options.seed()),
       pool_(std::make_shared<graphs::GraphPool>(batcher_.device())) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "EnsembleSteps: the optimizer does not hold this model's parameters");
@@ -50,8 +49,7 @@ EnsembleSteps::EnsembleSteps(ensemble::PackedModel& model, ensemble::PackedOptim
   const at::Tensor& x = batcher_.data()[0];
   const at::Tensor& y = batcher_.data()[1];
   eval_ = std::make_unique<graphs::GraphCache>(
-      "eval", device,
-      std::vector<graphs::InputKind>{{"x", x.dim(), x.scalar_type()}, {"y", y.dim(), y.scalar_type()}},
+      "eval", device, std::vector<graphs::InputKind>{{"x", x.dim(), x.scalar_type()}, {"y", y.dim(), y.scalar_type()}},
       [this](const std::vector<at::Tensor>& in) {
         const bool was_training = model_->is_training();
         model_->train(false);
@@ -74,9 +72,8 @@ void EnsembleSteps::train_steps(int64_t count) {
       const int64_t rows = options_.batch_size() / options_.shard_count();
       for (at::Tensor& t : batch) t = t.narrow(dim, options_.shard_index() * rows, rows).contiguous();
     }
-    const at::Tensor losses =
-        ensemble::packed_train_step(*model_, *optimizer_, batch[0], batch[1], options_.loss(),
-                                    options_.min_variance(), options_.gradient_hook());
+    const at::Tensor losses = ensemble::packed_train_step(*model_, *optimizer_, batch[0], batch[1], options_.loss(),
+                                                          options_.min_variance(), options_.gradient_hook());
     loss_sum_.add_(losses);
   }
 }
@@ -141,8 +138,8 @@ at::Tensor EnsembleSteps::evaluate(const at::Tensor& x_in, const at::Tensor& y_i
   const at::Tensor y = y_in.to(device, batcher_.data()[1].scalar_type());
   TORCH_CHECK(x.dim() == batcher_.data()[0].dim() && y.dim() == batcher_.data()[1].dim() && x.size(0) == y.size(0) &&
                   x.size(0) > 0,
-              "evaluate: expected x and y shaped like the training data with the same rows, got ", x.sizes(),
-              " and ", y.sizes());
+              "evaluate: expected x and y shaped like the training data with the same rows, got ", x.sizes(), " and ",
+              y.sizes());
   eval_sum_.zero_();
   const int64_t rows = x.size(0), B = options_.eval_batch_size();
   for (int64_t start = 0; start < rows; start += B) {

@@ -87,9 +87,7 @@ void check_xy(const at::Tensor& x, const at::Tensor& y, const char* what) {
 
 }  // namespace
 
-EnsembleTrainer::EnsembleTrainer(EnsembleTrainerOptions options) : options_(std::move(options)) {
-  options_.validate();
-}
+EnsembleTrainer::EnsembleTrainer(EnsembleTrainerOptions options) : options_(std::move(options)) { options_.validate(); }
 
 EnsembleTrainer::~EnsembleTrainer() = default;
 
@@ -193,8 +191,8 @@ FittedScales fit_scales(const EnsembleTrainerOptions& options, const at::Tensor&
 }
 
 // Data parallel: the group is on the trainer's device and the batch splits equally.
-void check_data_parallel(const distributed::ProcessGroup& group, const EnsembleTrainerOptions& options,
-                         int64_t batch, int64_t N) {
+void check_data_parallel(const distributed::ProcessGroup& group, const EnsembleTrainerOptions& options, int64_t batch,
+                         int64_t N) {
   const int64_t world = group.world_size();
   if (options.device().is_cuda() && group.device() != options.device()) {
     throw DataError("data-parallel training on " + options.device().str() + " needs the process group joined on " +
@@ -336,9 +334,7 @@ void EnsembleTrainer::check_ranks_agree(int64_t step) const {
                      "after step " + std::to_string(step) + " (epoch " + std::to_string(epoch_ + 1) + ")");
 }
 
-int64_t EnsembleTrainer::per_rank_batch() const {
-  return batch_size_ / (group_ != nullptr ? group_->world_size() : 1);
-}
+int64_t EnsembleTrainer::per_rank_batch() const { return batch_size_ / (group_ != nullptr ? group_->world_size() : 1); }
 
 void EnsembleTrainer::set_training_rows(const at::Tensor& rows) {
   TORCH_CHECK(prepared(), "set_training_rows: call prepare() first");
@@ -397,8 +393,9 @@ void EnsembleTrainer::recalibrate() {
   if (std::isfinite(s)) {
     variance_scale_ = s;
   } else if (options_.log()) {
-    options_.log()("recalibration: no variance scale could be fitted on the validation rows (a row of zero predicted "
-                   "variance, or non-finite predictions): predicting as trained");
+    options_.log()(
+        "recalibration: no variance scale could be fitted on the validation rows (a row of zero predicted "
+        "variance, or non-finite predictions): predicting as trained");
   }
 }
 
@@ -527,8 +524,7 @@ void EnsembleTrainer::update_members(const std::vector<double>& train, const std
   val_history_.push_back(report.val_loss);
 }
 
-void EnsembleTrainer::update_ensembles(const at::Tensor& val_raw, std::vector<int64_t>& improved,
-                                       EpochReport& report) {
+void EnsembleTrainer::update_ensembles(const at::Tensor& val_raw, std::vector<int64_t>& improved, EpochReport& report) {
   for (const SweepConfiguration& ensemble : sweep_configurations(options_)) {
     std::vector<int64_t> live;  // still training (not stopped, diverged or deselected)
     for (int64_t k = ensemble.first_member; k < ensemble.first_member + ensemble.members; ++k) {

@@ -30,7 +30,7 @@ class EnsembleSteps;
 namespace distributed {
 class ProcessGroup;
 }
-}
+}  // namespace packtrain::runtime
 
 namespace packtrain::runtime {
 
@@ -40,12 +40,11 @@ enum class MemberStatus {
   kDiverged,    // its loss turned NaN/Inf: frozen (at its best weights when it had any)
   kDeselected,  // a sweep kept another configuration (keep_members): frozen, left out of predictions
 };
-inline constexpr EnumNames<MemberStatus, 4> kMemberStatusNames{
-    "member status",
-    {{{MemberStatus::kTraining, "training"},
-      {MemberStatus::kStopped, "stopped"},
-      {MemberStatus::kDiverged, "diverged"},
-      {MemberStatus::kDeselected, "deselected"}}}};
+inline constexpr EnumNames<MemberStatus, 4> kMemberStatusNames{"member status",
+                                                               {{{MemberStatus::kTraining, "training"},
+                                                                 {MemberStatus::kStopped, "stopped"},
+                                                                 {MemberStatus::kDiverged, "diverged"},
+                                                                 {MemberStatus::kDeselected, "deselected"}}}};
 inline std::string_view to_string(MemberStatus status) { return kMemberStatusNames.name(status); }
 
 struct MemberState {
@@ -60,12 +59,12 @@ struct MemberState {
 };
 
 struct EpochReport {
-  int64_t epoch = 0;   // epochs done (1-based)
-  int64_t epochs = 0;  // the run's target
-  int64_t steps = 0;   // training steps this epoch
+  int64_t epoch = 0;      // epochs done (1-based)
+  int64_t epochs = 0;     // the run's target
+  int64_t steps = 0;      // training steps this epoch
   double train_loss = 0;  // mean over members that trained this epoch (standardized units)
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // mean over usable members; NaN: no validation
-  int64_t active = 0;  // members still training after this epoch
+  int64_t active = 0;                                          // members still training after this epoch
   // Each member's loss this epoch (standardized units); validation empty without
   // validation data. A stopped member's training loss is that of its last epoch.
   std::vector<double> member_train_loss, member_val_loss;
@@ -221,16 +220,16 @@ class EnsembleTrainer {
   distributed::ProcessGroup* group_ = nullptr;
   void check_ranks_agree(int64_t step) const;
   int64_t check_every_steps_ = 0;
-  at::Tensor val_x_, val_y_;   // standardized, on the device
-  at::Tensor val_targets_;     // the validation targets as given (float64, host): recalibrate()
-  at::Tensor best_params_;     // (N) on the device: each member's best weights
-  at::Tensor resume_params_;   // (N): the weights training continues from, once best ones replaced them
+  at::Tensor val_x_, val_y_;  // standardized, on the device
+  at::Tensor val_targets_;    // the validation targets as given (float64, host): recalibrate()
+  at::Tensor best_params_;    // (N) on the device: each member's best weights
+  at::Tensor resume_params_;  // (N): the weights training continues from, once best ones replaced them
   std::vector<MemberState> members_;
   int64_t epoch_ = 0;
   int64_t steps_taken_ = 0;
   int64_t step_offset_ = 0;  // steps_taken_ minus the steps object's count (names steps in errors)
   std::vector<double> train_history_, val_history_;
-  double variance_scale_ = 1.0;  // recalibrate()
+  double variance_scale_ = 1.0;    // recalibrate()
   uint64_t data_fingerprint_ = 0;  // of the prepared training data; checked on restore
 };
 

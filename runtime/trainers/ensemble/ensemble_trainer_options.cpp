@@ -18,7 +18,8 @@ using Schema = OptionSchema<EnsembleTrainerOptions>;
 std::string architecture_help() {
   std::string help = "Member architecture:";
   for (const ensemble::Architecture& a : ensemble::architectures()) {
-    help += std::string(help.back() == ':' ? " " : "; ") + std::string(a.name) + " (" + std::string(a.description) + ")";
+    help +=
+        std::string(help.back() == ':' ? " " : "; ") + std::string(a.name) + " (" + std::string(a.description) + ")";
   }
   return help;
 }
@@ -28,86 +29,130 @@ void describe_model(Schema& s) {
   s.option(PACKTRAIN_OPTION(architecture))
       .one_of(ensemble::architecture_names(), "architecture")
       .help_text(architecture_help())
-      .in_group("Model").added_in(2, "mlp");
+      .in_group("Model")
+      .added_in(2, "mlp");
   s.option(PACKTRAIN_OPTION(hidden)).help_text("Width of each hidden layer").in_group("Model").above(0);
-  s.option(PACKTRAIN_OPTION(depth)).help_text("Number of hidden layers (residual-mlp: residual blocks)").in_group("Model").at_least(0);
+  s.option(PACKTRAIN_OPTION(depth))
+      .help_text("Number of hidden layers (residual-mlp: residual blocks)")
+      .in_group("Model")
+      .at_least(0);
   s.option(PACKTRAIN_OPTION(channels))
       .not_python()
       .help_text("cnn: output channels of each convolution block (kernel 3, relu, max-pool 2), comma-separated")
-      .in_group("Model").above(0).added_in(3, ensemble::kDefaultCnnChannels);
+      .in_group("Model")
+      .above(0)
+      .added_in(3, ensemble::kDefaultCnnChannels);
   // One sample's shape, from the data set (EnsembleTrainer::set_input_shape).
   s.option(PACKTRAIN_OPTION(input_shape)).internal().above(0).added_in(3, nlohmann::json::array());
   s.choice(PACKTRAIN_OPTION(activation), ensemble::kActivationNames).help_text("Hidden activation").in_group("Model");
   s.option(PACKTRAIN_OPTION(layer_norm)).help_text("LayerNorm after each hidden layer").in_group("Model");
   s.option(PACKTRAIN_OPTION(dropout))
       .help_text("Dropout after each hidden activation, in training; several sweep them as --lr")
-      .in_group("Model").at_least(0).below(1).sweepable();
+      .in_group("Model")
+      .at_least(0)
+      .below(1)
+      .sweepable();
   s.choice(PACKTRAIN_OPTION(head), kHeadNames)
       .help_text("gaussian: mean and variance (deep ensembles); mean: MSE; classification: labels in the target column")
       .in_group("Model");
   s.option(PACKTRAIN_OPTION(min_variance))
       .help_text("Gaussian head: the floor of each member's predicted variance, in standardized units")
-      .in_group("Model").at_least(0).finite_only();
+      .in_group("Model")
+      .at_least(0)
+      .finite_only();
 }
 
 void describe_optimizer(Schema& s) {
   s.choice(PACKTRAIN_OPTION(optimizer), kOptimizerKindNames).help_text("Optimizer").in_group("Optimizer");
   s.option(PACKTRAIN_OPTION(lr))
-      .help_text("Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight "
-                 "decay, dropout) triple x --members seeds in one pack, a table per configuration, --select best")
-      .in_group("Optimizer").above(0).finite_only().sweepable();
+      .help_text(
+          "Learning rate; several, comma-separated (1e-3,3e-3,1e-2), sweep them: train: every (lr, weight "
+          "decay, dropout) triple x --members seeds in one pack, a table per configuration, --select best")
+      .in_group("Optimizer")
+      .above(0)
+      .finite_only()
+      .sweepable();
   s.option(PACKTRAIN_OPTION(weight_decay))
       .help_text("Weight decay (decoupled for adamw); several sweep them as --lr")
-      .in_group("Optimizer").at_least(0).finite_only().sweepable();
-  s.option(PACKTRAIN_OPTION(momentum)).help_text("SGD momentum (Nesterov off)").in_group("Optimizer").at_least(0).below(1);
+      .in_group("Optimizer")
+      .at_least(0)
+      .finite_only()
+      .sweepable();
+  s.option(PACKTRAIN_OPTION(momentum))
+      .help_text("SGD momentum (Nesterov off)")
+      .in_group("Optimizer")
+      .at_least(0)
+      .below(1);
   // Per-member values: a sweep's pack (runtime/trainers/ensemble/hyperparameter_sweep.h).
   s.option(PACKTRAIN_OPTION(member_lr)).internal().above(0).finite_only().added_in(2, nlohmann::json::array());
-  s.option(PACKTRAIN_OPTION(member_weight_decay)).internal().at_least(0).finite_only().added_in(2, nlohmann::json::array());
+  s.option(PACKTRAIN_OPTION(member_weight_decay))
+      .internal()
+      .at_least(0)
+      .finite_only()
+      .added_in(2, nlohmann::json::array());
   s.option(PACKTRAIN_OPTION(member_dropout)).internal().at_least(0).below(1).added_in(2, nlohmann::json::array());
   s.choice(PACKTRAIN_OPTION(schedule), ensemble::kLrScheduleKindNames)
-      .help_text("Learning-rate schedule").in_group("Optimizer");
-  s.option(PACKTRAIN_OPTION(warmup_steps)).help_text("Linear warm-up steps (warmup, cosine)").in_group("Optimizer").at_least(0);
+      .help_text("Learning-rate schedule")
+      .in_group("Optimizer");
+  s.option(PACKTRAIN_OPTION(warmup_steps))
+      .help_text("Linear warm-up steps (warmup, cosine)")
+      .in_group("Optimizer")
+      .at_least(0);
   s.option(PACKTRAIN_OPTION(min_lr_factor))
-      .help_text("Cosine: final learning rate as a fraction of --lr").in_group("Optimizer").at_least(0).at_most(1);
+      .help_text("Cosine: final learning rate as a fraction of --lr")
+      .in_group("Optimizer")
+      .at_least(0)
+      .at_most(1);
 }
 
 void describe_training(Schema& s) {
   s.option(PACKTRAIN_OPTION(epochs)).help_text("Passes over the training rows").in_group("Training").above(0);
   s.option(PACKTRAIN_OPTION(batch_size))
       .flag_name("--batch")
-      .help_text("Mini-batch size (rows per member per step). Data parallel: the global batch, split equally over the "
-                 "ranks (each prints its share at start)")
-      .in_group("Training").above(0);
+      .help_text(
+          "Mini-batch size (rows per member per step). Data parallel: the global batch, split equally over the "
+          "ranks (each prints its share at start)")
+      .in_group("Training")
+      .above(0);
   s.choice(PACKTRAIN_OPTION(order), graphs::kBatchOrderNames)
       .help_text("Member data order: one shared shuffle, a shuffle per member, or a bootstrap resample per member")
       .in_group("Training");
   s.option(PACKTRAIN_OPTION(patience))
       .help_text("Early stopping: epochs without a better validation loss before a member stops (0: off)")
       .unset("50 with validation rows, else 0")
-      .in_group("Training").at_least(0);
+      .in_group("Training")
+      .at_least(0);
   s.choice(PACKTRAIN_OPTION(early_stopping), kEarlyStoppingNames)
-      .help_text("With --patience, whose validation loss decides: each member's own (members stop one by one), or the "
-                 "ensemble's (a sweep's configuration, or the whole pack, as one mixture: its members stop together at "
-                 "its best epoch)")
-      .in_group("Training").added_in(2, "member");
+      .help_text(
+          "With --patience, whose validation loss decides: each member's own (members stop one by one), or the "
+          "ensemble's (a sweep's configuration, or the whole pack, as one mixture: its members stop together at "
+          "its best epoch)")
+      .in_group("Training")
+      .added_in(2, "member");
   s.option(PACKTRAIN_OPTION(restore_best))
-      .flag_name("--no-restore-best").sets_false()
+      .flag_name("--no-restore-best")
+      .sets_false()
       .help_text("With --patience: keep each member's last weights instead of its best validation epoch's")
       .in_group("Training");
   s.choice(PACKTRAIN_OPTION(recalibration), kRecalibrationNames)
       .flag_name("--recalibrate")
-      .help_text("Regression with validation rows: once trained, stretch the ensemble's predictive distribution about "
-                 "its mean by the one factor that fits the validation rows (its variance times s, s minimizing the "
-                 "moment-matched Gaussian NLL there; printed, saved in the checkpoint, used by predict, evaluate and "
-                 "acquire); none: predict as trained")
-      .in_group("Training").added_in(2, "none");  // older checkpoints predict as they were trained
+      .help_text(
+          "Regression with validation rows: once trained, stretch the ensemble's predictive distribution about "
+          "its mean by the one factor that fits the validation rows (its variance times s, s minimizing the "
+          "moment-matched Gaussian NLL there; printed, saved in the checkpoint, used by predict, evaluate and "
+          "acquire); none: predict as trained")
+      .in_group("Training")
+      .added_in(2, "none");  // older checkpoints predict as they were trained
   s.option(PACKTRAIN_OPTION(seed))
-      .help_text("Seed: member i is initialized from (seed, i); batch orders too").in_group("Training");
+      .help_text("Seed: member i is initialized from (seed, i); batch orders too")
+      .in_group("Training");
   s.option(PACKTRAIN_OPTION(first_member)).internal().at_least(0).added_in(2, 0);  // member-parallel shards
   s.option(PACKTRAIN_OPTION(device)).no_flag().help_text("Device: cpu, cuda or cuda:N").in_group("Training");
   s.option(PACKTRAIN_OPTION(capture))
-      .flag_name("--eager").sets_false()
-      .help_text("Run every step eagerly (no CUDA graph capture)").in_group("Training");
+      .flag_name("--eager")
+      .sets_false()
+      .help_text("Run every step eagerly (no CUDA graph capture)")
+      .in_group("Training");
   s.option(PACKTRAIN_OPTION(unroll)).help_text("Training steps per CUDA graph replay").in_group("Training").above(0);
 }
 
@@ -141,8 +186,10 @@ void EnsembleTrainerOptions::validate() const {
 int64_t resolved_patience(const EnsembleTrainerOptions& o, bool has_validation) {
   if (!o.patience()) return has_validation ? kDefaultPatience : 0;
   if (*o.patience() > 0 && !has_validation) {
-    throw UserError("patience > 0 needs validation rows to stop on (a validation fraction > 0, or validation data), "
-                    "got patience " + std::to_string(*o.patience()) + " and none");
+    throw UserError(
+        "patience > 0 needs validation rows to stop on (a validation fraction > 0, or validation data), "
+        "got patience " +
+        std::to_string(*o.patience()) + " and none");
   }
   return *o.patience();
 }

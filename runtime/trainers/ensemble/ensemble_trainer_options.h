@@ -121,11 +121,11 @@ struct EnsembleTrainerOptions {
   // Regression with validation rows: after training (and after keep_members), the
   // ensemble's spread is fitted to them. Classification ignores it.
   TORCH_ARG(Recalibration, recalibration) = Recalibration::kVariance;
-  TORCH_ARG(uint64_t, seed) = 0;           // member i initialized from (seed, i); orders from seed too
-  TORCH_ARG(int64_t, first_member) = 0;    // member parallel: this shard's members start at this global index
+  TORCH_ARG(uint64_t, seed) = 0;         // member i initialized from (seed, i); orders from seed too
+  TORCH_ARG(int64_t, first_member) = 0;  // member parallel: this shard's members start at this global index
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
-  TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
-  TORCH_ARG(int64_t, unroll) = kDefaultUnroll;  // training steps per graph replay
+  TORCH_ARG(bool, capture) = true;                           // CUDA graphs on a GPU (CPU always runs eagerly)
+  TORCH_ARG(int64_t, unroll) = kDefaultUnroll;               // training steps per graph replay
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
 
  public:

@@ -31,8 +31,8 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
   if (grid.seeds < 1) throw UserError("a sweep needs at least one member per configuration");
   const auto configurations = static_cast<int64_t>(grid.lr.size() * grid.weight_decay.size() * rates.size());
   if (grid.seeds > std::numeric_limits<int64_t>::max() / configurations) {
-    throw UserError("a sweep of " + std::to_string(configurations) + " configurations x " +
-                    std::to_string(grid.seeds) + " members each has more members than can be counted");
+    throw UserError("a sweep of " + std::to_string(configurations) + " configurations x " + std::to_string(grid.seeds) +
+                    " members each has more members than can be counted");
   }
   const int64_t members = configurations * grid.seeds;
   // Before any per-member value exists (three doubles a member, copied with the
@@ -73,8 +73,7 @@ std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOption
   };
   std::vector<SweepConfiguration> out;
   for (int64_t k = 0; k < K; ++k) {
-    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k) ||
-        out.back().dropout != dropout(k)) {
+    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k) || out.back().dropout != dropout(k)) {
       out.push_back({lr(k), wd(k), dropout(k), k, 0});
     }
     ++out.back().members;
@@ -126,7 +125,8 @@ std::vector<ConfigurationReport> report_configurations(const EnsembleTrainer& tr
 size_t best_configuration(const std::vector<ConfigurationReport>& reports) {
   size_t best = reports.size();
   for (size_t i = 0; i < reports.size(); ++i) {
-    if (std::isfinite(reports[i].val_loss) && (best == reports.size() || reports[i].val_loss < reports[best].val_loss)) {
+    if (std::isfinite(reports[i].val_loss) &&
+        (best == reports.size() || reports[i].val_loss < reports[best].val_loss)) {
       best = i;
     }
   }

@@ -31,7 +31,8 @@ MemberShard member_shard(int64_t members, int64_t ranks, int64_t rank) {
 
 std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::exists(path, ec)) check_input_file(path, "checkpoint", uint64_t{1} << 40);  // missing: its reader says so
+  if (std::filesystem::exists(path, ec))
+    check_input_file(path, "checkpoint", uint64_t{1} << 40);  // missing: its reader says so
   std::ifstream in(path, std::ios::binary);
   if (!in || in.peek() != '{') return std::nullopt;  // a checkpoint container (or missing: its reader says so)
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -46,7 +47,8 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
   const auto count = [&](const nlohmann::json& object, const char* key, int64_t missing) {
     if (!object.contains(key) && missing >= 0) return missing;
     const nlohmann::json& v = object.at(key);
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
       throw bad(fmt::format("'{}' {}, got {}", key, integer_range_rule<int64_t>(), v.dump()));
     }
     return v.get<int64_t>();
@@ -79,7 +81,8 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (hex.size() != 16 || used != hex.size()) throw bad(fmt::format("shard '{}': checksum '{}' is not 16 hex digits", name, hex));
+        if (hex.size() != 16 || used != hex.size())
+          throw bad(fmt::format("shard '{}': checksum '{}' is not 16 hex digits", name, hex));
       }
       m.shards.push_back(std::move(shard));
     }
@@ -89,16 +92,18 @@ std::optional<ShardManifest> read_shard_manifest(const std::string& path) {
   int64_t next = 0;
   for (const ShardManifest::Shard& s : m.shards) {
     if (s.first_member != next || s.members <= 0) {
-      throw runtime::DataError(fmt::format("{}: its shards do not cover members 0..{} in order (shard {} starts at "
-                                           "member {}, expected {})",
-                                           path, m.members - 1, s.file.filename().string(), s.first_member, next));
+      throw runtime::DataError(
+          fmt::format("{}: its shards do not cover members 0..{} in order (shard {} starts at "
+                      "member {}, expected {})",
+                      path, m.members - 1, s.file.filename().string(), s.first_member, next));
     }
     next += s.members;
   }
   if (next != m.members || static_cast<int64_t>(m.shards.size()) != m.ranks) {
-    throw runtime::DataError(fmt::format("{}: {} shards with {} members in all, but the manifest says {} ranks and {} "
-                                         "members",
-                                         path, m.shards.size(), next, m.ranks, m.members));
+    throw runtime::DataError(
+        fmt::format("{}: {} shards with {} members in all, but the manifest says {} ranks and {} "
+                    "members",
+                    path, m.shards.size(), next, m.ranks, m.members));
   }
   return m;
 }
@@ -126,9 +131,10 @@ std::vector<runtime::EnsembleTrainer::MemberSource> read_shards(const ShardManif
     if (shard.checksum) {
       const uint64_t actual = runtime::checkpoint_checksum(shard.file);
       if (actual != *shard.checksum) {
-        throw runtime::DataError(fmt::format("{} is not the file this manifest committed (its checksum is {:016x}, "
-                                             "the manifest's {:016x}): was it replaced or copied over?",
-                                             where, actual, *shard.checksum));
+        throw runtime::DataError(
+            fmt::format("{} is not the file this manifest committed (its checksum is {:016x}, "
+                        "the manifest's {:016x}): was it replaced or copied over?",
+                        where, actual, *shard.checksum));
       }
     }
     auto checkpoint = EnsembleTrainer::read_checkpoint(shard.file);
@@ -140,16 +146,17 @@ std::vector<runtime::EnsembleTrainer::MemberSource> read_shards(const ShardManif
     }
     const int64_t epoch = EnsembleTrainer::checkpoint_epoch(*checkpoint);
     if (epoch != manifest.epoch) {
-      throw runtime::DataError(fmt::format("{} is at epoch {}, but the manifest committed epoch {}", where, epoch,
-                                           manifest.epoch));
+      throw runtime::DataError(
+          fmt::format("{} is at epoch {}, but the manifest committed epoch {}", where, epoch, manifest.epoch));
     }
     const std::string id = run_identity(*checkpoint);
     if (identity.empty()) {
       identity = id;
     } else if (id != identity) {
-      throw runtime::DataError(fmt::format("{} comes from another run than shard {} (options, data or run description "
-                                           "differ)",
-                                           where, manifest.shards.front().file.filename().string()));
+      throw runtime::DataError(
+          fmt::format("{} comes from another run than shard {} (options, data or run description "
+                      "differ)",
+                      where, manifest.shards.front().file.filename().string()));
     }
     shards.emplace_back(std::move(checkpoint), shard.first_member);
   }
@@ -179,15 +186,14 @@ void ShardedCheckpoint::save(const runtime::EnsembleTrainer& trainer, const std:
                         {"members", s.count},
                         {"checksum", fmt::format("{:016x}", checksum)}});
     }
-    runtime::write_file_atomically(manifest_, nlohmann::json{{"format", kManifestFormat},
-                                                             {"members", members_},
-                                                             {"ranks", W},
-                                                             {"epoch", epoch},
-                                                             {"shards", shards}}
-                                                  .dump(1));
+    runtime::write_file_atomically(
+        manifest_,
+        nlohmann::json{
+            {"format", kManifestFormat}, {"members", members_}, {"ranks", W}, {"epoch", epoch}, {"shards", shards}}
+            .dump(1));
   }
   group_->barrier();  // committed: every other shard file of this manifest is garbage now
-  if (r == 0) {  // earlier commits, another number of ranks, a run that died while saving
+  if (r == 0) {       // earlier commits, another number of ranks, a run that died while saving
     std::set<std::string> committed;
     for (int64_t i = 0; i < W; ++i) committed.insert(shard_name(i));
     const std::string prefix = manifest_.filename().string() + ".e";

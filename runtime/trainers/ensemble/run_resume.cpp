@@ -19,7 +19,8 @@ std::shared_ptr<const EnsembleTrainer::Checkpoint> shard_checkpoint(const ShardM
   std::vector<EnsembleTrainer::MemberSource> sources;
   for (auto& [checkpoint, first] : read_shards(manifest)) {
     const int64_t count = EnsembleTrainer::checkpoint_options(*checkpoint).members();
-    if (first < mine.first + mine.count && first + count > mine.first) sources.emplace_back(std::move(checkpoint), first);
+    if (first < mine.first + mine.count && first + count > mine.first)
+      sources.emplace_back(std::move(checkpoint), first);
   }
   const bool same_shards = sources.size() == 1 && sources.front().second == mine.first &&
                            EnsembleTrainer::checkpoint_options(*sources.front().first).members() == mine.count;
@@ -58,7 +59,8 @@ ResumeSource open_resume(const std::string& path) {
 
 ResumeSource open_resume(const ShardManifest& manifest, int64_t rank, int64_t ranks) {
   const int64_t K = manifest.members;
-  if (K < ranks) throw DataError(fmt::format("{}: {} members cannot be split over {} ranks", manifest.path.string(), K, ranks));
+  if (K < ranks)
+    throw DataError(fmt::format("{}: {} members cannot be split over {} ranks", manifest.path.string(), K, ranks));
   ResumeSource source;
   source.path = manifest.path.string();
   source.manifest = manifest;
@@ -80,8 +82,9 @@ bool describes_its_data(const RunDescription& run) { return run.data.data != "py
 
 ResumedRun resume(const ResumeSource& source, const ResumeOptions& options) {
   if (!describes_its_data(source.run)) {
-    throw DataError(source.path + ": this run was fitted from Python and records no data to reload: resume it with "
-                                  "its training rows (Python: packtrain.resume(path, X, y))");
+    throw DataError(source.path +
+                    ": this run was fitted from Python and records no data to reload: resume it with "
+                    "its training rows (Python: packtrain.resume(path, X, y))");
   }
   ResumedRun out{make_trainer(source, options), load_split_data(source.run.data)};
   EnsembleTrainer& trainer = *out.trainer;

@@ -33,18 +33,26 @@ MultiTaskPipeline::MultiTaskPipeline(ensemble::PackedTransformer& model, ensembl
                                      distributed::ProcessGroup& group, int64_t micro_batches,
                                      ensemble::TaskWeights weights, distributed::ProcessGroup* replicas,
                                      StageExecution execution, graphs::CaptureOptions capture)
-    : model_(&model), optimizer_(&optimizer), group_(&group), replicas_(replicas), stages_(group.world_size()),
-      stage_(group.rank()), replica_count_(replicas != nullptr ? replicas->world_size() : 1),
-      replica_(replicas != nullptr ? replicas->rank() : 0), micro_batches_(micro_batches), weights_(weights) {
-  if (micro_batches < 1) throw std::invalid_argument(fmt::format("pipeline: micro-batches must be >= 1, got {}", micro_batches));
+    : model_(&model),
+      optimizer_(&optimizer),
+      group_(&group),
+      replicas_(replicas),
+      stages_(group.world_size()),
+      stage_(group.rank()),
+      replica_count_(replicas != nullptr ? replicas->world_size() : 1),
+      replica_(replicas != nullptr ? replicas->rank() : 0),
+      micro_batches_(micro_batches),
+      weights_(weights) {
+  if (micro_batches < 1)
+    throw std::invalid_argument(fmt::format("pipeline: micro-batches must be >= 1, got {}", micro_batches));
   if (&optimizer.parameters() != &model.parameters()) {
     throw std::invalid_argument("pipeline: the optimizer does not hold this stage's parameters");
   }
   if ((stage_ == 0) != model.first_stage() || (stage_ == stages_ - 1) != model.last_stage()) {
-    throw std::invalid_argument(fmt::format("pipeline: rank {} of {} holds blocks {}-{} of {}: the first rank must "
-                                            "hold the first block and the last rank the last",
-                                            stage_, stages_, model.stage().first_layer, model.stage().end_layer - 1,
-                                            model.options().layers()));
+    throw std::invalid_argument(
+        fmt::format("pipeline: rank {} of {} holds blocks {}-{} of {}: the first rank must "
+                    "hold the first block and the last rank the last",
+                    stage_, stages_, model.stage().first_layer, model.stage().end_layer - 1, model.options().layers()));
   }
   // NCCL's sends and receives wait in the stream for their peer: the GPipe order
   // pairs them up; 1F1B would need them grouped.
@@ -76,8 +84,8 @@ at::Tensor MultiTaskPipeline::receive_activation(int64_t rows, int64_t tokens, i
 at::Tensor MultiTaskPipeline::forward(const at::Tensor& tokens, int64_t step) {
   PACKTRAIN_NVTX_RANGE("pipeline forward");
   at::NoGradGuard no_grad;
-  const at::Tensor x = model_->first_stage() ? model_->embed(tokens)
-                                             : receive_activation(tokens.size(0), tokens.size(1), step);
+  const at::Tensor x =
+      model_->first_stage() ? model_->embed(tokens) : receive_activation(tokens.size(0), tokens.size(1), step);
   at::Tensor y = model_->run_blocks(x);
   if (!model_->last_stage()) {
     group_->send(y, stage_ + 1, kActivationTag, activation_out_.c_str(), step);
@@ -179,7 +187,8 @@ void MultiTaskPipeline::forward_micro_batch(StepState& state, int64_t i) {
   const int64_t row = state.first + i * state.rows;
   const ensemble::TextBatch micro{state.batch.tokens.narrow(0, row, state.rows),
                                   state.batch.lengths.narrow(0, row, state.rows)};
-  state.in_flight.push_back(steps_ != nullptr ? forward_static(state, row, micro) : forward_autograd(state, row, micro));
+  state.in_flight.push_back(steps_ != nullptr ? forward_static(state, row, micro)
+                                              : forward_autograd(state, row, micro));
   state.peak = std::max<int64_t>(state.peak, static_cast<int64_t>(state.in_flight.size()));
 }
 

@@ -11,8 +11,11 @@
 namespace packtrain::runtime {
 
 std::string MultiTaskRunFiles::to_json() const {
-  return nlohmann::json{{"train", train.string()}, {"dev", dev.string()}, {"epochs", epochs},
-                        {"train_fingerprint", train_fingerprint}, {"dev_fingerprint", dev_fingerprint},
+  return nlohmann::json{{"train", train.string()},
+                        {"dev", dev.string()},
+                        {"epochs", epochs},
+                        {"train_fingerprint", train_fingerprint},
+                        {"dev_fingerprint", dev_fingerprint},
                         {"class_names", class_names}}
       .dump();
 }
@@ -20,9 +23,9 @@ std::string MultiTaskRunFiles::to_json() const {
 MultiTaskRunFiles MultiTaskRunFiles::from_json(const std::string& text, const std::string& checkpoint) {
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    return {j.at("train").get<std::string>(), j.at("dev").get<std::string>(), j.at("epochs").get<int64_t>(),
-            j.value("train_fingerprint", ""), j.value("dev_fingerprint", ""),
-            j.value("class_names", std::vector<std::string>{})};
+    return {j.at("train").get<std::string>(), j.at("dev").get<std::string>(),
+            j.at("epochs").get<int64_t>(),    j.value("train_fingerprint", ""),
+            j.value("dev_fingerprint", ""),   j.value("class_names", std::vector<std::string>{})};
   } catch (const std::exception& e) {
     throw DataError(checkpoint + ": no run description to resume from (" + e.what() + ")");
   }
@@ -36,13 +39,15 @@ void check_same_texts(const std::string& recorded, const LabelledTexts& texts, c
                       const graphs::GraphLog& note) {
   const std::string now = fingerprint_hex(fingerprint(texts));
   if (recorded.empty()) {
-    note(fmt::format("multitask resume: note: the checkpoint records no fingerprint of its {} file (an earlier "
-                     "version wrote it): cannot check that {} is unchanged",
-                     role, texts.source));
+    note(
+        fmt::format("multitask resume: note: the checkpoint records no fingerprint of its {} file (an earlier "
+                    "version wrote it): cannot check that {} is unchanged",
+                    role, texts.source));
   } else if (recorded != now) {
-    throw DataError(fmt::format("{}: the {} sentences changed since this run was trained (fingerprint {}, now {}; {} "
-                                "sentences now); multitask resume continues a run on its own data only",
-                                texts.source, role, recorded, now, texts.size()));
+    throw DataError(
+        fmt::format("{}: the {} sentences changed since this run was trained (fingerprint {}, now {}; {} "
+                    "sentences now); multitask resume continues a run on its own data only",
+                    texts.source, role, recorded, now, texts.size()));
   }
 }
 
@@ -56,8 +61,8 @@ ResumedMultiTask resume_multitask(const MultiTaskCheckpoint& checkpoint, const M
   MultiTaskTrainer& trainer = *out.trainer;
   if (options.epochs > 0) out.files.epochs = options.epochs;
   if (out.files.epochs <= trainer.epochs_done()) {
-    throw DataError(fmt::format("{} is at epoch {}; give --epochs above it to train further", path,
-                                trainer.epochs_done()));
+    throw DataError(
+        fmt::format("{} is at epoch {}; give --epochs above it to train further", path, trainer.epochs_done()));
   }
   const int64_t classes = trainer.options().model().classes();
   out.train = read_labelled_tsv(out.files.train, classes);

@@ -52,8 +52,8 @@ void MultiTaskSteps::train_body(const std::vector<at::Tensor>& in) {
   const ensemble::TextBatch classification{in[0], in[1]};
   // The same TextBatch object when the tasks share their texts: one trunk forward.
   const ensemble::TextBatch lm = options_.shared_inputs() ? classification : ensemble::TextBatch{in[3], in[4]};
-  const ensemble::MultiTaskLosses losses = ensemble::multitask_train_step(
-      *model_, *optimizer_, classification, in[2], lm, options_.weights(), gradient_hook_);
+  const ensemble::MultiTaskLosses losses = ensemble::multitask_train_step(*model_, *optimizer_, classification, in[2],
+                                                                          lm, options_.weights(), gradient_hook_);
   classification_sum_.add_(losses.classification);
   lm_sum_.add_(losses.language_model);
 }
@@ -63,7 +63,7 @@ void MultiTaskSteps::eval_body(const std::vector<at::Tensor>& in) {
   PACKTRAIN_NVTX_RANGE("eval");
   const int64_t C = model_->options().classes();
   const ensemble::TextBatch batch{in[0], in[1]};
-  const at::Tensor hidden = model_->trunk(batch.tokens);  // (K, E, T, d)
+  const at::Tensor hidden = model_->trunk(batch.tokens);                                              // (K, E, T, d)
   const at::Tensor probabilities = at::softmax(model_->classify(hidden, batch.lengths), -1).mean(0);  // (E, C)
   const at::Tensor predicted = probabilities.argmax(-1);                                              // (E)
   confusion_.view({-1}).index_add_(0, in[2] * C + predicted, in[3]);
@@ -105,8 +105,10 @@ namespace {
 // Copies an epoch's row table into a bucket's static one (reallocated, and the
 // bucket's graph dropped, only when its shape changes).
 bool load_table(at::Tensor& table, const at::Tensor& rows, const c10::Device& device) {
-  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kLong, "start_epoch: a row table must be (steps, rows) "
-              "int64, got ", rows.sizes(), " ", rows.scalar_type());
+  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kLong,
+              "start_epoch: a row table must be (steps, rows) "
+              "int64, got ",
+              rows.sizes(), " ", rows.scalar_type());
   if (table.defined() && table.sizes() == rows.sizes()) {
     table.copy_(rows, /*non_blocking=*/rows.is_pinned());
     return false;
@@ -194,8 +196,8 @@ void MultiTaskSteps::evaluate(const at::Tensor& tokens, const at::Tensor& length
   for (int64_t first = 0; first < N; first += E) {
     const int64_t n = std::min(E, N - first);
     if (n == E) {
-      eval_->run({tokens.narrow(0, first, n), lengths.narrow(0, first, n), labels.narrow(0, first, n),
-                  at::ones({E}, longs)});
+      eval_->run(
+          {tokens.narrow(0, first, n), lengths.narrow(0, first, n), labels.narrow(0, first, n), at::ones({E}, longs)});
       continue;
     }
     // The last batch wraps around to the bucket's first rows; those extra rows get

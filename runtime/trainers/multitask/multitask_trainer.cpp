@@ -115,18 +115,19 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
   if (options_.pipeline_stages() > 1) {
     const int64_t S = options_.pipeline_stages();
     if (pipeline == nullptr) {
-      throw DataError(fmt::format("{} pipeline stages need a group of {} ranks (one per stage: packtrain launch "
-                                  "--nproc {} -- multitask train --pipeline-stages {}); this process is not in one",
-                                  S, S, S, S));
+      throw DataError(
+          fmt::format("{} pipeline stages need a group of {} ranks (one per stage: packtrain launch "
+                      "--nproc {} -- multitask train --pipeline-stages {}); this process is not in one",
+                      S, S, S, S));
     }
     // Checked before the subgroups are set up: every rank fails alike, none waits.
     const int64_t R = pipeline->world_size() / std::max<int64_t>(S, 1), B = options_.batch_size();
     if (pipeline->world_size() % S == 0 && B % (R * options_.micro_batches()) != 0) {
-      throw DataError(fmt::format("the batch of {} sentences does not split into {} replica(s) x {} micro-batches of "
-                                  "equal size: run {} x R ranks with R dividing {} (or train with a --batch that is "
-                                  "a multiple of {})",
-                                  B, R, options_.micro_batches(), S, B / options_.micro_batches(),
-                                  R * options_.micro_batches()));
+      throw DataError(
+          fmt::format("the batch of {} sentences does not split into {} replica(s) x {} micro-batches of "
+                      "equal size: run {} x R ranks with R dividing {} (or train with a --batch that is "
+                      "a multiple of {})",
+                      B, R, options_.micro_batches(), S, B / options_.micro_batches(), R * options_.micro_batches()));
     }
     pipeline_groups_ = std::make_unique<distributed::PipelineGroups>(distributed::split_pipeline_groups(*pipeline, S));
     placement_ = place_stages(model_options, *pipeline, B / (R * options_.micro_batches()));
@@ -174,8 +175,8 @@ int64_t MultiTaskTrainer::pipeline_replicas() const {
 
 MultiTaskTrainer::~MultiTaskTrainer() = default;
 
-std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(
-    const ensemble::PackedTransformerOptions& model, distributed::ProcessGroup& run, int64_t rows) {
+std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(const ensemble::PackedTransformerOptions& model,
+                                                                        distributed::ProcessGroup& run, int64_t rows) {
   const int64_t S = options_.pipeline_stages(), tokens = options_.buckets().back();
   std::vector<distributed::StagePlacement> placement;
   if (!options_.pipeline_boundaries().empty()) {
@@ -214,8 +215,7 @@ std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(
   return placement;
 }
 
-std::vector<MultiTaskTrainer::Bucket> MultiTaskTrainer::tokenize(const LabelledTexts& data,
-                                                                  int64_t* truncated) const {
+std::vector<MultiTaskTrainer::Bucket> MultiTaskTrainer::tokenize(const LabelledTexts& data, int64_t* truncated) const {
   const ByteTokenizer tokenizer;
   const std::vector<int64_t>& lengths = options_.buckets();
   std::vector<std::vector<std::vector<int64_t>>> sequences(lengths.size());
@@ -284,13 +284,15 @@ void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
     return;
   }
   if (pipeline_) {
-    throw DataError("a pipeline run is data parallel through its own group (ranks = stages x replicas, given to the "
-                    "trainer): it takes no other");
+    throw DataError(
+        "a pipeline run is data parallel through its own group (ranks = stages x replicas, given to the "
+        "trainer): it takes no other");
   }
   if (device_.is_cuda() && group->device() != device_) {
-    throw DataError(fmt::format("data-parallel training on {} needs the process group joined on that device (its "
-                                "gradients go over NCCL there); it was joined on {}",
-                                device_.str(), group->device().str()));
+    throw DataError(
+        fmt::format("data-parallel training on {} needs the process group joined on that device (its "
+                    "gradients go over NCCL there); it was joined on {}",
+                    device_.str(), group->device().str()));
   }
   if (options_.batch_size() % group->world_size() != 0) {
     throw DataError(fmt::format("the global batch {} does not split into {} equal per-rank batches",
@@ -359,7 +361,8 @@ MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   return report;
 }
 
-MultiTaskEpochReport MultiTaskTrainer::train_pipelined(const std::vector<std::pair<size_t, std::vector<int64_t>>>& plan) {
+MultiTaskEpochReport MultiTaskTrainer::train_pipelined(
+    const std::vector<std::pair<size_t, std::vector<int64_t>>>& plan) {
   const int64_t K = model_->members();
   // Per-member loss sums (K) of each task, complete on the last stage.
   at::Tensor sums = at::zeros({2, K}, at::TensorOptions().dtype(at::kDouble).device(device_));
@@ -368,7 +371,8 @@ MultiTaskEpochReport MultiTaskTrainer::train_pipelined(const std::vector<std::pa
     at::Tensor index = at::tensor(rows, at::kLong);  // pinned on a GPU: the copy does not stop the host
     index = device_.is_cuda() ? index.pin_memory().to(device_, /*non_blocking=*/true) : index;
     const ensemble::TextBatch batch{b.tokens.index_select(0, index), b.lengths.index_select(0, index)};
-    const ensemble::MultiTaskLosses losses = pipeline_->train_step(batch, b.labels.index_select(0, index), steps_done_ + 1);
+    const ensemble::MultiTaskLosses losses =
+        pipeline_->train_step(batch, b.labels.index_select(0, index), steps_done_ + 1);
     if (losses.classification.defined()) {
       sums[0].add_(losses.classification.to(at::kDouble));
       sums[1].add_(losses.language_model.to(at::kDouble));

@@ -50,7 +50,7 @@ class MultiTaskPipeline;
 namespace distributed {
 class ProcessGroup;
 struct PipelineGroups;
-}
+}  // namespace distributed
 
 struct MultiTaskTrainerOptions {
   /// Example: MultiTaskTrainerOptions().model(PackedTransformerOptions().width(256)).batch_size(32)
@@ -73,7 +73,7 @@ struct MultiTaskTrainerOptions {
   // reads another order of the training sentences (two forwards, still one backward).
   TORCH_ARG(bool, shared_inputs) = true;
   TORCH_ARG(int64_t, eval_batch_size) = 64;
-  TORCH_ARG(uint64_t, seed) = 0;  // model initialization and batch order
+  TORCH_ARG(uint64_t, seed) = 0;    // model initialization and batch order
   TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
   // Pipeline model parallel (runtime/trainers/multitask/multitask_pipeline.h): the model's
   // blocks split over this many ranks, each batch run as micro_batches pieces.
@@ -122,8 +122,8 @@ struct TaskMetrics {
 };
 
 struct MultiTaskEpochReport {
-  int64_t epoch = 0;          // 1-based
-  int64_t steps = 0;          // this epoch
+  int64_t epoch = 0;                            // 1-based
+  int64_t steps = 0;                            // this epoch
   double classification_loss = 0, lm_loss = 0;  // training means over the epoch (members averaged)
   double seconds = 0;
 };
@@ -133,7 +133,7 @@ struct GenerateOptions {
   double temperature = 0.8;  // 0: greedy
   int64_t top_k = 20;        // 0: all tokens
   uint64_t seed = 0;
-  bool capture = true;       // decode step as a CUDA graph (on a GPU); eager decoding says why in the log
+  bool capture = true;  // decode step as a CUDA graph (on a GPU); eager decoding says why in the log
 };
 
 // A multi-task checkpoint read and checked before any trainer is built, so that

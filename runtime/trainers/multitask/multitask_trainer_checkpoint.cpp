@@ -127,16 +127,18 @@ MultiTaskCheckpoint MultiTaskCheckpoint::read(const std::filesystem::path& path)
     const std::filesystem::path file = dir / name;
     std::error_code ec;
     if (!std::filesystem::exists(file, ec)) {
-      throw DataError(fmt::format("{}: stage {}'s file {} is missing (a pipeline checkpoint is the manifest and its "
-                                  "{} stage files, side by side)",
-                                  path.string(), s, file.string(), S));
+      throw DataError(
+          fmt::format("{}: stage {}'s file {} is missing (a pipeline checkpoint is the manifest and its "
+                      "{} stage files, side by side)",
+                      path.string(), s, file.string(), S));
     }
     if (!checksums.empty()) {
       const std::string actual = checksum_hex(checkpoint_checksum(file));
       if (actual != checksums[static_cast<size_t>(s)]) {
-        throw DataError(fmt::format("{}: not the stage {} file that {} committed (its checksum is {}, the manifest's "
-                                    "{}): was it replaced, or another stage's file copied over it?",
-                                    file.string(), s, path.string(), actual, checksums[static_cast<size_t>(s)]));
+        throw DataError(
+            fmt::format("{}: not the stage {} file that {} committed (its checksum is {}, the manifest's "
+                        "{}): was it replaced, or another stage's file copied over it?",
+                        file.string(), s, path.string(), actual, checksums[static_cast<size_t>(s)]));
       }
     }
     checkpoint.stage_files_.push_back(file);
@@ -242,15 +244,16 @@ void restore_weights(MultiTaskTrainer& trainer, const c10::impl::GenericDict& d,
   at::NoGradGuard no_grad;
   const at::Tensor params = d.at("params").toTensor();
   if (params.numel() != trainer.model().parameters().flat().numel()) {
-    throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", file.string(),
-                                params.numel(), trainer.model().parameters().flat().numel()));
+    throw DataError(fmt::format("{}: {} parameters stored, the model described has {}", file.string(), params.numel(),
+                                trainer.model().parameters().flat().numel()));
   }
   trainer.model().parameters().flat().copy_(params);
   const c10::impl::GenericDict optimizer = d.at("optimizer").toGenericDict();
   for (const auto& [name, tensor] : trainer.optimizer().state()) {
     if (!optimizer.contains(name)) throw DataError(file.string() + ": optimizer state '" + name + "' missing");
     const at::Tensor stored = optimizer.at(name).toTensor();
-    if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+    if (stored.sizes() != tensor.sizes())
+      throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
     at::Tensor target = tensor;
     target.copy_(stored);
   }
@@ -260,15 +263,14 @@ void restore_weights(MultiTaskTrainer& trainer, const c10::impl::GenericDict& d,
 // names, found (and matched with its checksum) by MultiTaskCheckpoint::read, and
 // checked to be that stage of that save.
 std::pair<std::filesystem::path, c10::impl::GenericDict> stage_dict(const MultiTaskCheckpoint& checkpoint,
-                                                                    const c10::impl::GenericDict& manifest,
-                                                                    int64_t s) {
+                                                                    const c10::impl::GenericDict& manifest, int64_t s) {
   const std::filesystem::path& path = checkpoint.path();
   const int64_t S = static_cast<int64_t>(checkpoint.stage_files().size()), steps = manifest.at("steps").toInt();
   const std::filesystem::path& file = checkpoint.stage_files().at(static_cast<size_t>(s));
   c10::impl::GenericDict d = checkpoint_dict(file, "multi-task stage checkpoint");
   if (d.at("format").toStringRef() != kMultiTaskFormat || d.at("steps").toInt() != steps) {
-    throw DataError(fmt::format("{}: not stage {} of the save at step {} that {} names", file.string(), s, steps,
-                                path.string()));
+    throw DataError(
+        fmt::format("{}: not stage {} of the save at step {} that {} names", file.string(), s, steps, path.string()));
   }
   // The file's own record: a stage file renamed, or copied over another, holds another stage.
   if (!d.contains("stage") || !d.contains("stages")) {
@@ -276,9 +278,10 @@ std::pair<std::filesystem::path, c10::impl::GenericDict> stage_dict(const MultiT
                                 file.string(), path.string(), s));
   }
   if (d.at("stage").toInt() != s || d.at("stages").toInt() != S) {
-    throw DataError(fmt::format("{}: holds stage {} of {}, but {} names it as stage {} of {}: was it renamed, or "
-                                "copied over another stage's file?",
-                                file.string(), d.at("stage").toInt(), d.at("stages").toInt(), path.string(), s, S));
+    throw DataError(
+        fmt::format("{}: holds stage {} of {}, but {} names it as stage {} of {}: was it renamed, or "
+                    "copied over another stage's file?",
+                    file.string(), d.at("stage").toInt(), d.at("stages").toInt(), path.string(), s, S));
   }
   return std::make_pair(file, d);
 }
@@ -289,9 +292,10 @@ std::pair<std::filesystem::path, c10::impl::GenericDict> rank_stage_dict(const M
                                                                          const distributed::ProcessGroup& pipeline) {
   const int64_t S = static_cast<int64_t>(checkpoint.stage_files().size());
   if (pipeline.world_size() % S != 0) {
-    throw DataError(fmt::format("{}: a pipeline run of {} stages resumes on {} ranks (or a multiple: stages x "
-                                "replicas), not {} (or in one process, which assembles the stages)",
-                                checkpoint.path().string(), S, S, pipeline.world_size()));
+    throw DataError(
+        fmt::format("{}: a pipeline run of {} stages resumes on {} ranks (or a multiple: stages x "
+                    "replicas), not {} (or in one process, which assembles the stages)",
+                    checkpoint.path().string(), S, S, pipeline.world_size()));
   }
   return stage_dict(checkpoint, manifest, pipeline.rank() % S);
 }
@@ -319,7 +323,8 @@ void copy_stage_in(MultiTaskTrainer& trainer, const ensemble::PackedTransformerO
     if (stored.numel() == layout.flat().numel() && tensor.numel() == whole.flat().numel()) {
       copy_by_name(layout, stored.to(tensor.scalar_type()), whole, target);  // in the parameters' layout
     } else if (s == 0) {
-      if (stored.sizes() != tensor.sizes()) throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
+      if (stored.sizes() != tensor.sizes())
+        throw DataError(file.string() + ": optimizer state '" + name + "' mismatched");
       target.copy_(stored);  // per member: the same on every stage
     }
   }

@@ -73,8 +73,9 @@ int64_t MultiTaskTrainer::decode_graphs_captured() const {
 
 std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, const GenerateOptions& g) {
   if (pipeline_) {
-    throw DataError("score and generate need the whole model: load the pipeline run's checkpoint in one process "
-                    "(packtrain multitask generate CHECKPOINT assembles its stages)");
+    throw DataError(
+        "score and generate need the whole model: load the pipeline run's checkpoint in one process "
+        "(packtrain multitask generate CHECKPOINT assembles its stages)");
   }
   if (g.max_new_tokens < 1) throw UserError("generate: max_new_tokens must be >= 1");
   if (!(g.temperature >= 0)) throw UserError("generate: temperature must be >= 0");
@@ -118,9 +119,10 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
   if (was_warming_up && decode.mode() == graphs::StepMode::kWarmingUp) {
     // Not a fallback, but no graph either: every call was an eager warm-up call.
     const graphs::CaptureOptions capture;
-    options_.log()(fmt::format("step 'decode' ran eagerly: {} new tokens are fewer than the {} calls a graph needs "
-                               "({} warm-up calls, then the capture)",
-                               steps, capture.warmup_steps() + 1, capture.warmup_steps()));
+    options_.log()(
+        fmt::format("step 'decode' ran eagerly: {} new tokens are fewer than the {} calls a graph needs "
+                    "({} warm-up calls, then the capture)",
+                    steps, capture.warmup_steps() + 1, capture.warmup_steps()));
   }
   const at::Tensor generated = session.generated.narrow(0, 0, steps);
   last_decode_mode_ = graphs::to_string(decode.mode());

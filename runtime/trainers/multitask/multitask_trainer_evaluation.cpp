@@ -69,11 +69,10 @@ TaskMetrics MultiTaskTrainer::evaluate_pipelined(const std::vector<Bucket>& buck
       const at::Tensor hidden = pipeline_->forward(batch.tokens);
       if (!hidden.defined()) continue;
       const at::Tensor predicted = at::softmax(model_->classify(hidden, batch.lengths), -1).mean(0).argmax(-1);
-      counts.narrow(0, 0, C * C).index_add_(0, b.labels.narrow(0, first, n) * C + predicted,
-                                            at::ones({n}, reals));
+      counts.narrow(0, 0, C * C).index_add_(0, b.labels.narrow(0, first, n) * C + predicted, at::ones({n}, reals));
       const at::Tensor targets = ensemble::lm_target_count(batch);
-      counts.narrow(0, C * C, K).add_(ensemble::packed_lm_loss(model_->lm_logits(hidden), batch).to(at::kDouble) *
-                                      targets.to(at::kDouble));
+      counts.narrow(0, C * C, K)
+          .add_(ensemble::packed_lm_loss(model_->lm_logits(hidden), batch).to(at::kDouble) * targets.to(at::kDouble));
       counts.narrow(0, C * C + K, 1).add_(targets.to(at::kDouble));
     }
   }
@@ -88,8 +87,9 @@ TaskMetrics MultiTaskTrainer::evaluate_pipelined(const std::vector<Bucket>& buck
 
 at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
   if (pipeline_) {
-    throw DataError("score and generate need the whole model: load the pipeline run's checkpoint in one process "
-                    "(packtrain multitask score CHECKPOINT assembles its stages)");
+    throw DataError(
+        "score and generate need the whole model: load the pipeline run's checkpoint in one process "
+        "(packtrain multitask score CHECKPOINT assembles its stages)");
   }
   LabelledTexts data;
   data.texts = texts;

@@ -25,55 +25,98 @@ inline constexpr EnumNames<c10::ScalarType, 2> kDtypeNames{
 // The transformer's shape (the model's own fields, at the top level of the JSON).
 void describe_model(Schema& s) {
   s.option(PACKTRAIN_NESTED_OPTION(model, members))
-      .help_text("Models trained as one pack (1: an ordinary model)").in_group("Model").above(0);
+      .help_text("Models trained as one pack (1: an ordinary model)")
+      .in_group("Model")
+      .above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, vocab)).help_text("Tokens (the byte tokenizer's 259)").no_flag().above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, width)).help_text("Model width").in_group("Model").above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, layers)).help_text("Transformer blocks").in_group("Model").above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, heads))
-      .help_text("Attention heads (width must be a multiple)").in_group("Model").above(0);
+      .help_text("Attention heads (width must be a multiple)")
+      .in_group("Model")
+      .above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, mlp_ratio)).help_text("MLP hidden width / width").no_flag().above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, max_length))
-      .help_text("Positions (tokens, BOS/EOS included)").in_group("Model").above(0);
-  s.option(PACKTRAIN_NESTED_OPTION(model, classes)).help_text("Classes C (the CLI sets it from the data)").no_flag().above(0);
+      .help_text("Positions (tokens, BOS/EOS included)")
+      .in_group("Model")
+      .above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, classes))
+      .help_text("Classes C (the CLI sets it from the data)")
+      .no_flag()
+      .above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, tie_lm_head)).help_text("LM logits from the token embedding").no_flag();
   s.choice(PACKTRAIN_NESTED_OPTION(model, dtype), kDtypeNames).help_text("Parameter dtype").no_flag();
 }
 
 void describe_training(Schema& s) {
-  s.option(PACKTRAIN_OPTION(batch_size)).flag_name("--batch").help_text("Sentences per step").in_group("Training").above(0);
+  s.option(PACKTRAIN_OPTION(batch_size))
+      .flag_name("--batch")
+      .help_text("Sentences per step")
+      .in_group("Training")
+      .above(0);
   s.option(PACKTRAIN_OPTION(buckets))
-      .help_text("Padded lengths, ascending; one captured graph each").in_group("Training").at_least(3);
+      .help_text("Padded lengths, ascending; one captured graph each")
+      .in_group("Training")
+      .at_least(3);
   s.option(PACKTRAIN_OPTION(lr)).help_text("AdamW learning rate").in_group("Training").at_least(0).finite_only();
-  s.option(PACKTRAIN_OPTION(weight_decay)).help_text("AdamW weight decay").in_group("Training").at_least(0).finite_only();
-  s.option(PACKTRAIN_OPTION(warmup_steps)).flag_name("--warmup").help_text("Linear warm-up steps").in_group("Training").at_least(0);
+  s.option(PACKTRAIN_OPTION(weight_decay))
+      .help_text("AdamW weight decay")
+      .in_group("Training")
+      .at_least(0)
+      .finite_only();
+  s.option(PACKTRAIN_OPTION(warmup_steps))
+      .flag_name("--warmup")
+      .help_text("Linear warm-up steps")
+      .in_group("Training")
+      .at_least(0);
   s.option(PACKTRAIN_OPTION(classification_weight))
-      .flag_name("--cls-weight").help_text("Weight of the classification loss").in_group("Training").at_least(0).finite_only();
-  s.option(PACKTRAIN_OPTION(lm_weight)).help_text("Weight of the LM loss").in_group("Training").at_least(0).finite_only();
+      .flag_name("--cls-weight")
+      .help_text("Weight of the classification loss")
+      .in_group("Training")
+      .at_least(0)
+      .finite_only();
+  s.option(PACKTRAIN_OPTION(lm_weight))
+      .help_text("Weight of the LM loss")
+      .in_group("Training")
+      .at_least(0)
+      .finite_only();
   s.option(PACKTRAIN_OPTION(balance_classes))
-      .help_text("Weight each sentence's classification loss by N / (C x its class's count), so the majority "
-                 "class alone is no longer the cheapest answer (the dev metrics are never weighted)")
+      .help_text(
+          "Weight each sentence's classification loss by N / (C x its class's count), so the majority "
+          "class alone is no longer the cheapest answer (the dev metrics are never weighted)")
       .in_group("Training");
   s.option(PACKTRAIN_OPTION(shared_inputs))
-      .flag_name("--separate-lm-texts").sets_false()
+      .flag_name("--separate-lm-texts")
+      .sets_false()
       .help_text("The LM task reads another order of the sentences (two trunk forwards, still one backward)")
       .in_group("Training");
   s.option(PACKTRAIN_OPTION(eval_batch_size)).help_text("Sentences per evaluation batch").no_flag().above(0);
   s.option(PACKTRAIN_OPTION(seed)).help_text("Initialization and batch order").in_group("Training");
-  s.option(PACKTRAIN_OPTION(capture)).flag_name("--no-capture").sets_false().help_text("Run the steps eagerly on a GPU too").in_group("Training");
+  s.option(PACKTRAIN_OPTION(capture))
+      .flag_name("--no-capture")
+      .sets_false()
+      .help_text("Run the steps eagerly on a GPU too")
+      .in_group("Training");
 }
 
 void describe_pipeline(Schema& s) {
   s.option(PACKTRAIN_OPTION(pipeline_stages))
-      .help_text("Split the model's blocks over this many processes (run under launch/torchrun/srun with as many "
-                 "ranks, or R times as many for R data-parallel replicas of the pipeline; embeddings with the "
-                 "first stage, heads with the last; the placement is printed)")
-      .in_group("Training").at_least(1);
+      .help_text(
+          "Split the model's blocks over this many processes (run under launch/torchrun/srun with as many "
+          "ranks, or R times as many for R data-parallel replicas of the pipeline; embeddings with the "
+          "first stage, heads with the last; the placement is printed)")
+      .in_group("Training")
+      .at_least(1);
   s.option(PACKTRAIN_OPTION(micro_batches))
-      .help_text("Pipeline: run each batch as this many equal micro-batches (1F1B on CPU, GPipe on a GPU); more "
-                 "shrink the idle fraction (S-1)/(M+S-1)").in_group("Training").at_least(1);
+      .help_text(
+          "Pipeline: run each batch as this many equal micro-batches (1F1B on CPU, GPipe on a GPU); more "
+          "shrink the idle fraction (S-1)/(M+S-1)")
+      .in_group("Training")
+      .at_least(1);
   s.choice(PACKTRAIN_OPTION(pipeline_balance), distributed::kPlacementBalanceNames)
-      .help_text("Pipeline: place blocks so the stages hold equal parameters (memory), or take equal measured "
-                 "forward + backward time (rank 0 times an embedding, a block and the heads first)")
+      .help_text(
+          "Pipeline: place blocks so the stages hold equal parameters (memory), or take equal measured "
+          "forward + backward time (rank 0 times an embedding, a block and the heads first)")
       .in_group("Training");
   s.option(PACKTRAIN_OPTION(pipeline_boundaries)).internal();  // the placement a pipeline run recorded
 }
@@ -89,17 +132,20 @@ void check_buckets(const MultiTaskTrainerOptions& o) {
     }
   }
   if (b.back() > o.model().max_length()) {
-    throw UserError(fmt::format("the longest bucket (buckets[{}]={}) exceeds the model's max_length "
-                                "(model.max_length={})",
-                                b.size() - 1, b.back(), o.model().max_length()));
+    throw UserError(
+        fmt::format("the longest bucket (buckets[{}]={}) exceeds the model's max_length "
+                    "(model.max_length={})",
+                    b.size() - 1, b.back(), o.model().max_length()));
   }
 }
 
 void check_pipeline(const MultiTaskTrainerOptions& o) {
   const int64_t S = o.pipeline_stages(), layers = o.model().layers();
   if (S > layers) {
-    throw UserError(fmt::format("pipeline_stages={} exceeds the model's blocks (model.layers={}): each stage holds at "
-                                "least one", S, layers));
+    throw UserError(
+        fmt::format("pipeline_stages={} exceeds the model's blocks (model.layers={}): each stage holds at "
+                    "least one",
+                    S, layers));
   }
   if (o.batch_size() % o.micro_batches() != 0) {
     throw UserError(fmt::format("micro_batches must divide batch_size={}, got micro_batches={}", o.batch_size(),
@@ -107,13 +153,16 @@ void check_pipeline(const MultiTaskTrainerOptions& o) {
   }
   const std::vector<int64_t>& bounds = o.pipeline_boundaries();
   if (!bounds.empty() && static_cast<int64_t>(bounds.size()) != S - 1) {
-    throw UserError(fmt::format("pipeline_boundaries holds stages 1..S-1's first blocks: {} of them for {} stages, got {}",
-                                S - 1, S, bounds.size()));
+    throw UserError(
+        fmt::format("pipeline_boundaries holds stages 1..S-1's first blocks: {} of them for {} stages, got {}", S - 1,
+                    S, bounds.size()));
   }
   for (size_t i = 0; i < bounds.size(); ++i) {
     if (bounds[i] < 1 || bounds[i] >= layers || (i > 0 && bounds[i] <= bounds[i - 1])) {
-      throw UserError(fmt::format("pipeline_boundaries must be strictly ascending blocks in [1, model.layers={}), got "
-                                  "pipeline_boundaries[{}]={}", layers, i, bounds[i]));
+      throw UserError(
+          fmt::format("pipeline_boundaries must be strictly ascending blocks in [1, model.layers={}), got "
+                      "pipeline_boundaries[{}]={}",
+                      layers, i, bounds[i]));
     }
   }
   if (S > 1 && !o.shared_inputs()) {

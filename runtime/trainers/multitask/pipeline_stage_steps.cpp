@@ -74,8 +74,8 @@ namespace {
 // The static input a stage reads: tokens on the first stage, else an activation.
 graphs::StaticInput stage_input(const ensemble::PackedTransformer& model, int64_t rows, int64_t tokens) {
   if (model.first_stage()) return {"tokens", {rows, tokens}, at::kLong};
-  return {"activation", {model.members(), rows, tokens, model.options().width()},
-          model.parameters().flat().scalar_type()};
+  return {
+      "activation", {model.members(), rows, tokens, model.options().width()}, model.parameters().flat().scalar_type()};
 }
 
 std::string step_name(const char* what, int64_t rows, int64_t tokens) {
@@ -90,7 +90,8 @@ const at::Tensor& PipelineStageSteps::forward(const at::Tensor& input) {
   if (!s.forward) {
     Shape* sp = &s;
     s.forward = std::make_unique<graphs::CapturedStep>(
-        step_name("forward", rows, tokens), input.device(), std::vector<graphs::StaticInput>{stage_input(*model_, rows, tokens)},
+        step_name("forward", rows, tokens), input.device(),
+        std::vector<graphs::StaticInput>{stage_input(*model_, rows, tokens)},
         [this, sp](const std::vector<at::Tensor>& in) {
           at::NoGradGuard no_grad;
           const at::Tensor x = model_->first_stage() ? model_->embed(in[0]) : in[0];
@@ -108,8 +109,9 @@ at::Tensor PipelineStageSteps::backward(const at::Tensor& input, const at::Tenso
   Shape& s = shape(rows, tokens);
   if (!s.backward) {
     Shape* sp = &s;
-    std::vector<graphs::StaticInput> specs{stage_input(*model_, rows, tokens),
-                                           {"activation gradient", grad_output.sizes().vec(), grad_output.scalar_type()}};
+    std::vector<graphs::StaticInput> specs{
+        stage_input(*model_, rows, tokens),
+        {"activation gradient", grad_output.sizes().vec(), grad_output.scalar_type()}};
     s.backward = std::make_unique<graphs::CapturedStep>(
         step_name("backward", rows, tokens), input.device(), std::move(specs),
         [this, sp](const std::vector<at::Tensor>& in) {
@@ -124,9 +126,8 @@ at::Tensor PipelineStageSteps::backward(const at::Tensor& input, const at::Tenso
   return model_->first_stage() ? at::Tensor() : s.input_grad;
 }
 
-at::Tensor PipelineStageSteps::last(const at::Tensor& input, const ensemble::TextBatch& micro,
-                                    const at::Tensor& labels, const at::Tensor& classification_share,
-                                    const at::Tensor& lm_total) {
+at::Tensor PipelineStageSteps::last(const at::Tensor& input, const ensemble::TextBatch& micro, const at::Tensor& labels,
+                                    const at::Tensor& classification_share, const at::Tensor& lm_total) {
   TORCH_CHECK(model_->last_stage(), "PipelineStageSteps::last: only the last stage computes the losses");
   const int64_t rows = micro.tokens.size(0), tokens = micro.tokens.size(1);
   const bool first = model_->first_stage();
@@ -148,7 +149,8 @@ at::Tensor PipelineStageSteps::last(const at::Tensor& input, const ensemble::Tex
           const ensemble::TextBatch batch{in[o], in[o + 1]};
           const at::Tensor leaf = first ? at::Tensor() : in[0].detach().requires_grad_(true);
           const at::Tensor hidden = model_->final_norm(model_->run_blocks(first ? model_->embed(batch.tokens) : leaf));
-          const MicroBatchLoss loss = micro_batch_loss(*model_, hidden, batch, in[o + 2], in[o + 3], in[o + 4], weights_);
+          const MicroBatchLoss loss =
+              micro_batch_loss(*model_, hidden, batch, in[o + 2], in[o + 3], in[o + 4], weights_);
           const at::Tensor input_grad = stage_backward(*model_, loss.total, {}, leaf);
           at::NoGradGuard no_grad;
           if (input_grad.defined()) sp->input_grad.copy_(input_grad);

@@ -94,7 +94,7 @@ class PipelineStageSteps {
   ensemble::TaskWeights weights_;
   graphs::CaptureOptions capture_;
   std::shared_ptr<graphs::GraphPool> pool_;
-  at::Tensor classification_, lm_;      // (K) accumulators
+  at::Tensor classification_, lm_;                                        // (K) accumulators
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;  // by (rows, tokens)
 };
 

@@ -19,10 +19,8 @@ bool strategy_for_classification(AcquisitionStrategy s) {
     case AcquisitionStrategy::kBald:
     case AcquisitionStrategy::kEntropy:
     case AcquisitionStrategy::kMargin:
-    case AcquisitionStrategy::kVariationRatio:
-      return true;
-    default:
-      return false;
+    case AcquisitionStrategy::kVariationRatio: return true;
+    default: return false;
   }
 }
 
@@ -60,7 +58,8 @@ void check_acquisition_options(const AcquisitionOptions& o, bool classification)
 const OptionSchema<AcquisitionOptions>& acquisition_option_schema() {
   static const OptionSchema<AcquisitionOptions> schema = [] {
     OptionSchema<AcquisitionOptions> s("acquisition options", /*format_version=*/1);
-    describe_acquisition_options(s, [](auto& o) -> auto& { return o; }, "Acquisition", "seed", "--seed");
+    describe_acquisition_options(
+        s, [](auto& o) -> auto& { return o; }, "Acquisition", "seed", "--seed");
     return s;
   }();
   return schema;
@@ -80,18 +79,14 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
     return at::rand({N}, generator(o.seed), at::kDouble);
   }
   switch (o.strategy) {
-    case AcquisitionStrategy::kEpistemic:
-      return decompose_uncertainty(p).epistemic_std;
-    case AcquisitionStrategy::kTotalVariance:
-      return decompose_uncertainty(p).total_std.square();
+    case AcquisitionStrategy::kEpistemic: return decompose_uncertainty(p).epistemic_std;
+    case AcquisitionStrategy::kTotalVariance: return decompose_uncertainty(p).total_std.square();
     case AcquisitionStrategy::kUcb: {
       const UncertaintyDecomposition d = decompose_uncertainty(p);
       return d.mean + o.ucb_beta * d.total_std;
     }
-    case AcquisitionStrategy::kBald:
-      return decompose_class_uncertainty(p).mutual_information;
-    case AcquisitionStrategy::kEntropy:
-      return decompose_class_uncertainty(p).entropy;
+    case AcquisitionStrategy::kBald: return decompose_class_uncertainty(p).mutual_information;
+    case AcquisitionStrategy::kEntropy: return decompose_class_uncertainty(p).entropy;
     case AcquisitionStrategy::kMargin: {
       const at::Tensor mixture = included_probabilities(p).mean(0);  // (N, C)
       if (mixture.size(1) < 2) return at::zeros({N}, at::kDouble);
@@ -104,8 +99,7 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
       const at::Tensor votes = at::one_hot(members.argmax(2), C).sum(0);  // (N, C)
       return 1 - std::get<0>(votes.max(1)).to(at::kDouble) / static_cast<double>(K);
     }
-    default:
-      break;
+    default: break;
   }
   throw std::logic_error("acquisition_scores: unhandled strategy");
 }
@@ -125,8 +119,8 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
   const at::Tensor s = scores.reshape({-1}).to(at::kDouble).cpu();
   const int64_t N = s.size(0);
   if (count < 1 || count > N) {
-    throw UserError("cannot choose " + std::to_string(count) + " rows from a pool of " + std::to_string(N) +
-                    " (1 to " + std::to_string(N) + ")");
+    throw UserError("cannot choose " + std::to_string(count) + " rows from a pool of " + std::to_string(N) + " (1 to " +
+                    std::to_string(N) + ")");
   }
   if (!at::isfinite(s).all().item<bool>()) throw UserError("acquisition scores must be finite");
   if (o.selection == BatchSelection::kTop) {
@@ -135,8 +129,7 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
   }
   check_power(o);
   if (o.selection == BatchSelection::kPower && (s < 0).any().item<bool>()) {
-    throw UserError("power sampling needs scores >= 0 (" +
-                    std::string(kAcquisitionStrategyNames.name(o.strategy)) +
+    throw UserError("power sampling needs scores >= 0 (" + std::string(kAcquisitionStrategyNames.name(o.strategy)) +
                     " gave negative ones): use softmax sampling");
   }
   // Gumbel top-k: the top `count` of log-weight + Gumbel noise are a draw without
@@ -147,7 +140,7 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
   // to +inf: a huge power sends all but the top rows to -inf, never to a tie at +inf.
   const at::Tensor log_score = o.selection == BatchSelection::kPower ? s.log() : s;
   const double top = log_score.max().item<double>();
-  const at::Tensor log_weight = o.power == 0 ? at::zeros_like(s)  // uniform
+  const at::Tensor log_weight = o.power == 0         ? at::zeros_like(s)  // uniform
                                 : std::isfinite(top) ? o.power * (log_score - top)
                                                      : o.power * log_score;  // every score 0 under power
   const at::Tensor key = log_weight + gumbel;  // weight 0: -inf, chosen only after every positive one

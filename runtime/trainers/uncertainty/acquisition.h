@@ -89,23 +89,34 @@ inline constexpr double kMaxUcbBeta = 1e6;
 template <typename O, typename Access>
 void describe_acquisition_options(OptionSchema<O>& s, Access access, const std::string& group,
                                   const std::string& seed_name, const std::string& seed_flag) {
-  s.choice("strategy", [access](auto& o) -> auto& { return access(o).strategy; }, kAcquisitionStrategyNames)
+  s.choice(
+       "strategy", [access](auto& o) -> auto& { return access(o).strategy; }, kAcquisitionStrategyNames)
       .help_text("How the pool is scored; default epistemic (regression) or bald (classification)")
       .in_group(group);
-  s.choice("selection", [access](auto& o) -> auto& { return access(o).selection; }, kBatchSelectionNames)
+  s.choice(
+       "selection", [access](auto& o) -> auto& { return access(o).selection; }, kBatchSelectionNames)
       .help_text("top: the b highest scores; power/softmax: b drawn with probability ~ score^power or exp(power*score)")
       .in_group(group);
-  s.option("power", [access](auto& o) -> auto& { return access(o).power; })
+  s.option(
+       "power", [access](auto& o) -> auto& { return access(o).power; })
       .help_text("Exponent (power) or inverse temperature (softmax) of the sampling")
-      .in_group(group).at_least(0).finite_only();
-  s.option("ucb_beta", [access](auto& o) -> auto& { return access(o).ucb_beta; })
+      .in_group(group)
+      .at_least(0)
+      .finite_only();
+  s.option(
+       "ucb_beta", [access](auto& o) -> auto& { return access(o).ucb_beta; })
       .help_text("UCB: mean + beta * total std")
-      .in_group(group).at_least(-kMaxUcbBeta).at_most(kMaxUcbBeta);
-  OptionField<O>& seed = s.option(seed_name, [access](auto& o) -> auto& { return access(o).seed; })
+      .in_group(group)
+      .at_least(-kMaxUcbBeta)
+      .at_most(kMaxUcbBeta);
+  OptionField<O>& seed = s.option(
+                              seed_name, [access](auto& o) -> auto& { return access(o).seed; })
                              .help_text("Seed of random scores and sampled batches")
                              .in_group(group);
-  if (seed_flag.empty()) seed.no_flag();
-  else seed.flag_name(seed_flag);
+  if (seed_flag.empty())
+    seed.no_flag();
+  else
+    seed.flag_name(seed_flag);
 }
 
 // `packtrain acquire`'s options: the fields above, format version 1.

@@ -67,9 +67,9 @@ EnsembleTrainerOptions pack_options(EnsembleTrainerOptions o, int64_t runs, cons
     require(false, e.what());
   }
   require(o.patience().value_or(0) == 0, "there is no validation data to stop early on: patience must be 0, got " +
-                                              std::to_string(o.patience().value_or(0)));
-  require(o.members() >= 2, "an ensemble's disagreement needs at least 2 members per ensemble, got " +
-                                std::to_string(o.members()));
+                                             std::to_string(o.patience().value_or(0)));
+  require(o.members() >= 2,
+          "an ensemble's disagreement needs at least 2 members per ensemble, got " + std::to_string(o.members()));
   // The cosine length is fixed (in steps) when the step is captured, but an epoch
   // grows with the labelled set: the decay would end at the wrong time.
   require(o.schedule() != ensemble::LrScheduleKind::kCosine,
@@ -91,9 +91,9 @@ void check_sizes(const ActiveLearningOptions& o, int64_t batch_size, int64_t poo
   }
   const int64_t needed = o.initial() + (o.rounds() - 1) * o.acquire();
   if (needed > pool_rows) {
-    throw DataError("active learning: " + std::to_string(o.initial()) + " initial + " +
-                    std::to_string(o.rounds() - 1) + " x " + std::to_string(o.acquire()) + " acquired = " +
-                    std::to_string(needed) + " rows, but the pool has only " + std::to_string(pool_rows));
+    throw DataError("active learning: " + std::to_string(o.initial()) + " initial + " + std::to_string(o.rounds() - 1) +
+                    " x " + std::to_string(o.acquire()) + " acquired = " + std::to_string(needed) +
+                    " rows, but the pool has only " + std::to_string(pool_rows));
   }
 }
 
@@ -118,20 +118,26 @@ const OptionSchema<ActiveLearningOptions>& active_learning_option_schema() {
     const std::string group = "Active learning";
     s.option(PACKTRAIN_OPTION(initial)).help_text("Labelled rows at the start").in_group(group).above(0);
     s.option(PACKTRAIN_OPTION(acquire)).help_text("Rows labelled per round").in_group(group).above(0);
-    s.option(PACKTRAIN_OPTION(rounds)).help_text("Trainings (acquisitions happen between them)").in_group(group).above(0);
+    s.option(PACKTRAIN_OPTION(rounds))
+        .help_text("Trainings (acquisitions happen between them)")
+        .in_group(group)
+        .above(0);
     s.option(PACKTRAIN_OPTION(ensembles))
         .flag_name("--runs")
         .help_text("Independent runs (ensembles) per strategy, all in one pack")
-        .in_group(group).above(0);
+        .in_group(group)
+        .above(0);
     s.option(PACKTRAIN_OPTION(random_baseline))
-        .flag_name("--no-random-baseline").sets_false()
+        .flag_name("--no-random-baseline")
+        .sets_false()
         .help_text("Leave out the random-acquisition baseline (its runs and its column)")
         .in_group(group);
     s.option(PACKTRAIN_OPTION(seed))
         .flag_name("--al-seed")
         .help_text("Seed of the initial labelled set, random acquisition and the rounds' re-initializations")
         .in_group(group);
-    describe_acquisition_options(s, [](auto& o) -> auto& { return o.acquisition(); }, group, "acquisition_seed", "");
+    describe_acquisition_options(
+        s, [](auto& o) -> auto& { return o.acquisition(); }, group, "acquisition_seed", "");
     return s;
   }();
   return schema;
@@ -183,8 +189,8 @@ void PoolPartition::acquire_top(const at::Tensor& scores, int64_t count) {
 }
 
 void PoolPartition::acquire_random(std::mt19937_64& rng, int64_t count) {
-  TORCH_CHECK(count >= 0 && count <= static_cast<int64_t>(unlabelled_.size()), "acquire_random: cannot move ",
-              count, " of ", unlabelled_.size(), " unlabelled rows");
+  TORCH_CHECK(count >= 0 && count <= static_cast<int64_t>(unlabelled_.size()), "acquire_random: cannot move ", count,
+              " of ", unlabelled_.size(), " unlabelled rows");
   std::vector<size_t> positions(unlabelled_.size());
   std::iota(positions.begin(), positions.end(), size_t{0});
   shuffle_prefix(positions, count, rng);
@@ -225,8 +231,8 @@ ActiveLearningLoop::ActiveLearningLoop(const EnsembleTrainerOptions& trainer_opt
   options_.validate();
   const int64_t runs = strategies() * options_.ensembles();
   const EnsembleTrainerOptions pack = pack_options(trainer_options, runs, options_.acquisition());
-  TORCH_CHECK(pool_x.dim() == 2 && test_x.dim() == 2 && test_y.dim() == 2 && test_y.size(1) == 1 && test_x.size(0) == test_y.size(0) &&
-                  test_x.size(1) == pool_x.size(1),
+  TORCH_CHECK(pool_x.dim() == 2 && test_x.dim() == 2 && test_y.dim() == 2 && test_y.size(1) == 1 &&
+                  test_x.size(0) == test_y.size(0) && test_x.size(1) == pool_x.size(1),
               "active learning: expected pool x (N, I) and test x (T, I), y (T, 1), got ", pool_x.sizes(), ", ",
               test_x.sizes(), ", ", test_y.sizes());
   check_sizes(options_, pack.batch_size(), pool_x.size(0));
@@ -286,8 +292,7 @@ at::Tensor ActiveLearningLoop::run_means(const at::Tensor& member_values) const 
 // ensemble (its usable members included).
 EnsemblePrediction ActiveLearningLoop::run_prediction(const EnsemblePrediction& all, int64_t run) const {
   try {
-    return member_range(all, run * members_per_run_, members_per_run_, trainer_->options().head(),
-                        trainer_->classes());
+    return member_range(all, run * members_per_run_, members_per_run_, trainer_->options().head(), trainer_->classes());
   } catch (const std::runtime_error&) {
     throw std::runtime_error("active learning: every member of run " + std::to_string(run) +
                              " diverged; lower the learning rate");
@@ -340,9 +345,8 @@ LearningCurvePoint ActiveLearningLoop::next_round() {
 }
 
 ActiveLearningResult run_active_learning(const EnsembleTrainerOptions& trainer_options, const at::Tensor& pool_x,
-                                         const at::Tensor& pool_y, const at::Tensor& test_x,
-                                         const at::Tensor& test_y, const ActiveLearningOptions& options,
-                                         const RoundCallback& on_round) {
+                                         const at::Tensor& pool_y, const at::Tensor& test_x, const at::Tensor& test_y,
+                                         const ActiveLearningOptions& options, const RoundCallback& on_round) {
   ActiveLearningLoop loop(trainer_options, pool_x, pool_y, test_x, test_y, options);
   ActiveLearningResult result;
   result.strategy = std::string(kAcquisitionStrategyNames.name(options.acquisition().strategy));
@@ -373,8 +377,8 @@ void write_learning_curve_csv(const std::filesystem::path& path, const ActiveLea
   const std::string& m = result.metric;
   std::string csv = "round,labelled," + s + "_" + m + ",random_" + m + "," + s + "_std,random_std\n";
   for (const LearningCurvePoint& p : result.curve) {
-    csv += std::to_string(p.round) + "," + std::to_string(p.labelled) + "," + cell(p.acquired) + "," +
-           cell(p.random) + "," + cell(stddev(p.acquired_runs)) + "," + cell(stddev(p.random_runs)) + "\n";
+    csv += std::to_string(p.round) + "," + std::to_string(p.labelled) + "," + cell(p.acquired) + "," + cell(p.random) +
+           "," + cell(stddev(p.acquired_runs)) + "," + cell(stddev(p.random_runs)) + "\n";
   }
   write_file_atomically(path, csv);
 }

@@ -9,9 +9,9 @@
 // acquisition strategy, 1: random), run g, member m of that run's ensemble.
 #pragma once
 
-#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer_options.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -54,7 +54,7 @@ struct ActiveLearningOptions {
 const OptionSchema<ActiveLearningOptions>& active_learning_option_schema();
 
 struct LearningCurvePoint {
-  int64_t round = 0;     // 0-based: round r trained on initial + r * acquire rows
+  int64_t round = 0;  // 0-based: round r trained on initial + r * acquire rows
   int64_t labelled = 0;
   // The test metric — RMSE (original units) of a run's ensemble mean, or the accuracy
   // of its mixture (classification) — mean over runs: acquisition by the strategy,
@@ -117,8 +117,8 @@ class ActiveLearningLoop {
 
   int64_t strategies() const { return options_.random_baseline() ? 2 : 1; }  // S
   bool classification() const { return trainer_->options().head() == Head::kClassification; }
-  int64_t members_per_run() const { return members_per_run_; }               // M
-  const std::vector<PoolPartition>& runs() const { return runs_; }           // S * G, spread runs first
+  int64_t members_per_run() const { return members_per_run_; }      // M
+  const std::vector<PoolPartition>& runs() const { return runs_; }  // S * G, spread runs first
   EnsembleTrainer& trainer() { return *trainer_; }
   double train_seconds() const { return train_seconds_; }
 
@@ -148,9 +148,8 @@ class ActiveLearningLoop {
 // UserError on such options, DataError (one line) on sizes that do not
 // fit: initial < batch size, or initial + (rounds - 1) * acquire > pool rows.
 ActiveLearningResult run_active_learning(const EnsembleTrainerOptions& trainer_options, const at::Tensor& pool_x,
-                                         const at::Tensor& pool_y, const at::Tensor& test_x,
-                                         const at::Tensor& test_y, const ActiveLearningOptions& options,
-                                         const RoundCallback& on_round = {});
+                                         const at::Tensor& pool_y, const at::Tensor& test_x, const at::Tensor& test_y,
+                                         const ActiveLearningOptions& options, const RoundCallback& on_round = {});
 
 // round,labelled,<strategy>_<metric>,random_<metric>,<strategy>_std,random_std (e.g.
 // epistemic_rmse, bald_accuracy): one row per round (0-based); std over runs

@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <initializer_list>
+#include <numbers>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -61,9 +61,10 @@ std::vector<std::string> not_finite(std::initializer_list<std::pair<const char*,
 }
 
 std::string no_verdict(const std::vector<std::string>& non_finite, int64_t rows, const std::string& rows_name) {
-  return fmt::format("no calibration verdict: scores on {} {} are not finite ({}): a prediction or a target is NaN "
-                     "or infinite\n",
-                     rows, rows_name, fmt::join(non_finite, ", "));
+  return fmt::format(
+      "no calibration verdict: scores on {} {} are not finite ({}): a prediction or a target is NaN "
+      "or infinite\n",
+      rows, rows_name, fmt::join(non_finite, ", "));
 }
 
 }  // namespace
@@ -84,8 +85,8 @@ RegressionCalibration regression_calibration(const EnsemblePrediction& p, const 
   c.crps = mixture_crps(p, target).mean().item<double>();
   for (const PredictionInterval& i : central_intervals(p, levels)) {
     const at::Tensor inside = (target >= i.lower).logical_and(target <= i.upper);
-    c.intervals.push_back({i.level, inside.to(at::kDouble).mean().item<double>(),
-                           (i.upper - i.lower).mean().item<double>()});
+    c.intervals.push_back(
+        {i.level, inside.to(at::kDouble).mean().item<double>(), (i.upper - i.lower).mean().item<double>()});
   }
   // y lies in the mixture's central interval of level l exactly when its PIT value
   // F(y) is within l / 2 of 1/2: one CDF per row gives the whole curve.
@@ -156,8 +157,8 @@ std::string calibration_summary(const RegressionCalibration& c, const std::strin
 }
 
 std::string calibration_summary(const ClassificationCalibration& c, const std::string& rows_name) {
-  const std::vector<std::string> non_finite =
-      not_finite({{"accuracy", c.accuracy}, {"NLL", c.nll}, {"Brier score", c.brier}, {"confidence", c.mean_confidence}});
+  const std::vector<std::string> non_finite = not_finite(
+      {{"accuracy", c.accuracy}, {"NLL", c.nll}, {"Brier score", c.brier}, {"confidence", c.mean_confidence}});
   if (!non_finite.empty()) return no_verdict(non_finite, c.rows, rows_name);
   return fmt::format(
       "mean confidence {:.1f}%, accuracy {:.1f}% on {} {}: {}\n"

@@ -78,8 +78,9 @@ at::Tensor mixture_cdf(const EnsemblePrediction& p, const at::Tensor& y) {
 at::Tensor mixture_log_density(const EnsemblePrediction& p, const at::Tensor& y) {
   const Components c = components(p);
   if (c.points) {
-    throw UserError("a mean head predicts no variance: its mixture of point masses has no density "
-                    "(train with --head gaussian for a likelihood)");
+    throw UserError(
+        "a mean head predicts no variance: its mixture of point masses has no density "
+        "(train with --head gaussian for a likelihood)");
   }
   const at::Tensor target = as_rows(y, c.mean.size(1));
   const at::Tensor var = c.sd.square().clamp_min(1e-300);
@@ -150,9 +151,7 @@ at::Tensor mixture_crps(const EnsemblePrediction& p, const at::Tensor& y) {
 
 namespace {
 // -sum p log p over the last dimension, 0 log 0 = 0.
-at::Tensor entropy(const at::Tensor& probabilities) {
-  return -at::special_xlogy(probabilities, probabilities).sum(-1);
-}
+at::Tensor entropy(const at::Tensor& probabilities) { return -at::special_xlogy(probabilities, probabilities).sum(-1); }
 }  // namespace
 
 ClassUncertaintyDecomposition decompose_class_uncertainty(const EnsemblePrediction& p) {

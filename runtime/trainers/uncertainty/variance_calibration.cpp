@@ -16,8 +16,8 @@ namespace packtrain::runtime {
 double fit_variance_scale(const EnsemblePrediction& p, const at::Tensor& y) {
   TORCH_CHECK(p.mean.defined() && p.variance.defined(), "fit_variance_scale: needs a combined regression prediction");
   const at::Tensor target = y.reshape({-1}).to(at::kDouble);
-  TORCH_CHECK(target.size(0) == p.mean.size(0), "fit_variance_scale: ", target.size(0), " targets for ",
-              p.mean.size(0), " predicted rows");
+  TORCH_CHECK(target.size(0) == p.mean.size(0), "fit_variance_scale: ", target.size(0), " targets for ", p.mean.size(0),
+              " predicted rows");
   const double nan = std::numeric_limits<double>::quiet_NaN();
   if (target.size(0) == 0) return nan;
   // d/ds of mean(log(s v) + r²/(s v)) / 2 is zero at s = mean(r²/v).

@@ -3,8 +3,8 @@
 // outputs left untouched.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -246,7 +246,8 @@ TEST_F(Cli, OutputsAreCheckedBeforeWorkAndNeverOverwriteAnInput) {
   EXPECT_EQ(overwrite_data.status, 2) << overwrite_data.out;
   EXPECT_THAT(overwrite_data.out, HasSubstr("refusing to overwrite an input"));
   fs::create_hard_link(data, path("alias.csv"));
-  EXPECT_EQ(run(train + "--data " + data + " --export " + path("alias.csv")).status, 2) << "a hard link is the same file";
+  EXPECT_EQ(run(train + "--data " + data + " --export " + path("alias.csv")).status, 2)
+      << "a hard link is the same file";
   EXPECT_EQ(read_file(data), data_bytes) << "the training data survived";
   ASSERT_EQ(run(std::string("train ") + kSmall + " --quiet --checkpoint " + ckpt).status, 0);
   const std::string ckpt_bytes = read_file(ckpt);
@@ -397,15 +398,17 @@ TEST_F(Cli, CraftedOrMismatchedMemberParallelManifestsAreRefused) {
       {"no members (segfaulted)", path("empty.json"), "0 members, 0 ranks"},
       {"another epoch", manifest("epoch.json", [](auto& m) { m["epoch"] = 1; }),
        "is at epoch 2, but the manifest committed epoch 1"},
-      {"members miscounted (a phantom member)", manifest("count.json", [](auto& m) {
-         m["members"] = 5;
-         m["shards"][1]["members"] = 3;
-       }),
+      {"members miscounted (a phantom member)",
+       manifest("count.json",
+                [](auto& m) {
+                  m["members"] = 5;
+                  m["shards"][1]["members"] = 3;
+                }),
        "holds members 2..3, but the manifest names 2..4"},
       {"a shard outside the directory", manifest("up.json", [](auto& m) { m["shards"][0]["file"] = "../x"; }),
        "is not a file name in the manifest's directory"},
-      {"one shard named twice", manifest("twice.json", [](auto& m) { m["shards"][1]["file"] = m["shards"][0]["file"]; }),
-       "is named twice"},
+      {"one shard named twice",
+       manifest("twice.json", [](auto& m) { m["shards"][1]["file"] = m["shards"][0]["file"]; }), "is named twice"},
       {"a shard copied over another", path("mp.json"), "is not the file this manifest committed",
        [&] { fs::copy_file(shard0, shard1, fs::copy_options::overwrite_existing); }},
       {"the same, with no checksums (duplicated members)", manifest("nosum.json", without_checksums),
@@ -419,10 +422,10 @@ TEST_F(Cli, CraftedOrMismatchedMemberParallelManifestsAreRefused) {
   for (const auto& c : cases) {
     write_file(shard1, shard1_bytes);
     c.damage();
-    for (const std::string& command : {"evaluate " + c.manifest, "predict " + c.manifest + " " + table,
-                                       "resume " + c.manifest + " --epochs 3"}) {
-      const Result r = command.starts_with("resume") ? launch(1, command + " --device cpu --quiet")
-                                                     : run(command + " --device cpu");
+    for (const std::string& command :
+         {"evaluate " + c.manifest, "predict " + c.manifest + " " + table, "resume " + c.manifest + " --epochs 3"}) {
+      const Result r =
+          command.starts_with("resume") ? launch(1, command + " --device cpu --quiet") : run(command + " --device cpu");
       EXPECT_EQ(r.status, 2) << c.name << ": " << command << "\n" << r.out;
       EXPECT_THAT(r.out, HasSubstr(c.expected)) << c.name << ": " << command;
       if (!command.starts_with("resume")) {
@@ -466,8 +469,7 @@ TEST_F(Cli, DivergenceInMemberParallelAndMultitaskRunsKeepsThePreviousCheckpoint
 TEST_F(Cli, DataChangedSinceTrainingIsCaughtByEvaluateAndResume) {
   const std::string csv = concrete_csv("data.csv", 200, true);
   const std::string ckpt = path("c.ckpt");
-  ASSERT_EQ(run("train --data " + csv + " --members 2 --epochs 2 --hidden 16 --device cpu --quiet --checkpoint " +
-                ckpt)
+  ASSERT_EQ(run("train --data " + csv + " --members 2 --epochs 2 --hidden 16 --device cpu --quiet --checkpoint " + ckpt)
                 .status,
             0);
   ASSERT_EQ(run("evaluate " + ckpt + " --device cpu").status, 0);
@@ -496,10 +498,10 @@ TEST_F(Cli, DataChangedSinceTrainingIsCaughtByEvaluateAndResume) {
   const struct {
     std::string file, text, expected;
   } edits[] = {
-      {"train.tsv", yes_no_tsv(8), "train.tsv: the training sentences changed"},    // halved
-      {"dev.tsv", yes_no_tsv(6), "dev.tsv: the dev sentences changed"},             // shrunk
+      {"train.tsv", yes_no_tsv(8), "train.tsv: the training sentences changed"},  // halved
+      {"dev.tsv", yes_no_tsv(6), "dev.tsv: the dev sentences changed"},           // shrunk
       {"train.tsv", "src\t0\t\tyes edited.\n" + yes_no_tsv(16).substr(yes_no_tsv(16).find('\n') + 1),
-       "train.tsv: the training sentences changed"},                                // one sentence edited
+       "train.tsv: the training sentences changed"},  // one sentence edited
   };
   for (const auto& e : edits) {
     write_file(path("train.tsv"), yes_no_tsv(16));
@@ -528,7 +530,8 @@ TEST_F(Cli, AFinalWriteThatFailsStillPrintsTheResultsFirst) {
            path("m.ckpt"),
        "Dev (t.tsv", path("m.ckpt")},
       {"active-learn --members 2 --epochs 2 --rounds 2 --initial 20 --acquire 10 --runs 1 --hidden 8 --device cpu "
-       "--quiet --csv " + path("curve.csv") + " --plot " + path("curve.svg"),
+       "--quiet --csv " +
+           path("curve.csv") + " --plot " + path("curve.svg"),
        "Learning curve", path("curve.svg")},
   };
   write_file(path("t.tsv"), yes_no_tsv(16));

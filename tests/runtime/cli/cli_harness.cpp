@@ -1,16 +1,16 @@
 // The CLI tests' shared harness (see cli_harness.h).
 #include "tests/runtime/cli/cli_harness.h"
 
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <thread>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 namespace packtrain::cli_testing {
 
@@ -165,7 +165,8 @@ std::vector<std::string> shard_files(const fs::path& dir) {
 std::string yes_no_tsv(int rows) {
   std::string out;
   const char* words[] = {"the cat", "a dog ran", "on the mat", "it sat"};
-  for (int i = 0; i < rows; ++i) out += std::string("src\t") + (i % 2 ? "1\t\tyes " : "0\t*\tno ") + words[i % 4] + ".\n";
+  for (int i = 0; i < rows; ++i)
+    out += std::string("src\t") + (i % 2 ? "1\t\tyes " : "0\t*\tno ") + words[i % 4] + ".\n";
   return out;
 }
 

@@ -12,8 +12,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <sys/types.h>
 #include <nlohmann/json.hpp>
+#include <sys/types.h>
 
 #include <filesystem>
 #include <functional>
@@ -71,9 +71,9 @@ Result launch(int nproc, const std::string& command, const std::string& launch_f
 // WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port) set.
 struct HandStartedRanks {
   int nproc = 2;
-  Env env = {};                // more variables for every rank (PACKTRAIN_COLLECTIVE_TIMEOUT)
-  std::string meanwhile = {};  // a shell fragment run in the background once ranks 1..N-1 run
-                               // ($pid: the process id of rank N-1; see wait_then_kill, kill_after)
+  Env env = {};                 // more variables for every rank (PACKTRAIN_COLLECTIVE_TIMEOUT)
+  std::string meanwhile = {};   // a shell fragment run in the background once ranks 1..N-1 run
+                                // ($pid: the process id of rank N-1; see wait_then_kill, kill_after)
   std::string afterwards = {};  // a shell fragment run once rank 0 has exited (`wait`, `kill -9 $pid`)
 };
 // Starts ranks 1..N-1 in the background (their output discarded), then

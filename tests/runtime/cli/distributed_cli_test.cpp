@@ -27,7 +27,8 @@ TEST_F(Cli, LaunchStartsRanksThatJoinOneGroupAndForwardsTheirOutput) {
     EXPECT_EQ(r.status, 0) << r.out;
     for (int rank = 0; rank < n; ++rank) {
       const std::string r_s = std::to_string(rank), n_s = std::to_string(n);
-      EXPECT_THAT(r.out, HasSubstr("[rank " + r_s + "] rank " + r_s + " of " + n_s + " (local " + r_s + " of " + n_s + ")"))
+      EXPECT_THAT(r.out,
+                  HasSubstr("[rank " + r_s + "] rank " + r_s + " of " + n_s + " (local " + r_s + " of " + n_s + ")"))
           << r.out;
     }
     EXPECT_EQ(std::count_if(r.out.begin(), r.out.end(), [](char c) { return c == '\n'; }), n + 1) << r.out;
@@ -78,7 +79,8 @@ TEST_F(Cli, DataParallelTwoRanksEqualOneProcessWithTheDoubledBatch) {
   ASSERT_TRUE(grouped.is_object()) << one.out;
   EXPECT_EQ(grouped["data_parallel"]["ranks"], 1);
   EXPECT_EQ(grouped["data_parallel"]["per_rank_batch"], 64);
-  const nlohmann::json batch64 = run_json("train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet");
+  const nlohmann::json batch64 =
+      run_json("train --members 4 --epochs 12 --hidden 32 --batch 64 --device cpu --patience 0 --json --quiet");
   EXPECT_EQ(grouped["ensemble"]["rmse"], batch64["ensemble"]["rmse"]);
   // A global batch that does not split evenly is refused, by name.
   const Result odd = launch(2, "train --members 2 --epochs 1 --batch 63 --device cpu --patience 0");
@@ -124,10 +126,11 @@ TEST_F(Cli, RanksThatDivergeStopAtTheNextChecksumComparison) {
   // Two ranks with different learning rates: same gradients, different weights after
   // the first update. With --rank-check-every 5 both stop at step 5, not at the
   // epoch's end (13 steps of 64 rows).
-  const std::string train = "train --members 2 --hidden 8 --epochs 3 --batch 64 --device cpu --patience 0 --quiet "
-                            "--rank-check-every 5 --lr ";
-  const Result r = run_ranks_by_hand({.afterwards = "wait"},
-                                     [&train](int rank) { return train + (rank == 0 ? "0.01" : "0.02"); });
+  const std::string train =
+      "train --members 2 --hidden 8 --epochs 3 --batch 64 --device cpu --patience 0 --quiet "
+      "--rank-check-every 5 --lr ";
+  const Result r =
+      run_ranks_by_hand({.afterwards = "wait"}, [&train](int rank) { return train + (rank == 0 ? "0.01" : "0.02"); });
   EXPECT_THAT(r.out, HasSubstr("rank0 exit 1")) << r.out;
   EXPECT_THAT(r.out, HasSubstr("parameters differ across ranks after step 5 (epoch 1): 1 rank(s) disagree with rank 0"))
       << r.out;
@@ -192,15 +195,17 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
   ASSERT_TRUE(evaluated.is_object());
   EXPECT_EQ(evaluated["shards"], 2);
   EXPECT_DOUBLE_EQ(evaluated["ensemble"]["rmse"].get<double>(), single["ensemble"]["rmse"].get<double>());
-  const Result predicted = run("predict " + path("mp.ckpt") + " " + concrete_csv("in.csv", 3, false) +
-                               " --members --device cpu");
+  const Result predicted =
+      run("predict " + path("mp.ckpt") + " " + concrete_csv("in.csv", 3, false) + " --members --device cpu");
   ASSERT_EQ(predicted.status, 0) << predicted.out;
-  EXPECT_THAT(predicted.out, HasSubstr("mean,std,aleatoric_std,epistemic_std,lower_90,upper_90,member_0,member_1,member_2,member_3,"
-                                           "member_4\n"));
+  EXPECT_THAT(predicted.out,
+              HasSubstr("mean,std,aleatoric_std,epistemic_std,lower_90,upper_90,member_0,member_1,member_2,member_3,"
+                        "member_4\n"));
   const Result alone = run("train --members 2 --epochs 1 --member-parallel --device cpu --patience 0");
   EXPECT_EQ(alone.status, 2);
   EXPECT_THAT(alone.out, HasSubstr("multi-process run"));
-  const Result recalibrated = launch(2, "train --members 2 --epochs 1 --member-parallel --device cpu --recalibrate variance");
+  const Result recalibrated =
+      launch(2, "train --members 2 --epochs 1 --member-parallel --device cpu --recalibrate variance");
   EXPECT_NE(recalibrated.status, 0);
   EXPECT_THAT(recalibrated.out, HasSubstr("use --recalibrate none with --member-parallel"));
   // The manifest resumes on another number of ranks: 3 ranks re-shard the 5 members
@@ -228,9 +233,10 @@ TEST_F(Cli, MemberParallelEqualsOneProcessAndItsShardsEvaluateAnywhere) {
 TEST_F(Cli, MemberParallelCheckpointHoldsTheBestWeightsTheRunReported) {
   // Early stopping restores each member's best weights after the last epoch; the
   // committed manifest must hold those (the last periodic save does not).
-  const Result launched = launch(2, "train --members 3 --hidden 16 --epochs 12 --lr 0.08 --patience 50 "
-                                    "--checkpoint-every 4 --device cpu --json --quiet --member-parallel --checkpoint " +
-                                        path("mp.ckpt"));
+  const Result launched = launch(2,
+                                 "train --members 3 --hidden 16 --epochs 12 --lr 0.08 --patience 50 "
+                                 "--checkpoint-every 4 --device cpu --json --quiet --member-parallel --checkpoint " +
+                                     path("mp.ckpt"));
   ASSERT_EQ(launched.status, 0) << launched.out;
   const nlohmann::json trained = rank0_json(launched.out);
   ASSERT_TRUE(trained.is_object()) << launched.out;
@@ -241,8 +247,9 @@ TEST_F(Cli, MemberParallelCheckpointHoldsTheBestWeightsTheRunReported) {
 }
 
 TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
-  const std::string args = "train --data wine-quality-red --head classification --members 3 --epochs 4 --hidden 16 "
-                           "--device cpu --json --quiet";
+  const std::string args =
+      "train --data wine-quality-red --head classification --members 3 --epochs 4 --hidden 16 "
+      "--device cpu --json --quiet";
   const nlohmann::json single = run_json(args);
   const Result launched = launch(2, args + " --member-parallel");
   ASSERT_EQ(launched.status, 0) << launched.out;
@@ -256,8 +263,12 @@ TEST_F(Cli, MemberParallelClassificationEqualsOneProcess) {
   EXPECT_DOUBLE_EQ(parallel["ensemble"]["accuracy"].get<double>(), single["ensemble"]["accuracy"].get<double>());
   EXPECT_DOUBLE_EQ(parallel["ensemble"]["nll"].get<double>(), single["ensemble"]["nll"].get<double>());
   // Per-member batch orders depend on the sharding: such a run re-shards by no means.
-  ASSERT_EQ(launch(2, "train --members 3 --epochs 1 --hidden 8 --device cpu --patience 0 --quiet --order bootstrap "
-                   "--member-parallel --checkpoint " + path("boot.ckpt")).status, 0);
+  ASSERT_EQ(launch(2,
+                   "train --members 3 --epochs 1 --hidden 8 --device cpu --patience 0 --quiet --order bootstrap "
+                   "--member-parallel --checkpoint " +
+                       path("boot.ckpt"))
+                .status,
+            0);
   const Result reshard = launch(3, "resume " + path("boot.ckpt") + " --epochs 2 --device cpu");
   EXPECT_EQ(reshard.status, 2) << reshard.out;
   EXPECT_THAT(reshard.out, HasSubstr("bootstrap batch orders, which depend on how the members were sharded"));
@@ -291,7 +302,8 @@ TEST_F(Cli, MemberParallelRunKilledMidwayResumesFromItsLastCommitLikeAnUninterru
   EXPECT_EQ(a["ensemble"]["nll"], b["ensemble"]["nll"]);
   // The resumed run committed in place and removed every earlier generation.
   const std::string e = std::to_string(epoch + 3);
-  EXPECT_EQ(shard_files(dir()), (std::vector<std::string>{"mp.ckpt.e" + e + ".shard-0-of-2", "mp.ckpt.e" + e + ".shard-1-of-2"}));
+  EXPECT_EQ(shard_files(dir()),
+            (std::vector<std::string>{"mp.ckpt.e" + e + ".shard-0-of-2", "mp.ckpt.e" + e + ".shard-1-of-2"}));
 }
 
 TEST_F(Cli, MultitaskDataParallelEqualsOneProcessWithTheDoubledBatch) {

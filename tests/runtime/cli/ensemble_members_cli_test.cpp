@@ -30,8 +30,10 @@ TEST_F(Cli, ASweepsSelectedEnsembleIsWhatEveryReaderSees) {
   // Two learning rates x 2 seeds; the second rate is large enough to train a
   // visibly different (worse) configuration.
   const std::string ckpt = path("sweep.ckpt");
-  const Result trained = run("train --members 2 --lr 3e-3,0.3 --select best --epochs 6 --hidden 16 --device cpu "
-                             "--quiet --checkpoint " + ckpt);
+  const Result trained =
+      run("train --members 2 --lr 3e-3,0.3 --select best --epochs 6 --hidden 16 --device cpu "
+          "--quiet --checkpoint " +
+          ckpt);
   ASSERT_EQ(trained.status, 0) << trained.out;
   const nlohmann::json evaluated = run_json("evaluate " + ckpt + " --json");
   std::vector<int64_t> kept, dropped;
@@ -80,8 +82,10 @@ TEST_F(Cli, ASweepsSelectedEnsembleIsWhatEveryReaderSees) {
 // A member-parallel manifest is not one checkpoint: export says what to export instead.
 TEST_F(Cli, ExportOfAMemberParallelManifestSaysToExportItsShards) {
   const std::string manifest = path("mp.ckpt");
-  const Result trained = launch(2, std::string("train ") + kSmall + " --member-parallel --recalibrate none "
-                                       "--patience 0 --quiet --checkpoint " + manifest);
+  const Result trained = launch(2, std::string("train ") + kSmall +
+                                       " --member-parallel --recalibrate none "
+                                       "--patience 0 --quiet --checkpoint " +
+                                       manifest);
   ASSERT_EQ(trained.status, 0) << trained.out;
   const Result r = run("export " + manifest + " " + path("mp.pt"));
   EXPECT_EQ(r.status, 2) << r.out;

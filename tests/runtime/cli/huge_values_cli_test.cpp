@@ -38,9 +38,10 @@ class HugeValues : public Cli {
   std::string checkpoint(bool classification, const std::string& flags = "") {
     const std::string name = classification ? "cls" : "reg";
     write_file(path(name + ".csv"), training_csv(classification));
-    const Result r = run("train --data " + path(name + ".csv") + " --members 2 --epochs 2 --hidden 8 --device cpu "
-                         "--quiet --checkpoint " + path(name + ".ckpt") +
-                         (classification ? " --head classification " : " ") + flags);
+    const Result r = run("train --data " + path(name + ".csv") +
+                         " --members 2 --epochs 2 --hidden 8 --device cpu "
+                         "--quiet --checkpoint " +
+                         path(name + ".ckpt") + (classification ? " --head classification " : " ") + flags);
     EXPECT_EQ(r.status, 0) << r.out;
     return path(name + ".ckpt");
   }
@@ -57,10 +58,9 @@ class HugeValues : public Cli {
       rest = rest.substr(end + 1);
     }
     write_file(path("labelled.csv"), labelled);
-    for (const auto& [args, file] :
-         {std::pair{"predict " + ckpt + " " + path("pool.csv"), path("pool.csv")},
-          {"acquire " + ckpt + " " + path("pool.csv") + " --count 1", path("pool.csv")},
-          {"evaluate " + ckpt + " " + path("labelled.csv"), path("labelled.csv")}}) {
+    for (const auto& [args, file] : {std::pair{"predict " + ckpt + " " + path("pool.csv"), path("pool.csv")},
+                                     {"acquire " + ckpt + " " + path("pool.csv") + " --count 1", path("pool.csv")},
+                                     {"evaluate " + ckpt + " " + path("labelled.csv"), path("labelled.csv")}}) {
       const Result r = run(args);
       EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
       EXPECT_THAT(r.out, HasSubstr("packtrain: error: " + file + at)) << args;
@@ -75,8 +75,8 @@ TEST_F(HugeValues, AFeatureBeyondFloat32IsRefusedByPredictAcquireAndEvaluateNami
   for (const bool classification : {false, true}) {
     const std::string ckpt = checkpoint(classification);
     // Data line 3 is file line 4; b is column 2.
-    expect_refused_everywhere(ckpt, "0.001,3\n0.002,4\n0.003,1e300\n", "1,0,1,", ":4:2: ",
-                              {"value '1e300' beyond float32's range", "column 'b'"});
+    expect_refused_everywhere(ckpt, "0.001,3\n0.002,4\n0.003,1e300\n", "1,0,1,",
+                              ":4:2: ", {"value '1e300' beyond float32's range", "column 'b'"});
   }
 }
 
@@ -85,8 +85,7 @@ TEST_F(HugeValues, AFeatureThatStandardizesBeyondFloat32IsRefusedNamingFileLineA
   for (const bool classification : {false, true}) {
     const std::string ckpt = checkpoint(classification);
     expect_refused_everywhere(ckpt, "0.001,3\n1e37,4\n", "1,0,", ":3:1: ",
-                              {"column 'a': value 1e+37 is", "training standard deviations",
-                               "beyond float32's range"});
+                              {"column 'a': value 1e+37 is", "training standard deviations", "beyond float32's range"});
   }
 }
 
@@ -99,11 +98,12 @@ TEST_F(HugeValues, TrainingAndActiveLearningRefuseATargetBeyondFloat32NamingFile
   csv.replace(comma + 1, end - comma - 1, "1e300");
   write_file(path("bad.csv"), csv);
   const std::string ckpt = path("never.ckpt");
-  for (const std::string& args :
-       {"train --data " + path("bad.csv") + " --members 2 --epochs 2 --hidden 8 --device cpu --quiet --checkpoint " +
-            ckpt,
-        "active-learn --data " + path("bad.csv") + " --members 2 --epochs 2 --rounds 2 --initial 10 --acquire 5 "
-        "--runs 1 --hidden 8 --device cpu --quiet --csv " + path("c.csv") + " --plot " + path("c.svg")}) {
+  for (const std::string& args : {"train --data " + path("bad.csv") +
+                                      " --members 2 --epochs 2 --hidden 8 --device cpu --quiet --checkpoint " + ckpt,
+                                  "active-learn --data " + path("bad.csv") +
+                                      " --members 2 --epochs 2 --rounds 2 --initial 10 --acquire 5 "
+                                      "--runs 1 --hidden 8 --device cpu --quiet --csv " +
+                                      path("c.csv") + " --plot " + path("c.svg")}) {
     const Result r = run(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr("bad.csv:5:3: value '1e300' beyond float32's range")) << args;
@@ -118,8 +118,8 @@ TEST_F(HugeValues, APredictionThatOverflowsInsideTheNetworkIsRefusedNamingTheRow
   // hidden values (1e45 overflows float32): the prediction is NaN.
   for (const bool classification : {false, true}) {
     const std::string ckpt = checkpoint(classification, "--layer-norm");
-    expect_refused_everywhere(ckpt, "0.001,3\n1e20,4\n", "1,0,", ":3: ",
-                              {"the ensemble's prediction for this row is not finite"});
+    expect_refused_everywhere(ckpt, "0.001,3\n1e20,4\n", "1,0,",
+                              ":3: ", {"the ensemble's prediction for this row is not finite"});
   }
 }
 
@@ -135,8 +135,8 @@ TEST_F(HugeValues, ASweepTooLargeForTheMemoryIsRefusedByTheEstimateBeforeItsPerM
   // error", exit 1); estimated first, the run is refused (under 0.5 GB resident).
   const std::string ckpt = path("never.ckpt");
   for (const std::string members : {"30000000", "100000000"}) {
-    const Result r = run_limited(3145728, "train --lr 1e-3,2e-3 --members " + members +
-                                              " --epochs 1 --device cpu --checkpoint " + ckpt);
+    const Result r = run_limited(
+        3145728, "train --lr 1e-3,2e-3 --members " + members + " --epochs 1 --device cpu --checkpoint " + ckpt);
     EXPECT_EQ(r.status, 2) << members << ": " << r.out;
     EXPECT_THAT(r.out, HasSubstr("this run needs about")) << members;
     EXPECT_THAT(r.out, HasSubstr("sweep fewer values")) << members;

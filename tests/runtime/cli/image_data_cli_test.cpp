@@ -18,12 +18,13 @@ using ::testing::HasSubstr;
 
 TEST_F(Cli, OptdigitsTrainsAClassifierWellAboveChance) {
   // 10 classes (chance 0.1); 1,437 training rows less validation, 360 test rows.
-  const nlohmann::json out = run_json(
-      "train --data optdigits --head classification --members 4 --epochs 5 --hidden 64 --device cpu --json");
+  const nlohmann::json out =
+      run_json("train --data optdigits --head classification --members 4 --epochs 5 --hidden 64 --device cpu --json");
   const double accuracy = out["ensemble"]["accuracy"].get<double>();
   EXPECT_GT(accuracy, 0.5) << out.dump();
   EXPECT_LE(accuracy, 1.0);
-  const Result shown = run("train --data optdigits --head classification --members 2 --epochs 1 --hidden 16 --device cpu");
+  const Result shown =
+      run("train --data optdigits --head classification --members 2 --epochs 1 --hidden 16 --device cpu");
   ASSERT_EQ(shown.status, 0) << shown.out;
   EXPECT_THAT(shown.out, HasSubstr("64 features, samples of shape (1, 8, 8)")) << shown.out;
 }

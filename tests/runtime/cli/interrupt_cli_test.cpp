@@ -40,7 +40,8 @@ Interrupted interrupt(const std::vector<std::string>& args, const fs::path& log,
   out.exit_status = exit_status(child);
   out.stderr_text = read_file(err);
   std::smatch m;
-  static const std::regex said("packtrain: interrupted after epoch ([0-9]+); checkpoint saved: continue with `([^`]+)`");
+  static const std::regex said(
+      "packtrain: interrupted after epoch ([0-9]+); checkpoint saved: continue with `([^`]+)`");
   if (std::regex_search(out.stderr_text, m, said)) {
     out.epoch = std::stoi(m[1]);
     out.resume_command = m[2];
@@ -74,8 +75,8 @@ TEST_F(Cli, CtrlCStopsTrainAndMultitaskTheSameWayAndTheirResumeContinues) {
   // multitask train: the same driver, the same behaviour.
   const fs::path tsv = path("texts.tsv"), mckpt = path("multitask.ckpt"), mlog = path("multitask.log");
   write_file(tsv, yes_no_tsv(64));
-  std::vector<std::string> args{"multitask", "train", "--train", tsv.string(), "--dev", tsv.string(),
-                                "--epochs", "100000", "--out", mckpt.string(), "--log", mlog.string()};
+  std::vector<std::string> args{"multitask", "train",  "--train", tsv.string(),   "--dev", tsv.string(),
+                                "--epochs",  "100000", "--out",   mckpt.string(), "--log", mlog.string()};
   for (const char* a : {"--width", "16", "--layers", "1", "--max-length", "32", "--batch", "4", "--heads", "2",
                         "--buckets", "16,32", "--device", "cpu"}) {
     args.emplace_back(a);

@@ -99,8 +99,8 @@ Running start_training(const std::vector<std::string>& args, const fs::path& log
 }
 
 std::vector<std::string> long_run(const fs::path& log) {
-  return {"--nproc", "2", "--grace", "2", "--",       "train",        "--epochs", "100000",
-          "--members", "2", "--device", "cpu", "--log", log.string()};
+  return {"--nproc", "2",         "--grace", "2",        "--",  "train", "--epochs",
+          "100000",  "--members", "2",       "--device", "cpu", "--log", log.string()};
 }
 
 TEST_F(Cli, LaunchNprocIsBoundedUnlessRaised) {
@@ -174,10 +174,10 @@ TEST_F(Cli, AKilledLauncherTakesItsRanksWithIt) {
 
 TEST_F(Cli, AStoppedRankIsKilledAfterTheGraceAndTheLauncherSaysSo) {
   const fs::path log = path("run.log"), err = path("err");
-  const auto [launcher, ranks] = start_training({"--nproc", "2", "--grace", "1", "--timeout", "3", "--", "train",
-                                                 "--epochs", "100000", "--members", "2", "--device", "cpu", "--log",
-                                                 log.string()},
-                                                log, err);
+  const auto [launcher, ranks] =
+      start_training({"--nproc", "2", "--grace", "1", "--timeout", "3", "--", "train", "--epochs", "100000",
+                      "--members", "2", "--device", "cpu", "--log", log.string()},
+                     log, err);
   ASSERT_EQ(ranks.size(), 2u) << read_file(err);
   kill(ranks[1], SIGSTOP);
   const auto start = std::chrono::steady_clock::now();
@@ -188,8 +188,7 @@ TEST_F(Cli, AStoppedRankIsKilledAfterTheGraceAndTheLauncherSaysSo) {
   EXPECT_LT(seconds, 60) << "the collective timeout (3 s) and two graces (1 s) bound the wait\n" << said;
   EXPECT_TRUE(all_gone_within(ranks, 5s));
   EXPECT_THAT(said, HasSubstr("exited with status"));
-  EXPECT_THAT(said, ::testing::AnyOf(HasSubstr("killed them (SIGKILL)"), HasSubstr("sent SIGTERM to ranks 1")))
-      << said;
+  EXPECT_THAT(said, ::testing::AnyOf(HasSubstr("killed them (SIGKILL)"), HasSubstr("sent SIGTERM to ranks 1"))) << said;
   EXPECT_THAT(said, ::testing::Not(HasSubstr("stopped the remaining ranks"))) << "the old, untrue report";
 }
 
@@ -201,8 +200,11 @@ TEST_F(Cli, TimeoutsOutsideASecondToADayAreRefused) {
     EXPECT_THAT(r.out, ::testing::Not(HasSubstr("[rank"))) << "nothing was started";
   }
   // The variable itself (set by hand, or by a launcher other than ours).
-  const Result r = run_with_env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", "nan"}, {"RANK", "0"}, {"WORLD_SIZE", "2"},
-                                 {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(free_port())}},
+  const Result r = run_with_env({{"PACKTRAIN_COLLECTIVE_TIMEOUT", "nan"},
+                                 {"RANK", "0"},
+                                 {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", std::to_string(free_port())}},
                                 "info --collectives");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("PACKTRAIN_COLLECTIVE_TIMEOUT='nan': must be seconds between 1 and 86400"));
@@ -239,7 +241,9 @@ struct TimedResult {
 };
 TimedResult run_as_rank(int rank, int port, int timeout, const std::string& args) {
   const auto start = std::chrono::steady_clock::now();
-  Result r = run_with_env({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+  Result r = run_with_env({{"RANK", std::to_string(rank)},
+                           {"WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "127.0.0.1"},
                            {"MASTER_PORT", std::to_string(port)},
                            {"PACKTRAIN_COLLECTIVE_TIMEOUT", std::to_string(timeout)}},
                           args);

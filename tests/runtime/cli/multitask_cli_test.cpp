@@ -21,9 +21,8 @@ using ::testing::HasSubstr;
 TEST_F(Cli, MultitaskTrainScoreGenerateFromACheckpoint) {
   write_file(path("train.tsv"), yes_no_tsv(24));
   write_file(path("dev.tsv"), yes_no_tsv(8));
-  const nlohmann::json report = run_json("multitask train " + kTinyMultitask + " --train " +
-                                         path("train.tsv") + " --dev " + path("dev.tsv") + " -o " + path("mt.ckpt") +
-                                         " --json");
+  const nlohmann::json report = run_json("multitask train " + kTinyMultitask + " --train " + path("train.tsv") +
+                                         " --dev " + path("dev.tsv") + " -o " + path("mt.ckpt") + " --json");
   ASSERT_TRUE(report.is_object());
   EXPECT_EQ(report["epochs"].size(), 2u);
   EXPECT_EQ(report["dev_metrics"]["examples"], 8);
@@ -35,8 +34,9 @@ TEST_F(Cli, MultitaskTrainScoreGenerateFromACheckpoint) {
   EXPECT_THAT(scored.out, HasSubstr("\tyes the cat."));
   EXPECT_THAT(scored.out, HasSubstr("\tno a dog ran."));
 
-  const nlohmann::json generated = run_json("multitask generate " + path("mt.ckpt") +
-                                            " --prompt 'yes the' --max-new-tokens 10 --seed 3 --score --json --device cpu");
+  const nlohmann::json generated =
+      run_json("multitask generate " + path("mt.ckpt") +
+               " --prompt 'yes the' --max-new-tokens 10 --seed 3 --score --json --device cpu");
   ASSERT_TRUE(generated.is_object());
   EXPECT_EQ(generated["continuations"].size(), 1u);
   EXPECT_EQ(generated["probabilities"].size(), 2u);
@@ -56,7 +56,8 @@ TEST_F(Cli, MultitaskResumeEqualsTheUninterruptedRunAndConfigFilesWork) {
   write_file(path("mt.toml"), "epochs = 3\nwidth = 16\n");
   const nlohmann::json straight = run_json("multitask train --config " + path("mt.toml") +
                                            " --layers 1 --max-length 32 --batch 4 --device cpu -q --heads 2 "
-                                           "--buckets 16,32" + data + " -o " + path("b.ckpt") + " --json");
+                                           "--buckets 16,32" +
+                                           data + " -o " + path("b.ckpt") + " --json");
   ASSERT_TRUE(resumed.is_object() && straight.is_object());
   EXPECT_EQ(resumed["epochs"].size(), 2u);
   EXPECT_EQ(straight["epochs"].size(), 3u);
@@ -103,8 +104,8 @@ TEST_F(Cli, MultitaskNamedClassesAreScoredByName) {
   EXPECT_THAT(beyond.out, HasSubstr("dev.tsv:1: unknown label '3' (labels are integers 0 to 2)"));
   // Names fix the count: a training label beyond them is refused.
   write_file(path("two.txt"), "red\ngreen\n");
-  const Result fewer = run("multitask train " + kTinyMultitask + data + " --class-names " + path("two.txt") +
-                           " -o " + path("d.ckpt"));
+  const Result fewer =
+      run("multitask train " + kTinyMultitask + data + " --class-names " + path("two.txt") + " -o " + path("d.ckpt"));
   EXPECT_EQ(fewer.status, 2) << fewer.out;
   EXPECT_THAT(fewer.out, HasSubstr("train.tsv:3: unknown label '2' (labels are integers 0 to 1)"));
 }
@@ -118,8 +119,9 @@ TEST_F(Cli, MultitaskDefaultTaskBeatsTheMajorityClass) {
   EXPECT_THAT(r.out, HasSubstr("Majority class ('English') on dev: accuracy 0.2000, Matthews correlation 0: the "
                                "classifier beats it"));
   std::smatch dev;
-  ASSERT_TRUE(std::regex_search(r.out, dev, std::regex("Dev \\(dev.tsv, 1000 sentences\\): accuracy ([0-9.]+), "
-                                                        "Matthews correlation ([-0-9.]+)")))
+  ASSERT_TRUE(std::regex_search(r.out, dev,
+                                std::regex("Dev \\(dev.tsv, 1000 sentences\\): accuracy ([0-9.]+), "
+                                           "Matthews correlation ([-0-9.]+)")))
       << r.out;
   EXPECT_GT(std::stod(dev[1]), 0.5) << "accuracy";
   EXPECT_GT(std::stod(dev[2]), 0.4) << "Matthews correlation";

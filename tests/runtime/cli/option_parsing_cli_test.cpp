@@ -68,8 +68,9 @@ TEST_F(Cli, IntegersBeyondTheirTypeAreRefusedWithTheRange) {
 TEST_F(Cli, AManifestCountBeyondInt64IsRefusedWithTheRange) {
   const std::string input = concrete_csv("in.csv", 5, false);
   for (const std::string members : {"9223372036854775808", "2.5"}) {
-    write_file(path("run.ckpt"), R"({"format": "packtrain-member-parallel-1", "members": )" + members +
-                                     R"(, "ranks": 1, "epoch": 0, "shards": [{"file": "s0", "first_member": 0, "members": 1}]})");
+    write_file(path("run.ckpt"),
+               R"({"format": "packtrain-member-parallel-1", "members": )" + members +
+                   R"(, "ranks": 1, "epoch": 0, "shards": [{"file": "s0", "first_member": 0, "members": 1}]})");
     expect_usage_error(run("predict " + path("run.ckpt") + " " + input + " --device cpu"),
                        std::string("bad member-parallel manifest: 'members' ") + kInt64Range + ", got " + members,
                        "members " + members);
@@ -120,10 +121,10 @@ TEST_F(Cli, AcquireAndPredictRefuseOptionsTheModelCannotUse) {
     expect_usage_error(run("acquire " + reg + " " + pool + " --strategy ucb --ucb-beta " + beta),
                        "--ucb-beta: must be between -1000000 and 1000000, got " + beta, "ucb beta " + beta);
   }
-  expect_usage_error(run("predict " + reg + " " + pool + " --interval 0.9999999999999999"),
-                     kLevelTooClose, "predict level 1 - 1e-16");
-  expect_usage_error(run("evaluate " + reg + " --device cpu --interval 0.9999999999999999"),
-                     kLevelTooClose, "evaluate level 1 - 1e-16");
+  expect_usage_error(run("predict " + reg + " " + pool + " --interval 0.9999999999999999"), kLevelTooClose,
+                     "predict level 1 - 1e-16");
+  expect_usage_error(run("evaluate " + reg + " --device cpu --interval 0.9999999999999999"), kLevelTooClose,
+                     "evaluate level 1 - 1e-16");
   expect_usage_error(run("predict " + reg + " " + pool + " --interval 0.9 --interval 0.5 --interval 0.9"),
                      "--interval 0.9 and --interval 0.9 are both the 90% interval: give each level once",
                      "a level twice");
@@ -133,12 +134,13 @@ TEST_F(Cli, AcquireAndPredictRefuseOptionsTheModelCannotUse) {
 
   const std::string cls = path("cls.ckpt");
   ASSERT_EQ(run("train --data wine-quality-red --head classification --members 2 --epochs 1 --hidden 8 --device cpu "
-                "--quiet --checkpoint " + cls)
+                "--quiet --checkpoint " +
+                cls)
                 .status,
             0);
   // The pool: 40 rows of the wine table's 11 feature columns (its last, the label, dropped).
-  ASSERT_EQ(run_command("head -n 40 " + data_dir() + "/wine-quality-red/data.txt | awk -v OFS=, '{NF--; $1=$1; print}' > " +
-                        path("wine.csv"))
+  ASSERT_EQ(run_command("head -n 40 " + data_dir() +
+                        "/wine-quality-red/data.txt | awk -v OFS=, '{NF--; $1=$1; print}' > " + path("wine.csv"))
                 .status,
             0);
   for (const std::string strategy : {"epistemic", "ucb"}) {
@@ -187,7 +189,8 @@ TEST_F(Cli, RecalibrationAskedForWhereItCannotFitIsRefusedOrNoted) {
                          "--epochs 1 --hidden 8 --device cpu --quiet"),
                      "a classifier has none (drop --recalibrate)", "a classifier");
   const std::string data = concrete_csv("small.csv", 40, true);
-  const Result few = run("train --data " + data + " --val-fraction 0.04 --test-fraction 0.25 --batch 4 --members 2 "
+  const Result few = run("train --data " + data +
+                         " --val-fraction 0.04 --test-fraction 0.25 --batch 4 --members 2 "
                          "--epochs 1 --hidden 8 --device cpu");
   ASSERT_EQ(few.status, 0) << few.out;
   EXPECT_THAT(few.out, HasSubstr("note: --recalibrate variance fits its scale on only 2 validation rows, too few"));
@@ -201,7 +204,8 @@ TEST_F(Cli, RunsTooLargeForMemoryAreUsageErrors) {
   const auto limited = [&](const std::string& args) {
     return run_command("ulimit -v 4000000 && " + binary() + " " + args + " 2>&1");
   };
-  const Result run = limited("train --members 1000000 --hidden 8 --depth 1 --epochs 1 --val-fraction 0 --device cpu --quiet");
+  const Result run =
+      limited("train --members 1000000 --hidden 8 --depth 1 --epochs 1 --val-fraction 0 --device cpu --quiet");
   expect_usage_error(run, "lower --members, --hidden, --depth or --batch", "10^6 members");
   const Result sweep = limited("train --lr 1e-3,2e-3 --members 100000000 --device cpu --data " + path("missing.csv"));
   expect_usage_error(sweep, "--members", "a sweep of 2 x 10^8 members");
@@ -255,8 +259,10 @@ TEST_F(Cli, ActiveLearnAndAcquireFlagsAreTheirOptionSchemas) {
 // column, and the pack only the strategy's runs.
 TEST_F(Cli, ActiveLearnWithoutTheRandomBaseline) {
   const std::string out = " --csv " + path("c.csv") + " --plot " + path("c.svg");
-  const std::string args = "active-learn --members 2 --epochs 2 --rounds 2 --initial 20 --acquire 5 --hidden 8 "
-                           "--device cpu --quiet --json" + out;
+  const std::string args =
+      "active-learn --members 2 --epochs 2 --rounds 2 --initial 20 --acquire 5 --hidden 8 "
+      "--device cpu --quiet --json" +
+      out;
   const nlohmann::json with = run_json(args);
   const nlohmann::json without = run_json(args + " --no-random-baseline");
   EXPECT_EQ(with.at("pack_members"), 4);

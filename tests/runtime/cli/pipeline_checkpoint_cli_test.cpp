@@ -49,15 +49,15 @@ TEST_F(Cli, MultitaskOutputsNeverReplaceTheClassNamesOrTheConfig) {
   write_file(path("dev.tsv"), yes_no_tsv(8));
   const std::string data = " --train " + path("train.tsv") + " --dev " + path("dev.tsv");
   write_file(path("names.txt"), "no\nyes\n");
-  const Result names = run("multitask train " + kTinyMultitask + data + " --class-names " + path("names.txt") +
-                           " -o " + path("names.txt"));
+  const Result names = run("multitask train " + kTinyMultitask + data + " --class-names " + path("names.txt") + " -o " +
+                           path("names.txt"));
   EXPECT_EQ(names.status, 2) << names.out;
   EXPECT_THAT(names.out, HasSubstr("is the same file as the input --class-names"));
   EXPECT_EQ(read_file(path("names.txt")), "no\nyes\n");
 
   write_file(path("mt.toml"), "epochs = 1\n");
-  const Result config = run("multitask train --config " + path("mt.toml") + " " + kTinyShape + data + " -o " +
-                            path("mt.toml"));
+  const Result config =
+      run("multitask train --config " + path("mt.toml") + " " + kTinyShape + data + " -o " + path("mt.toml"));
   EXPECT_EQ(config.status, 2) << config.out;
   EXPECT_THAT(config.out, HasSubstr("is the same file as the input --config"));
   EXPECT_EQ(read_file(path("mt.toml")), "epochs = 1\n");
@@ -81,7 +81,8 @@ TEST_F(Cli, MultitaskOutputsNeverReplaceTheClassNamesOrTheConfig) {
   const Result log_over_checkpoint = run("multitask resume " + path("a.ckpt") + " --epochs 2 --device cpu -q -o " +
                                          path("b.ckpt") + " --log " + path("a.ckpt"));
   EXPECT_EQ(log_over_checkpoint.status, 2) << log_over_checkpoint.out;
-  EXPECT_THAT(log_over_checkpoint.out, HasSubstr("--log " + path("a.ckpt") + " is the same file as the input checkpoint"));
+  EXPECT_THAT(log_over_checkpoint.out,
+              HasSubstr("--log " + path("a.ckpt") + " is the same file as the input checkpoint"));
   EXPECT_EQ(read_file(path("a.ckpt")), checkpoint);
 }
 
@@ -99,9 +100,9 @@ TEST_F(PipelineCheckpoint, OutputsNeverReplaceAStageFileOfTheCheckpointOrAnInput
   const std::string step = stage0.substr(stage0.rfind(".step"));
   const std::string names = path("q.ckpt.stage1-of-2") + step;
   write_file(names, "no\nyes\n");
-  const Result trained = launch(2, "multitask train " + kPipelineShape + " --epochs 1 --train " + path("train.tsv") +
-                                       " --dev " + path("dev.tsv") + " --pipeline-stages 2 --class-names " + names +
-                                       " -o " + path("q.ckpt"));
+  const Result trained =
+      launch(2, "multitask train " + kPipelineShape + " --epochs 1 --train " + path("train.tsv") + " --dev " +
+                    path("dev.tsv") + " --pipeline-stages 2 --class-names " + names + " -o " + path("q.ckpt"));
   EXPECT_EQ(trained.status, 2) << trained.out;
   EXPECT_THAT(trained.out, HasSubstr("'s stage file " + names + " is the same file as the input --class-names"));
   EXPECT_EQ(read_file(names), "no\nyes\n");
@@ -135,17 +136,20 @@ TEST_F(PipelineCheckpoint, ALaunchedResumeMissingAStageFileFailsOnEveryRankWithT
 }
 
 TEST_F(Cli, PipelineFlagErrorsNameTheFlags) {
-  const Result stages = run("multitask train " + kPipelineShape + " --epochs 1 --pipeline-stages 3 -o " + path("x.ckpt"));
+  const Result stages =
+      run("multitask train " + kPipelineShape + " --epochs 1 --pipeline-stages 3 -o " + path("x.ckpt"));
   EXPECT_EQ(stages.status, 2) << stages.out;
   EXPECT_THAT(stages.out, HasSubstr("--pipeline-stages 3 exceeds --layers 2"));
   EXPECT_THAT(stages.out, Not(HasSubstr("model.layers")));
-  const Result micro = run("multitask train " + kPipelineShape + " --epochs 1 --pipeline-stages 2 --micro-batches 3 -o " +
-                           path("x.ckpt"));
+  const Result micro = run("multitask train " + kPipelineShape +
+                           " --epochs 1 --pipeline-stages 2 --micro-batches 3 -o " + path("x.ckpt"));
   EXPECT_EQ(micro.status, 2) << micro.out;
   EXPECT_THAT(micro.out, HasSubstr("--micro-batches 3 does not divide --batch 4"));
   EXPECT_THAT(micro.out, Not(HasSubstr("micro_batches")));
-  const Result separate = run("multitask train " + kPipelineShape + " --epochs 1 --pipeline-stages 2 "
-                              "--separate-lm-texts -o " + path("x.ckpt"));
+  const Result separate = run("multitask train " + kPipelineShape +
+                              " --epochs 1 --pipeline-stages 2 "
+                              "--separate-lm-texts -o " +
+                              path("x.ckpt"));
   EXPECT_EQ(separate.status, 2) << separate.out;
   EXPECT_THAT(separate.out, HasSubstr("--separate-lm-texts cannot be used with --pipeline-stages 2"));
   EXPECT_THAT(separate.out, Not(HasSubstr("shared_inputs")));

@@ -22,8 +22,10 @@ using ::testing::HasSubstr;
 
 // kTinyShape with more blocks, so 2 and 4 stages have some to split.
 std::string pipeline_shape(int layers, bool quiet = true) {
-  return "--width 16 --layers " + std::to_string(layers) + " --max-length 32 --batch 4 --device cpu --heads 2 "
-         "--buckets 16,32" + (quiet ? " -q" : "");
+  return "--width 16 --layers " + std::to_string(layers) +
+         " --max-length 32 --batch 4 --device cpu --heads 2 "
+         "--buckets 16,32" +
+         (quiet ? " -q" : "");
 }
 
 // Two float32 runs whose gradients are summed in another order (micro-batches
@@ -83,7 +85,7 @@ TEST_F(Cli, PipelinePrintsItsPlacementAndFourStagesEqualOneProcess) {
 
   // The placement, the schedule and the tied embedding, in plain words (not -q, no --json).
   const Result described = launch(2, "multitask train " + pipeline_shape(4, false) + " --epochs 1" + data +
-                                          " --pipeline-stages 2 --micro-batches 2 -o " + path("two.ckpt"));
+                                         " --pipeline-stages 2 --micro-batches 2 -o " + path("two.ckpt"));
   ASSERT_EQ(described.status, 0) << described.out;
   const std::string& out = described.out;
   EXPECT_THAT(out, HasSubstr("pipeline of 2 stages over 2 ranks"));
@@ -112,8 +114,8 @@ TEST_F(Cli, PipelineResumesOnTheSameStagesAndRefusesAnother) {
   EXPECT_EQ(r["dev_metrics"]["accuracy"], s["dev_metrics"]["accuracy"]);
 
   // One process assembles the stages and goes on as the whole model.
-  const nlohmann::json alone = run_json("multitask resume " + path("b.ckpt") + " --epochs 4 --device cpu -q --json -o " +
-                                        path("c.ckpt"));
+  const nlohmann::json alone =
+      run_json("multitask resume " + path("b.ckpt") + " --epochs 4 --device cpu -q --json -o " + path("c.ckpt"));
   ASSERT_TRUE(alone.is_object());
   EXPECT_EQ(alone["epochs"].size(), 1u);
 
@@ -130,8 +132,8 @@ TEST_F(Cli, PipelineResumesOnTheSameStagesAndRefusesAnother) {
 TEST_F(Cli, PipelineTimesDataParallelTrainsTheSameModelAsOneProcess) {
   write_file(path("train.tsv"), yes_no_tsv(16));
   write_file(path("dev.tsv"), yes_no_tsv(80));  // two evaluation batches of 64: one per replica
-  const std::string args = "multitask train " + pipeline_shape(2, false) + " --epochs 2 --train " +
-                           path("train.tsv") + " --dev " + path("dev.tsv");
+  const std::string args = "multitask train " + pipeline_shape(2, false) + " --epochs 2 --train " + path("train.tsv") +
+                           " --dev " + path("dev.tsv");
   const nlohmann::json single = run_json(args + " --json -o " + path("one.ckpt"));
   const Result launched = launch(4, args + " --pipeline-stages 2 --micro-batches 2 -o " + path("four.ckpt"));
   ASSERT_EQ(launched.status, 0) << launched.out;
@@ -173,8 +175,10 @@ TEST_F(Cli, PipelinePlacedByMeasuredTimeResumesOntoTheSameBlocks) {
   const Result timed = launch(2, "multitask train " + pipeline_shape(4, false) + " --epochs 1" + data +
                                      " --pipeline-stages 2 --pipeline-balance time -o " + path("t.ckpt"));
   ASSERT_EQ(timed.status, 0) << timed.out;
-  EXPECT_THAT(timed.out, ::testing::ContainsRegex("stage 0 \\(rank 0\\): blocks 0-[0-9].* ms per micro-batch \\(measured\\)"));
-  EXPECT_THAT(timed.out, ::testing::ContainsRegex("stage 1 \\(rank 1\\): blocks [1-3]-3.* ms per micro-batch \\(measured\\)"));
+  EXPECT_THAT(timed.out,
+              ::testing::ContainsRegex("stage 0 \\(rank 0\\): blocks 0-[0-9].* ms per micro-batch \\(measured\\)"));
+  EXPECT_THAT(timed.out,
+              ::testing::ContainsRegex("stage 1 \\(rank 1\\): blocks [1-3]-3.* ms per micro-batch \\(measured\\)"));
   const Result json = launch(4, "multitask resume " + path("t.ckpt") + " --epochs 2 --device cpu -q --json");
   ASSERT_EQ(json.status, 0) << json.out;
   const nlohmann::json resumed = rank0_json(json.out);
@@ -185,7 +189,8 @@ TEST_F(Cli, PipelinePlacedByMeasuredTimeResumesOntoTheSameBlocks) {
   EXPECT_THAT(timed.out, HasSubstr("stage 1 (rank 1): blocks " + std::to_string(boundary) + "-3"));
   // Resumed into another file, in words: the recorded blocks, nothing measured, and
   // the checkpoint it resumed left whole (one process still assembles it).
-  const Result words = launch(2, "multitask resume " + path("t.ckpt") + " --epochs 3 --device cpu -o " + path("u.ckpt"));
+  const Result words =
+      launch(2, "multitask resume " + path("t.ckpt") + " --epochs 3 --device cpu -o " + path("u.ckpt"));
   ASSERT_EQ(words.status, 0) << words.out;
   EXPECT_THAT(words.out, HasSubstr("stage 1 (rank 1): blocks " + std::to_string(boundary) + "-3"));
   EXPECT_THAT(words.out, ::testing::Not(HasSubstr("(measured)")));
@@ -209,10 +214,11 @@ TEST_F(Cli, APipelineStageKilledMidSaveLeavesAWholeCheckpoint) {
   const std::string train = "multitask train " + pipeline_shape(2) + " --epochs 400 --train " + path("train.tsv") +
                             " --dev " + path("dev.tsv") + " --pipeline-stages 2 --micro-batches 2 -o " + ckpt;
   // Shell builtins only (no process per poll): rank 1's stage files, until two coexist.
-  const std::string kill_mid_save = "(while :; do set -- '" + ckpt + "'.stage1-of-2.step*; [ $# -ge 2 ] && [ -e \"$2\" ] "
+  const std::string kill_mid_save = "(while :; do set -- '" + ckpt +
+                                    "'.stage1-of-2.step*; [ $# -ge 2 ] && [ -e \"$2\" ] "
                                     "&& break; done; kill -9 $pid; echo killed-mid-save)";
-  const Result r = run_ranks_by_hand({.env = {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "10"}}, .meanwhile = kill_mid_save},
-                                     train);
+  const Result r =
+      run_ranks_by_hand({.env = {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "10"}}, .meanwhile = kill_mid_save}, train);
   ASSERT_THAT(r.out, HasSubstr("killed-mid-save")) << r.out;
   EXPECT_THAT(r.out, ::testing::ContainsRegex("rank0 exit [1-9]")) << "rank 0 outlived its stage 1: " << r.out;
   ASSERT_TRUE(fs::exists(ckpt)) << r.out;
@@ -225,20 +231,23 @@ TEST_F(Cli, PipelineNeedsOneRankPerStage) {
   const Result r = run("multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 2 -o " + path("x.ckpt"));
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--pipeline-stages 2 needs 2 processes, one per stage"));
-  const Result too_many = launch(2, "multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 3 -o " + path("x.ckpt"));
+  const Result too_many =
+      launch(2, "multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 3 -o " + path("x.ckpt"));
   EXPECT_NE(too_many.status, 0);
   EXPECT_THAT(too_many.out, HasSubstr("--pipeline-stages 3 exceeds --layers 2"));
 }
 
 TEST_F(Cli, AKilledStageEndsTheOtherNamingTheStagesAndTheStep) {
   // The bundled CoLA set: an epoch of ~2000 steps, so the kill lands mid-epoch.
-  const std::string train = "multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 2 -o " + path("k.ckpt");
+  const std::string train =
+      "multitask train " + pipeline_shape(2) + " --epochs 1 --pipeline-stages 2 -o " + path("k.ckpt");
   const auto start = std::chrono::steady_clock::now();
-  const Result r = run_ranks_by_hand({.env = {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "10"}}, .meanwhile = kill_after(4, "-9")},
-                                     train);
+  const Result r =
+      run_ranks_by_hand({.env = {{"PACKTRAIN_COLLECTIVE_TIMEOUT", "10"}}, .meanwhile = kill_after(4, "-9")}, train);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_THAT(r.out, HasSubstr("rank0 exit 1")) << r.out;
-  EXPECT_THAT(r.out, ::testing::ContainsRegex("stage [01] to stage [01] at step [0-9]+ failed on rank 0 of 2")) << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("stage [01] to stage [01] at step [0-9]+ failed on rank 0 of 2"))
+      << r.out;
   EXPECT_LT(seconds, 70) << "the surviving stage must not hang";
 }
 

@@ -4,8 +4,8 @@
 // for sockets and block devices, and no output replaces a file the run reads (the
 // --config file included). Device nodes, FIFOs and sockets are made in the test's
 // own directory: the real /dev is never touched.
-#include <gmock/gmock.h>
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -120,16 +120,15 @@ TEST_F(SpecialOutputs, AFifoReceivesWhatAFileWouldAndStaysAFifo) {
   const std::string fifo = path("fifo"), pool = pool_csv(path("pool.csv"), 40);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
   ASSERT_EQ(run("predict " + ckpt_ + " " + pool + " -o " + path("file.csv")).status, 0);
-  const Result r = run_command("cat " + fifo + " > " + path("got.csv") + " & reader=$!; '" + binary() +
-                               "' predict " + ckpt_ + " " + pool + " -o " + fifo +
-                               " 2>&1; status=$?; wait $reader; exit $status");
+  const Result r = run_command("cat " + fifo + " > " + path("got.csv") + " & reader=$!; '" + binary() + "' predict " +
+                               ckpt_ + " " + pool + " -o " + fifo + " 2>&1; status=$?; wait $reader; exit $status");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(read_file(path("got.csv")), read_file(path("file.csv")));
   EXPECT_TRUE(is_fifo(fifo));
   // A checkpoint through a FIFO is the same bytes as one in a file.
-  const Result saved = run_command("cat " + fifo + " > " + path("got.ckpt") + " & reader=$!; '" + binary() +
-                                   "' train " + kSmall + " --quiet --checkpoint " + fifo +
-                                   " 2>&1; status=$?; wait $reader; exit $status");
+  const Result saved =
+      run_command("cat " + fifo + " > " + path("got.ckpt") + " & reader=$!; '" + binary() + "' train " + kSmall +
+                  " --quiet --checkpoint " + fifo + " 2>&1; status=$?; wait $reader; exit $status");
   EXPECT_EQ(saved.status, 0) << saved.out;
   EXPECT_EQ(read_file(path("got.ckpt")), read_file(ckpt_)) << "one seed, one checkpoint";
 }
@@ -138,9 +137,9 @@ TEST_F(SpecialOutputs, AFifoReceivesWhatAFileWouldAndStaysAFifo) {
 TEST_F(SpecialOutputs, AFifoWhoseReaderLeavesEarlyIsAWriteError) {
   const std::string fifo = path("fifo"), pool = pool_csv(path("pool.csv"), 4000);  // far beyond a pipe's 64 KiB
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
-  const Result r = run_command("head -c 10 " + fifo + " > " + path("head.txt") + " & reader=$!; '" + binary() +
-                               "' predict " + ckpt_ + " " + pool + " -o " + fifo +
-                               " 2>&1; status=$?; wait $reader; exit $status");
+  const Result r =
+      run_command("head -c 10 " + fifo + " > " + path("head.txt") + " & reader=$!; '" + binary() + "' predict " +
+                  ckpt_ + " " + pool + " -o " + fifo + " 2>&1; status=$?; wait $reader; exit $status");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("Broken pipe"));
   EXPECT_TRUE(is_fifo(fifo));
@@ -194,9 +193,9 @@ TEST_F(Cli, NoOutputReplacesTheConfigFile) {
   const std::string config = path("run.toml");
   const std::string text = "members = 2\nepochs = 2\nhidden = 8\ndevice = \"cpu\"\n";
   write_file(config, text);
-  for (const std::string& args : {"train --config " + config + " --checkpoint " + config,
-                                  "train --config=" + config + " --export " + config,
-                                  "train --quiet --trace " + path("./run.toml") + " --config " + config}) {
+  for (const std::string& args :
+       {"train --config " + config + " --checkpoint " + config, "train --config=" + config + " --export " + config,
+        "train --quiet --trace " + path("./run.toml") + " --config " + config}) {
     const Result r = run(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr("same file as the input --config"));

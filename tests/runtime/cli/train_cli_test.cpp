@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,9 +15,7 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 
 #include "tests/runtime/cli/cli_harness.h"
 
@@ -42,7 +42,8 @@ TEST_F(Cli, TrainJsonReportsEveryMemberAndAnEnsembleBetterThanTheAverageMember) 
 TEST_F(Cli, TrainStopsOnTheEnsemblesValidationLossByDefaultAndNotWithoutValidationRows) {
   // A short patience so the run stops well before its epochs: every member at once,
   // at the ensemble's best epoch.
-  const nlohmann::json stopped = run_json("train --data yacht --members 4 --hidden 32 --epochs 400 --patience 3 --json --device cpu");
+  const nlohmann::json stopped =
+      run_json("train --data yacht --members 4 --hidden 32 --epochs 400 --patience 3 --json --device cpu");
   ASSERT_EQ(stopped["members"].size(), 4u) << stopped.dump();
   const int64_t best = stopped["members"][0]["best_epoch"].get<int64_t>();
   EXPECT_GT(best, 0);
@@ -70,8 +71,10 @@ TEST_F(Cli, TrainStopsOnTheEnsemblesValidationLossByDefaultAndNotWithoutValidati
 // evaluated and resumed as the MLP is; export (MLP members only) refuses it, exit 2.
 TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
   const std::string ckpt = path("residual.ckpt");
-  const Result trained = run("train --data yacht --architecture residual-mlp --members 3 --hidden 16 --depth 1 "
-                             "--epochs 4 --device cpu --checkpoint " + ckpt);
+  const Result trained =
+      run("train --data yacht --architecture residual-mlp --members 3 --hidden 16 --depth 1 "
+          "--epochs 4 --device cpu --checkpoint " +
+          ckpt);
   ASSERT_EQ(trained.status, 0) << trained.out;
   EXPECT_THAT(trained.out, HasSubstr("1x16 residual-mlp"));
   const Result evaluated = run("evaluate " + ckpt);
@@ -94,17 +97,19 @@ TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
 // on a table, whose rows have no shape, refused (exit 2) saying what they need.
 TEST_F(Cli, CnnMembersTrainOnImagesAndSequencesAndResumeAndATableIsRefused) {
   const std::string ckpt = path("cnn.ckpt");
-  const nlohmann::json trained =
-      run_json("train --data optdigits --architecture cnn --channels 8,16 --hidden 32 --depth 1 --head classification "
-               "--members 2 --epochs 3 --device cpu --json --checkpoint " + ckpt);
+  const nlohmann::json trained = run_json(
+      "train --data optdigits --architecture cnn --channels 8,16 --hidden 32 --depth 1 --head classification "
+      "--members 2 --epochs 3 --device cpu --json --checkpoint " +
+      ckpt);
   EXPECT_GT(trained["ensemble"]["accuracy"].get<double>(), 0.8) << trained.dump();
   const Result evaluated = run("evaluate " + ckpt);
   ASSERT_EQ(evaluated.status, 0) << evaluated.out;
   EXPECT_THAT(evaluated.out, HasSubstr("accuracy"));
   const Result resumed = run("resume " + ckpt + " --epochs 4");
   ASSERT_EQ(resumed.status, 0) << resumed.out;
-  const Result sequences = run("train --data mnist1d --architecture cnn --channels 8 --hidden 16 --depth 1 "
-                               "--head classification --members 2 --epochs 1 --device cpu");
+  const Result sequences =
+      run("train --data mnist1d --architecture cnn --channels 8 --hidden 16 --depth 1 "
+          "--head classification --members 2 --epochs 1 --device cpu");
   ASSERT_EQ(sequences.status, 0) << sequences.out;
   const Result table = run("train --data yacht --architecture cnn --epochs 1 --device cpu");
   EXPECT_EQ(table.status, 2) << table.out;
@@ -149,7 +154,8 @@ TEST_F(Cli, TrainPredictEvaluateResumeOnBundledData) {
   const nlohmann::json on_table = run_json("evaluate " + ckpt + " " + concrete_csv("xy.csv", 50, true) + " --json");
   EXPECT_EQ(on_table["rows"], 50);
   // resume to 12 epochs == train 12 epochs straight.
-  const nlohmann::json resumed = run_json("resume " + ckpt + " --epochs 12 --json --device cpu --checkpoint " + path("r.ckpt"));
+  const nlohmann::json resumed =
+      run_json("resume " + ckpt + " --epochs 12 --json --device cpu --checkpoint " + path("r.ckpt"));
   const nlohmann::json straight = run_json("train --members 4 --epochs 12 --hidden 32 --device cpu --json");
   EXPECT_EQ(resumed["epochs_run"], 12);
   EXPECT_EQ(resumed["ensemble"]["rmse"], straight["ensemble"]["rmse"]) << "resume continues exactly";
@@ -165,9 +171,8 @@ TEST_F(Cli, CtrlCSavesACheckpointThatResumes) {
     // No early stopping: the test is about the interrupt, and with patience a run
     // interrupted late (a slow or busy machine) could stop on its own before the
     // epochs the resume asks for (seen in CI: interrupted at 55, stopped at 64).
-    execl(exe.c_str(), exe.c_str(), "train", "--epochs", "100000", "--members", "2", "--device", "cpu",
-          "--patience", "0", "--quiet", "--checkpoint", ckpt.c_str(), "--log", log.c_str(),
-          static_cast<char*>(nullptr));
+    execl(exe.c_str(), exe.c_str(), "train", "--epochs", "100000", "--members", "2", "--device", "cpu", "--patience",
+          "0", "--quiet", "--checkpoint", ckpt.c_str(), "--log", log.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   for (int i = 0; i < 600 && read_file(log).find("epoch    3/") == std::string::npos; ++i) {
@@ -223,9 +228,8 @@ TEST_F(Cli, PythonLoadsAnExportAndPredictsTheSame) {
   ASSERT_EQ(exported.status, 0) << exported.out;
   const std::string input = concrete_csv("in.csv", 30, false);
   ASSERT_EQ(run("predict " + ckpt + " " + input + " -o " + path("cpp.csv")).status, 0);
-  const Result py = run_command(test_python() + " " + source_dir() +
-                                "/scripts/load_packtrain_export.py " + path("m.pt") + " " + input + " > " +
-                                path("py.csv"));
+  const Result py = run_command(test_python() + " " + source_dir() + "/scripts/load_packtrain_export.py " +
+                                path("m.pt") + " " + input + " > " + path("py.csv"));
   ASSERT_EQ(py.status, 0) << py.out;
   std::istringstream cpp(read_file(path("cpp.csv"))), python(read_file(path("py.csv")));
   std::string a, b;
@@ -258,7 +262,8 @@ TEST_F(Cli, ConfigFileGivesFlagsAndRejectsUnknownKeys) {
 }
 
 TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
-  for (const std::string sub : {"train", "resume", "predict", "evaluate", "export", "active-learn", "profile", "info"}) {
+  for (const std::string sub :
+       {"train", "resume", "predict", "evaluate", "export", "active-learn", "profile", "info"}) {
     const Result r = run(sub + " --help");
     EXPECT_EQ(r.status, 0) << sub;
     EXPECT_THAT(r.out, HasSubstr("Usage")) << sub;
@@ -274,8 +279,10 @@ TEST_F(Cli, EverySubcommandExplainsItselfAndInfoNamesTheDevices) {
 // a row per configuration, the best by validation loss kept.
 TEST_F(Cli, ASweepTrainsEveryConfigurationInOnePackAndKeepsTheBest) {
   const std::string ckpt = path("sweep.ckpt");
-  const nlohmann::json j = run_json("train --lr 1e-3,3e-3,1e-2 --weight-decay 0,1e-4 --members 5 --epochs 10 --hidden 16 "
-                                    "--device cpu --json --select best --checkpoint " + ckpt);
+  const nlohmann::json j = run_json(
+      "train --lr 1e-3,3e-3,1e-2 --weight-decay 0,1e-4 --members 5 --epochs 10 --hidden 16 "
+      "--device cpu --json --select best --checkpoint " +
+      ckpt);
   EXPECT_EQ(j["options"]["members"], 30);
   ASSERT_EQ(j["configurations"].size(), 6u) << j.dump();
   double best = 1e300;
@@ -315,13 +322,16 @@ TEST_F(Cli, ASweepTrainsEveryConfigurationInOnePackAndKeepsTheBest) {
 // JSON and the --select best note; a resumed sweep keeps each member's rate.
 TEST_F(Cli, ADropoutSweepTrainsInOnePack) {
   const std::string ckpt = path("dropout.ckpt");
-  const std::string args = "train --dropout 0,0.2,0.5 --lr 3e-3,1e-2 --members 2 --epochs 4 --hidden 16 --patience 0 "
-                           "--device cpu --select best --checkpoint " + ckpt;
+  const std::string args =
+      "train --dropout 0,0.2,0.5 --lr 3e-3,1e-2 --members 2 --epochs 4 --hidden 16 --patience 0 "
+      "--device cpu --select best --checkpoint " +
+      ckpt;
   const Result text = run(args);
   ASSERT_EQ(text.status, 0) << text.out;
   EXPECT_THAT(text.out, HasSubstr("sweep: 6 configurations (learning rate x weight decay x dropout) x 2 members"));
   EXPECT_THAT(text.out, HasSubstr("dropout"));
-  EXPECT_THAT(text.out, ::testing::ContainsRegex("sweep: kept lr [0-9.e-]+, weight decay 0.0001, dropout (0|0.2|0.5) "));
+  EXPECT_THAT(text.out,
+              ::testing::ContainsRegex("sweep: kept lr [0-9.e-]+, weight decay 0.0001, dropout (0|0.2|0.5) "));
   const nlohmann::json j = run_json(args + " --json");
   EXPECT_EQ(j["options"]["members"], 12);
   EXPECT_EQ(j["options"]["member_dropout"],
@@ -337,8 +347,10 @@ TEST_F(Cli, ADropoutSweepTrainsInOnePack) {
 }
 
 TEST_F(Cli, ActiveLearnWritesTheLearningCurveAsCsvAndSvg) {
-  const Result r = run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
-                       "--csv " + path("curve.csv") + " --plot " + path("curve.svg"));
+  const Result r =
+      run("active-learn --data yacht --rounds 3 --initial 20 --acquire 10 --epochs 20 --members 3 --device cpu "
+          "--csv " +
+          path("curve.csv") + " --plot " + path("curve.svg"));
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string csv = read_file(path("curve.csv"));
   EXPECT_THAT(csv, HasSubstr("labelled"));

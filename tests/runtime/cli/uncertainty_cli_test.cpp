@@ -106,7 +106,9 @@ TEST_F(Cli, TrainRecalibratesOnItsValidationRowsAndEvaluateUsesTheScale) {
   EXPECT_EQ(plain["options"]["recalibration"], "none");
   // The same members: the mean is untouched, the spread stretched by sqrt(s).
   EXPECT_DOUBLE_EQ(trained["ensemble"]["rmse"].get<double>(), plain["ensemble"]["rmse"].get<double>());
-  const auto width = [](const nlohmann::json& j) { return j["calibration"]["intervals"][1]["mean_width"].get<double>(); };
+  const auto width = [](const nlohmann::json& j) {
+    return j["calibration"]["intervals"][1]["mean_width"].get<double>();
+  };
   EXPECT_NEAR(width(trained), std::sqrt(s) * width(plain), 1e-6 * width(trained)) << "90% intervals";
   // The checkpoint keeps it: evaluate scores the recalibrated mixture.
   const nlohmann::json evaluated = run_json("evaluate " + ckpt + " --device cpu --json");
@@ -147,11 +149,13 @@ TEST_F(Cli, AcquireRanksARegressionPool) {
   EXPECT_NEAR(rows[0][2], largest, 1e-6 * largest);
   EXPECT_NEAR(rows[0][2], pred[static_cast<size_t>(rows[0][1])][3], 1e-6 * largest);
 
-  const nlohmann::json sampled = run_json("acquire " + ckpt + " " + pool + " --count 12 --selection power --power 4 "
+  const nlohmann::json sampled = run_json("acquire " + ckpt + " " + pool +
+                                          " --count 12 --selection power --power 4 "
                                           "--seed 3 --strategy variance --json");
   EXPECT_EQ(sampled["strategy"], "variance");
   EXPECT_EQ(sampled["chosen"].size(), 12u);
-  EXPECT_EQ(sampled, run_json("acquire " + ckpt + " " + pool + " --count 12 --selection power --power 4 --seed 3 "
+  EXPECT_EQ(sampled, run_json("acquire " + ckpt + " " + pool +
+                              " --count 12 --selection power --power 4 --seed 3 "
                               "--strategy variance --json"))
       << "seeded: the same batch again";
   const Result wrong = run("acquire " + ckpt + " " + pool + " --strategy bald");
@@ -187,7 +191,8 @@ TEST_F(Cli, AcquireRanksAClassificationPoolAndEvaluateScoresIt) {
   }
   write_file(path("pool.csv"), pool);
   for (const char* strategy : {"bald", "entropy", "margin", "variation-ratio", "random"}) {
-    const nlohmann::json j = run_json("acquire " + ckpt + " " + path("pool.csv") + " --count 5 --json --strategy " + strategy);
+    const nlohmann::json j =
+        run_json("acquire " + ckpt + " " + path("pool.csv") + " --count 5 --json --strategy " + strategy);
     EXPECT_EQ(j["chosen"].size(), 5u) << strategy;
     EXPECT_EQ(j["pool_rows"], 150) << strategy;
   }

@@ -100,7 +100,7 @@ TEST_F(ArrayDirectory, RefusalsNameTheFile) {
   one_file.data = (dir_ / "features.npy").string();
   EXPECT_THAT(error_of([&] { load_split_data(one_file); }),
               ::testing::AllOf(HasSubstr("features.npy: a .npy file is read as part of an array directory"),
-                    HasSubstr("give the directory")));
+                               HasSubstr("give the directory")));
 }
 
 TEST_F(ArrayDirectory, AMissingLabelsFileIsNamed) {
@@ -131,8 +131,8 @@ class NpzArchive : public ArrayDirectory {
     a.data = file;
     return a;
   }
-  const std::string features_ = pt::npy("<f4", "(4, 1, 3)", pt::raw_bytes(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                                                                               9, 10, 11}));
+  const std::string features_ =
+      pt::npy("<f4", "(4, 1, 3)", pt::raw_bytes(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
   const std::string labels_ = pt::npy("<i8", "(4,)", pt::raw_bytes(std::vector<int64_t>{0, 1, 0, 1}));
 };
 
@@ -152,8 +152,10 @@ TEST_F(NpzArchive, StoredOrDeflatedMembersLoadLikeADirectory) {
     EXPECT_EQ(data.split.test.size(), 1u);
   }
   // train_ and test_ arrays: its own split
-  const std::string file = archive({{"train_features.npy", features_}, {"train_labels.npy", labels_},
-                                    {"test_features.npy", features_}, {"test_labels.npy", labels_}});
+  const std::string file = archive({{"train_features.npy", features_},
+                                    {"train_labels.npy", labels_},
+                                    {"test_features.npy", features_},
+                                    {"test_labels.npy", labels_}});
   DataArgs a = npz_args(file);
   a.val_fraction = 0;
   const SplitData data = load_split_data(a);
@@ -171,8 +173,9 @@ TEST_F(NpzArchive, RefusalsNameTheArchiveAndTheMember) {
               HasSubstr("arrays.npz: no array 'labels' (it holds: features)"));
   const std::string other = archive({{"features.npy", features_}, {"notes.txt", "hello"}});
   EXPECT_THAT(error_of([&] { read_npz(other); }), HasSubstr("arrays.npz: member 'notes.txt' is not a .npy array"));
-  const std::string mismatch = archive({{"features.npy", features_},
-                                        {"labels.npy", pt::npy("<i8", "(3,)", pt::raw_bytes(std::vector<int64_t>{0, 1, 2}))}});
+  const std::string mismatch =
+      archive({{"features.npy", features_},
+               {"labels.npy", pt::npy("<i8", "(3,)", pt::raw_bytes(std::vector<int64_t>{0, 1, 2}))}});
   EXPECT_THAT(error_of([&] { load_split_data(npz_args(mismatch)); }),
               HasSubstr("arrays.npz[labels.npy]: 3 labels for the 4 rows of"));
   packtrain::testing::write_bytes(dir_ / "plain.npz", "not a zip archive");

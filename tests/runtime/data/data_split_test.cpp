@@ -1,7 +1,7 @@
 // Splits (seeded, carved, read from index files, checked) and the data set entry
 // point: bundled names, UCI directories, table files and their column choices.
-#include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/data_split.h"
+#include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/data/uci_dataset.h"
 #include "tests/runtime/data/data_error_message.h"
@@ -10,13 +10,13 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <unistd.h>
 
 namespace packtrain::runtime {
 namespace {
@@ -50,7 +50,9 @@ DatasetSpec spec(std::string path, std::vector<std::string> features = {}, std::
   return out;
 }
 
-bool is_sorted_set(const std::vector<int64_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::greater_equal<>()) == v.end(); }
+bool is_sorted_set(const std::vector<int64_t>& v) {
+  return std::adjacent_find(v.begin(), v.end(), std::greater_equal<>()) == v.end();
+}
 
 // --- split_by_fractions -------------------------------------------------------
 
@@ -102,7 +104,8 @@ TEST(SplitByFractions, DoesNotTouchTorchsGenerator) {
 }
 
 TEST(SplitByFractions, RejectsBadFractions) {
-  EXPECT_THAT(error_of([] { split_by_fractions(100, -0.1, 0.2, 0); }), HasSubstr("validation fraction -0.1 is outside [0, 1)"));
+  EXPECT_THAT(error_of([] { split_by_fractions(100, -0.1, 0.2, 0); }),
+              HasSubstr("validation fraction -0.1 is outside [0, 1)"));
   EXPECT_THAT(error_of([] { split_by_fractions(100, 0.1, 1.0, 0); }), HasSubstr("test fraction 1 is outside [0, 1)"));
   EXPECT_THAT(error_of([] { split_by_fractions(100, 0.1, NAN, 0); }), HasSubstr("test fraction nan is outside [0, 1)"));
   EXPECT_THAT(error_of([] { split_by_fractions(100, 0.5, 0.5, 0); }), HasSubstr("sum to 1 or more"));
@@ -142,17 +145,24 @@ TEST(CarveValidation, ZeroFractionIsANoOpAndEmptyingTrainIsAnError) {
   EXPECT_THAT(split.train, ElementsAre(1, 2, 3));
   EXPECT_TRUE(split.validation.empty());
   DataSplit single{{5}, {}, {0}};
-  EXPECT_THAT(error_of([&] { carve_validation(single, 0.1, 0); }), HasSubstr("of 1 training rows leaves none to train on"));
+  EXPECT_THAT(error_of([&] { carve_validation(single, 0.1, 0); }),
+              HasSubstr("of 1 training rows leaves none to train on"));
 }
 
 // --- check_split --------------------------------------------------------------
 
 TEST(CheckSplit, NamesOverlapsDuplicatesAndRange) {
-  EXPECT_THAT(error_of([] { check_split({{0, 1, 3}, {}, {2, 3}}, 5); }), HasSubstr("split: row 3 is in both train and test"));
+  EXPECT_THAT(error_of([] {
+                check_split({{0, 1, 3}, {}, {2, 3}}, 5);
+              }),
+              HasSubstr("split: row 3 is in both train and test"));
   EXPECT_THAT(error_of([] { check_split({{0}, {1, 4}, {4}}, 5); }), HasSubstr("row 4 is in both validation and test"));
   EXPECT_THAT(error_of([] { check_split({{0, 2, 2}, {}, {}}, 5); }), HasSubstr("row 2 appears twice in train"));
   EXPECT_THAT(error_of([] { check_split({{0, 5}, {}, {}}, 5); }), HasSubstr("train row 5 is out of range [0, 5)"));
-  EXPECT_THAT(error_of([] { check_split({{0}, {}, {-1}}, 5, "x.csv"); }), HasSubstr("x.csv: test row -1 is out of range"));
+  EXPECT_THAT(error_of([] {
+                check_split({{0}, {}, {-1}}, 5, "x.csv");
+              }),
+              HasSubstr("x.csv: test row -1 is out of range"));
 }
 
 // --- read_index_file ----------------------------------------------------------
@@ -164,7 +174,8 @@ TEST_F(TempFiles, ReadIndexFileReadsWhitespaceSeparatedIntegers) {
 TEST_F(TempFiles, ReadIndexFileErrorsNameFileAndEntry) {
   EXPECT_THAT(error_of([&] { read_index_file(write("i.txt", "0\n1\n4\n"), 4); }),
               HasSubstr("i.txt: index 4.000000 (entry 3) is not an integer in [0, 4)"));
-  EXPECT_THAT(error_of([&] { read_index_file(write("i.txt", "-1\n"), 4); }), HasSubstr("(entry 1) is not an integer in [0, 4)"));
+  EXPECT_THAT(error_of([&] { read_index_file(write("i.txt", "-1\n"), 4); }),
+              HasSubstr("(entry 1) is not an integer in [0, 4)"));
   EXPECT_THAT(error_of([&] { read_index_file(write("i.txt", "1 2.5\n"), 4); }), HasSubstr("index 2.500000 (entry 2)"));
   EXPECT_THAT(error_of([&] { read_index_file(write("i.txt", "1\nx\n"), 4); }), HasSubstr("i.txt: index 'x' (entry 2)"));
   EXPECT_THAT(error_of([&] { read_index_file(write("i.txt", "\n"), 4); }), HasSubstr("i.txt: empty file"));
@@ -207,8 +218,10 @@ TEST(LoadDataset, WineQualityIsBundledWithIntegerScores) {
 TEST(LoadDataset, UnknownNameListsTheBundledSets) {
   const std::string error = error_of([] { load_dataset(spec("concret")); });
   EXPECT_THAT(error, HasSubstr("concret: no such file or directory, nor a bundled data set"));
-  EXPECT_THAT(error, HasSubstr("bostonHousing, concrete, energy, kin8nm, mnist1d, naval-propulsion-plant, optdigits, power-plant, "
-                              "protein-tertiary-structure, wine-quality-red, yacht"));
+  EXPECT_THAT(
+      error,
+      HasSubstr("bostonHousing, concrete, energy, kin8nm, mnist1d, naval-propulsion-plant, optdigits, power-plant, "
+                "protein-tertiary-structure, wine-quality-red, yacht"));
   EXPECT_THAT(error_of([] { load_dataset(DatasetSpec{}); }), HasSubstr("no data set given"));
 }
 
@@ -226,7 +239,8 @@ TEST(UciSplit, MatchesTheIndexFilesAndChecksRange) {
   EXPECT_TRUE(split.validation.empty());
   EXPECT_EQ(split.train.size(), 927u);
   EXPECT_NO_THROW(check_split(split, 1030));
-  EXPECT_THAT(error_of([&] { uci_split(data, 20); }), HasSubstr("split 20 out of range: the data set has splits 0..19"));
+  EXPECT_THAT(error_of([&] { uci_split(data, 20); }),
+              HasSubstr("split 20 out of range: the data set has splits 0..19"));
   EXPECT_THAT(error_of([&] { uci_split(data, -1); }), HasSubstr("split -1 out of range"));
 }
 
@@ -242,7 +256,9 @@ TEST(Subset, SelectsRowsKeepsNamesDropsStandardSplits) {
 
 class TableDataset : public TempFiles {
  protected:
-  fs::path csv() { return write("wine.csv", "alcohol,acidity,\"sugar, g/l\",quality\n9.4,0.7,1.9,5\n9.8,0.88,2.6,6\n"); }
+  fs::path csv() {
+    return write("wine.csv", "alcohol,acidity,\"sugar, g/l\",quality\n9.4,0.7,1.9,5\n9.8,0.88,2.6,6\n");
+  }
   Dataset load(std::vector<std::string> features, std::string target = "") {
     return load_dataset(spec(csv().string(), std::move(features), std::move(target)));
   }
@@ -273,19 +289,23 @@ TEST_F(TableDataset, ColumnsByNameIndexAndNegativeIndex) {
 }
 
 TEST_F(TableDataset, ColumnChoiceErrors) {
-  EXPECT_THAT(error_of([&] { load({"alcohol", "quality"}); }),
+  EXPECT_THAT(error_of([&] {
+                load({"alcohol", "quality"});
+              }),
               HasSubstr("wine.csv: column 'quality' is both the target and a feature"));
   EXPECT_THAT(error_of([&] { load({"alcohol", "0"}); }), HasSubstr("column 'alcohol' is chosen twice as a feature"));
   EXPECT_THAT(error_of([&] { load({"sugar"}); }),
               HasSubstr("wine.csv: unknown column 'sugar' (columns: alcohol, acidity, sugar, g/l, quality)"));
   EXPECT_THAT(error_of([&] { load({}, "9"); }), HasSubstr("wine.csv: column index 9 out of range"));
   const fs::path one = write("one.csv", "y\n1\n2\n");
-  EXPECT_THAT(error_of([&] { load_dataset(spec(one.string())); }), HasSubstr("one.csv: the only column, 'y', is the target"));
+  EXPECT_THAT(error_of([&] { load_dataset(spec(one.string())); }),
+              HasSubstr("one.csv: the only column, 'y', is the target"));
 }
 
 TEST_F(TableDataset, BadCellsAndFormatOptionsReachTheUser) {
   const fs::path bad = write("bad.tsv", "x\ty\n1\t2\n3\tNA\n");
-  EXPECT_THAT(error_of([&] { load_dataset(spec(bad.string())); }), HasSubstr("bad.tsv:3:2: non-numeric cell 'NA' in column 'y'"));
+  EXPECT_THAT(error_of([&] { load_dataset(spec(bad.string())); }),
+              HasSubstr("bad.tsv:3:2: non-numeric cell 'NA' in column 'y'"));
   // Forced header-less reading of a headed file: the header row is data and fails to parse.
   EXPECT_THAT(error_of([&] { load_dataset(spec(bad.string(), {}, "", HeaderMode::kNo)); }),
               HasSubstr("bad.tsv:1:1: non-numeric cell 'x' in column '0'"));
@@ -307,8 +327,10 @@ TEST_F(TempFiles, DataDirEnvironmentVariableWins) {
   ::setenv("PACKTRAIN_DATA_DIR", dir_.c_str(), 1);
   EXPECT_EQ(bundled_data_dir(), dir_);
   EXPECT_THAT(error_of([] { load_dataset(spec("concrete")); }), HasSubstr("bundled in " + dir_.string() + ": none"));
-  if (old) ::setenv("PACKTRAIN_DATA_DIR", saved.c_str(), 1);
-  else ::unsetenv("PACKTRAIN_DATA_DIR");
+  if (old)
+    ::setenv("PACKTRAIN_DATA_DIR", saved.c_str(), 1);
+  else
+    ::unsetenv("PACKTRAIN_DATA_DIR");
 }
 
 }  // namespace

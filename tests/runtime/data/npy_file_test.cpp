@@ -1,8 +1,8 @@
 // The .npy reader: the dtypes and header forms it reads, features flattened in C
 // order with their sample shape, labels as class indices, every error it reports
 // (each naming the file), and the bundled optdigits and mnist1d arrays.
-#include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/data/npy_file.h"
+#include "packtrain/runtime/data/dataset.h"
 #include "tests/runtime/data/data_error_message.h"
 #include "tests/runtime/data/npy_bytes.h"
 #include "tests/support/test_support.h"
@@ -59,12 +59,9 @@ TEST_F(NpyFile, ReadsImagesFlattenedInCOrderWithTheirSampleShape) {
 TEST_F(NpyFile, ReadsEveryAcceptedDtype) {
   const at::Tensor expected = at::tensor({0.0, 1.0, 250.0}, at::kDouble);
   const std::vector<std::pair<std::string, std::string>> files{
-      {"<f4", raw_bytes(std::vector<float>{0, 1, 250})},
-      {"<f8", raw_bytes(std::vector<double>{0, 1, 250})},
-      {"<i8", raw_bytes(std::vector<int64_t>{0, 1, 250})},
-      {"<i4", raw_bytes(std::vector<int32_t>{0, 1, 250})},
-      {"|u1", raw_bytes(std::vector<uint8_t>{0, 1, 250})},
-      {"<u1", raw_bytes(std::vector<uint8_t>{0, 1, 250})}};
+      {"<f4", raw_bytes(std::vector<float>{0, 1, 250})},   {"<f8", raw_bytes(std::vector<double>{0, 1, 250})},
+      {"<i8", raw_bytes(std::vector<int64_t>{0, 1, 250})}, {"<i4", raw_bytes(std::vector<int32_t>{0, 1, 250})},
+      {"|u1", raw_bytes(std::vector<uint8_t>{0, 1, 250})}, {"<u1", raw_bytes(std::vector<uint8_t>{0, 1, 250})}};
   for (const auto& [descr, data] : files) {
     const NpyArray a = read_npy(write("a.npy", npy(descr, "(3,)", data)));
     EXPECT_THAT(a.shape, ElementsAre(3)) << descr;
@@ -76,9 +73,8 @@ TEST_F(NpyFile, ReadsVersion2And3HeadersAnyKeyOrderAndEitherQuote) {
   const std::string data = raw_bytes(std::vector<double>{1.5, -2});
   EXPECT_THAT(read_npy(write("a.npy", npy("<f8", "(2,)", data, 2))).shape, ElementsAre(2));
   EXPECT_THAT(read_npy(write("a.npy", npy("<f8", "(1, 2)", data, 3))).shape, ElementsAre(1, 2));
-  const NpyArray a =
-      read_npy(write("a.npy", npy_with_dictionary("{\"shape\": (2,1), \"fortran_order\": False, \"descr\": \"<f8\"}",
-                                                  data)));
+  const NpyArray a = read_npy(
+      write("a.npy", npy_with_dictionary("{\"shape\": (2,1), \"fortran_order\": False, \"descr\": \"<f8\"}", data)));
   EXPECT_THAT(a.shape, ElementsAre(2, 1));
   EXPECT_TRUE(packtrain::testing::all_equal(a.values, at::tensor({1.5, -2.0}, at::kDouble).reshape({2, 1})));
 }
@@ -89,7 +85,8 @@ TEST_F(NpyFile, EmptyArrayReadsWithItsShape) {
 
 TEST_F(NpyFile, MalformedHeadersAreNamed) {
   const std::string data = raw_bytes(std::vector<float>{1});
-  EXPECT_THAT(read_error("not a numpy file at all"), AllOf(HasSubstr("a.npy: not a .npy file"), HasSubstr("\\x93NUMPY")));
+  EXPECT_THAT(read_error("not a numpy file at all"),
+              AllOf(HasSubstr("a.npy: not a .npy file"), HasSubstr("\\x93NUMPY")));
   std::string version4 = npy("<f4", "(1,)", data);
   version4[6] = 4;
   EXPECT_THAT(read_error(version4), HasSubstr("a.npy: .npy format version 4.0 is not read"));
@@ -127,11 +124,13 @@ TEST_F(NpyFile, TruncatedAndTrailingDataAreNamedWithTheCounts) {
   const std::string five = raw_bytes(std::vector<float>{1, 2, 3, 4, 5});
   EXPECT_THAT(read_error(npy("<f4", "(2, 3)", five)),
               HasSubstr("a.npy: truncated: shape (2, 3) of <f4 needs 24 data bytes, the file has 20"));
-  EXPECT_THAT(read_error(npy("<f4", "(2, 2)", five)),
-              HasSubstr("a.npy: bytes left over after the array: shape (2, 2) of <f4 needs 16 data bytes, the file has 20"));
+  EXPECT_THAT(
+      read_error(npy("<f4", "(2, 2)", five)),
+      HasSubstr("a.npy: bytes left over after the array: shape (2, 2) of <f4 needs 16 data bytes, the file has 20"));
   // A shape whose byte count overflows 64 bits is truncated, not a wrapped-around match.
-  EXPECT_THAT(read_error(npy("<f8", "(4294967296, 4294967296, 16)", five)),
-              HasSubstr("a.npy: truncated: shape (4294967296, 4294967296, 16) of <f8 needs more than the 20 data bytes"));
+  EXPECT_THAT(
+      read_error(npy("<f8", "(4294967296, 4294967296, 16)", five)),
+      HasSubstr("a.npy: truncated: shape (4294967296, 4294967296, 16) of <f8 needs more than the 20 data bytes"));
 }
 
 TEST_F(NpyFile, NonFiniteOrHugeFeaturesAreNamedByRowAndElement) {
@@ -154,9 +153,9 @@ TEST_F(NpyFile, LabelsMustBeOneClassIndexPerRow) {
               HasSubstr("labels.npy: row 1: label 2.5 is not a whole number"));
   EXPECT_THAT(pair_error(six_floats_, npy("<f8", "(2,)", raw_bytes(std::vector<double>{NAN, 0}))),
               HasSubstr("labels.npy: row 0: label nan is not a whole number"));
-  EXPECT_THAT(pair_error(six_floats_, npy("<i8", "(2, 1)", raw_bytes(std::vector<int64_t>{0, 1}))),
-              AllOf(HasSubstr("labels.npy: labels of shape (2, 1): expected one dimension"),
-                    HasSubstr("labels.reshape(-1)")));
+  EXPECT_THAT(
+      pair_error(six_floats_, npy("<i8", "(2, 1)", raw_bytes(std::vector<int64_t>{0, 1}))),
+      AllOf(HasSubstr("labels.npy: labels of shape (2, 1): expected one dimension"), HasSubstr("labels.reshape(-1)")));
   EXPECT_THAT(pair_error(six_floats_, npy("<i8", "(3,)", raw_bytes(std::vector<int64_t>{0, 1, 2}))),
               AllOf(HasSubstr("labels.npy: 3 labels for the 2 rows of"), HasSubstr("features.npy")));
   // Whole numbers in any accepted dtype are labels.
@@ -172,7 +171,8 @@ TEST_F(NpyFile, FeaturesNeedRowsAndAtLeastOneMoreAxis) {
   const std::string labels = npy("<i8", "(2,)", raw_bytes(std::vector<int64_t>{0, 1}));
   EXPECT_THAT(pair_error(npy("<f4", "(2,)", raw_bytes(std::vector<float>{0, 1})), labels),
               HasSubstr("features.npy: features of shape (2,): expected a row axis and at least one more"));
-  EXPECT_THAT(pair_error(npy("<f4", "(0, 3)", ""), labels), HasSubstr("features.npy: features of shape (0, 3): no rows"));
+  EXPECT_THAT(pair_error(npy("<f4", "(0, 3)", ""), labels),
+              HasSubstr("features.npy: features of shape (0, 3): no rows"));
   EXPECT_THAT(pair_error(npy("<f4", "(2, 0)", ""), labels),
               HasSubstr("features.npy: features of shape (2, 0): no elements in a sample"));
 }

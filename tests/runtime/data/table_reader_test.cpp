@@ -1,8 +1,8 @@
 // The CSV / TSV / whitespace table reader: delimiter and header detection,
 // quoting, line endings, column selection, and every error it reports.
+#include "packtrain/runtime/data/table_reader.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/dataset.h"
-#include "packtrain/runtime/data/table_reader.h"
 #include "packtrain/runtime/data/uci_dataset.h"
 #include "tests/runtime/data/data_error_message.h"
 #include "tests/support/test_support.h"
@@ -10,10 +10,10 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 namespace packtrain::runtime {
 namespace {
@@ -44,7 +44,9 @@ class TableFile : public ::testing::Test {
     std::ofstream(file, std::ios::binary) << text;
     return file;
   }
-  Table read(const std::string& text, const TableFormat& format = {}) { return read_table(write("t.csv", text), format); }
+  Table read(const std::string& text, const TableFormat& format = {}) {
+    return read_table(write("t.csv", text), format);
+  }
   std::string read_error(const std::string& text, const TableFormat& format = {}) {
     const fs::path file = write("t.csv", text);
     return error_of([&] { read_table(file, format); });
@@ -75,7 +77,8 @@ TEST_F(TableFile, DetectsSemicolon) {
   const Table t = read("a;b\n1.5;2\n3;4\n");
   EXPECT_EQ(t.delimiter, ';');
   EXPECT_TRUE(t.has_header);
-  EXPECT_TRUE(packtrain::testing::all_equal(t.numeric({0, 1}), at::tensor({1.5, 2.0, 3.0, 4.0}, at::kDouble).view({2, 2})));
+  EXPECT_TRUE(
+      packtrain::testing::all_equal(t.numeric({0, 1}), at::tensor({1.5, 2.0, 3.0, 4.0}, at::kDouble).view({2, 2})));
 }
 
 TEST_F(TableFile, DetectsPipe) {

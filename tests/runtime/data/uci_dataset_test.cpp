@@ -1,16 +1,16 @@
 // The UCI reader on the bundled data and on broken files; the standardizer.
+#include "packtrain/runtime/data/uci_dataset.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/standardizer.h"
-#include "packtrain/runtime/data/uci_dataset.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 namespace packtrain::runtime {
 namespace {

@@ -51,8 +51,11 @@ TEST(RankInfo, NoVariablesIsOneProcess) {
 }
 
 TEST(RankInfo, ReadsTorchrunVariables) {
-  const RankInfo info = rank_info_from_environment(env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                                                        {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node7"},
+  const RankInfo info = rank_info_from_environment(env({{"RANK", "3"},
+                                                        {"WORLD_SIZE", "8"},
+                                                        {"LOCAL_RANK", "1"},
+                                                        {"LOCAL_WORLD_SIZE", "2"},
+                                                        {"MASTER_ADDR", "node7"},
                                                         {"MASTER_PORT", "29600"}}));
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 8);
@@ -65,8 +68,10 @@ TEST(RankInfo, ReadsTorchrunVariables) {
 }
 
 TEST(RankInfo, FallsBackToSlurmVariables) {
-  const RankInfo info = rank_info_from_environment(env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
-                                                        {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "3"},
+  const RankInfo info = rank_info_from_environment(env({{"SLURM_PROCID", "5"},
+                                                        {"SLURM_NTASKS", "6"},
+                                                        {"SLURM_LOCALID", "1"},
+                                                        {"SLURM_NTASKS_PER_NODE", "3"},
                                                         {"MASTER_ADDR", "10.0.0.1"}}));
   EXPECT_EQ(info.rank, 5);
   EXPECT_EQ(info.world_size, 6);
@@ -75,22 +80,25 @@ TEST(RankInfo, FallsBackToSlurmVariables) {
   EXPECT_EQ(info.master_port, 29500);
   EXPECT_EQ(info.source, "Slurm variables");
   // torchrun's variables win over Slurm's when both are set.
-  EXPECT_EQ(rank_info_from_environment(env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"SLURM_PROCID", "5"},
-                                            {"SLURM_NTASKS", "6"}}))
+  EXPECT_EQ(rank_info_from_environment(
+                env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}}))
                 .source,
             "torchrun variables");
 }
 
 TEST(RankInfo, BadValuesNameTheVariable) {
-  EXPECT_THAT(error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}), HasSubstr("RANK='x' is not an integer"));
-  EXPECT_THAT(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}), HasSubstr("rank 2 is outside [0, 2)"));
+  EXPECT_THAT(error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}),
+              HasSubstr("RANK='x' is not an integer"));
+  EXPECT_THAT(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}),
+              HasSubstr("rank 2 is outside [0, 2)"));
   EXPECT_THAT(error_of({{"RANK", "0"}}), HasSubstr("RANK and WORLD_SIZE must be set together"));
   EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}}), HasSubstr("MASTER_ADDR is not set"));
   EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "70000"}}),
               HasSubstr("MASTER_PORT=70000 is not a port"));
-  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
-                        {"MASTER_ADDR", "a"}}),
-              HasSubstr("local rank 2 is outside [0, 2)"));
+  EXPECT_THAT(
+      error_of(
+          {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}),
+      HasSubstr("local rank 2 is outside [0, 2)"));
 }
 
 TEST(RankInfo, CollectiveTimeoutIsBetweenASecondAndADay) {
@@ -151,7 +159,8 @@ WatchdogOptions watchdog_options(milliseconds timeout, std::atomic<int>* timeout
 TEST(CollectiveWatchdogTest, WorkThatCompletesInTimeIsWaitedFor) {
   std::atomic<int> timeouts = 0;
   CollectiveWatchdog watchdog(watchdog_options(milliseconds(2000), &timeouts));
-  for (int i = 0; i < 5; ++i) watchdog.watch({"gradient all-reduce", i + 1, i + 1, completes_after(milliseconds(20 * i))});
+  for (int i = 0; i < 5; ++i)
+    watchdog.watch({"gradient all-reduce", i + 1, i + 1, completes_after(milliseconds(20 * i))});
   const auto start = Clock::now();
   watchdog.wait_all();
   EXPECT_GE(Clock::now() - start, milliseconds(60));  // it really waited for the slowest piece
@@ -171,7 +180,8 @@ TEST(CollectiveWatchdogTest, MissedDeadlineAbortsAndNamesStepsAndRank) {
     watchdog.wait_all();
     FAIL() << "wait_all returned although a piece never completed";
   } catch (const CollectiveError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("gradient all-reduce at steps 17-24 did not complete within 300 ms on rank 1 of 2"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("gradient all-reduce at steps 17-24 did not complete within 300 ms on rank 1 of 2"));
   }
   const auto waited = Clock::now() - start;
   EXPECT_GE(waited, milliseconds(300));
@@ -187,7 +197,8 @@ TEST(CollectiveWatchdogTest, MissedDeadlineAbortsAndNamesStepsAndRank) {
 TEST(CollectiveWatchdogTest, AProbeThatFailsEndsTheWaitWithItsReason) {
   std::atomic<int> timeouts = 0;
   CollectiveWatchdog watchdog(watchdog_options(milliseconds(60'000), &timeouts));
-  watchdog.watch({"gradient all-reduce", 5, 5, []() -> bool { throw std::runtime_error("CUDA error: an illegal memory access"); }});
+  watchdog.watch({"gradient all-reduce", 5, 5,
+                  []() -> bool { throw std::runtime_error("CUDA error: an illegal memory access"); }});
   try {
     watchdog.wait_all();
     FAIL() << "no error";

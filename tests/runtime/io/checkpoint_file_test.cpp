@@ -104,7 +104,6 @@ void append_le(std::string& out, uint64_t value, int n) {
 
 class CheckpointFile : public ::testing::Test {
  protected:
-
   fs::path path(const std::string& name) const { return dir_ / name; }
 
   static std::string read(const fs::path& p) {
@@ -217,8 +216,8 @@ TEST_F(CheckpointFile, Truncated_ToHalf) {
   });
   const std::string error = load_error(p);
   EXPECT_THAT(error, HasSubstr(p.string()));
-  EXPECT_THAT(error, HasSubstr("truncated: " + std::to_string(kept) + " of " + std::to_string(payload) +
-                               " payload bytes"));
+  EXPECT_THAT(error,
+              HasSubstr("truncated: " + std::to_string(kept) + " of " + std::to_string(payload) + " payload bytes"));
 }
 
 TEST_F(CheckpointFile, Truncated_InsideHeader) {

@@ -8,8 +8,8 @@
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/core/Dict.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -253,8 +253,8 @@ TEST_F(ModelExportFile, CppReadBack_HasDocumentedKeys) {
   EXPECT_EQ(arch.at("depth").toInt(), 2);
   const auto member = d.at("members").toListRef().at(0).toGenericDict();
   // Linear, LayerNorm, SiLU per hidden layer, then Linear: indices 0, 1, 3, 4, 6.
-  for (const char* name : {"0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias", "4.weight", "4.bias",
-                           "6.weight", "6.bias"}) {
+  for (const char* name :
+       {"0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias", "4.weight", "4.bias", "6.weight", "6.bias"}) {
     EXPECT_TRUE(member.contains(name)) << "member state_dict lacks " << name;
   }
   EXPECT_EQ(member.size(), 10u);

@@ -2,13 +2,13 @@
 // real packs', the state it counts equals what a real trainer holds, it grows
 // linearly with members, the default runs fit with room to spare, absurd sizes
 // stay finite and are refused naming the estimate and what is available.
+#include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/ensemble/optimizers/packed_optimizer.h"
 #include "packtrain/ensemble/packed_transformer.h"
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
-#include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -57,11 +57,11 @@ EnsembleRunSizes concrete_sizes() {
 }
 
 TEST(MemoryEstimate, ParameterCountsEqualRealPacks) {
-  for (const auto& options : {EnsembleTrainerOptions().members(3).hidden(7).depth(2),
-                              EnsembleTrainerOptions().members(2).hidden(5).depth(0),
-                              EnsembleTrainerOptions().members(4).hidden(6).depth(3).layer_norm(true),
-                              EnsembleTrainerOptions().members(2).hidden(4).depth(1).head(Head::kClassification),
-                              EnsembleTrainerOptions().members(2).hidden(4).depth(1).head(Head::kMean)}) {
+  for (const auto& options :
+       {EnsembleTrainerOptions().members(3).hidden(7).depth(2), EnsembleTrainerOptions().members(2).hidden(5).depth(0),
+        EnsembleTrainerOptions().members(4).hidden(6).depth(3).layer_norm(true),
+        EnsembleTrainerOptions().members(2).hidden(4).depth(1).head(Head::kClassification),
+        EnsembleTrainerOptions().members(2).hidden(4).depth(1).head(Head::kMean)}) {
     const auto trainer = prepared(EnsembleTrainerOptions(options).batch_size(8), 24);
     const int64_t outputs = options.head() == Head::kClassification ? 3 : options.head() == Head::kGaussian ? 2 : 1;
     EXPECT_EQ(static_cast<double>(trainer->model().parameters().flat().numel()),
@@ -126,7 +126,8 @@ TEST(MemoryEstimate, DefaultRunsFitWithRoomToSpare) {
 }
 
 TEST(MemoryEstimate, RefusesWhatDoesNotFitNamingTheEstimateAndWhatIsAvailable) {
-  const MemoryEstimate e = estimate_ensemble_run(EnsembleTrainerOptions().hidden(100000000).patience(0), concrete_sizes());
+  const MemoryEstimate e =
+      estimate_ensemble_run(EnsembleTrainerOptions().hidden(100000000).patience(0), concrete_sizes());
   // The default patience (auto: 50 with the validation rows concrete_sizes has) keeps
   // each member's best weights too: one more copy of the weights.
   const MemoryEstimate stops = estimate_ensemble_run(EnsembleTrainerOptions().hidden(100000000), concrete_sizes());
@@ -171,8 +172,8 @@ TEST(MemoryEstimate, AbsurdSizesStayFiniteAndAreRefused) {
   const int64_t huge = std::numeric_limits<int64_t>::max();
   const EnsembleTrainerOptions options =
       EnsembleTrainerOptions().members(huge).hidden(huge).depth(huge).batch_size(huge);
-  const MemoryEstimate e = estimate_ensemble_run(options, {.features = huge, .rows = huge, .validation_rows = huge,
-                                                           .predict_rows = huge, .checkpoints = true});
+  const MemoryEstimate e = estimate_ensemble_run(
+      options, {.features = huge, .rows = huge, .validation_rows = huge, .predict_rows = huge, .checkpoints = true});
   const double total = e.bytes(MemoryPlace::kHost);
   EXPECT_TRUE(std::isfinite(total)) << total;
   EXPECT_GT(total, 1e60);

@@ -20,9 +20,9 @@ inline Data make_data(int64_t rows, int64_t val_rows) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor x = at::randn({rows + val_rows, 3}, gen, f64) * 2 + 1;
-  const at::Tensor y = (x.select(1, 0).sin() + x.select(1, 1).square() * 0.3 + 10 +
-                        0.1 * at::randn({rows + val_rows}, gen, f64))
-                           .unsqueeze(1);
+  const at::Tensor y =
+      (x.select(1, 0).sin() + x.select(1, 1).square() * 0.3 + 10 + 0.1 * at::randn({rows + val_rows}, gen, f64))
+          .unsqueeze(1);
   return {x.narrow(0, 0, rows), y.narrow(0, 0, rows), x.narrow(0, rows, val_rows), y.narrow(0, rows, val_rows)};
 }
 

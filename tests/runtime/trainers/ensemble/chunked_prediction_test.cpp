@@ -5,11 +5,11 @@
 // calibration verdict over scores that are not finite, and a sweep too large for
 // the memory is refused by the estimate before its per-member values are built.
 #include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
-#include "packtrain/runtime/trainers/uncertainty/calibration.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_predictions.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/uncertainty/acquisition.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
 #include "tests/runtime/trainers/trainer_test_data.h"
 #include "tests/support/test_support.h"
 
@@ -51,8 +51,10 @@ TEST(ChunkedPrediction, ChunksTogetherEqualOnePredictionAndScoresEqualTheWholePo
   });
   EXPECT_THAT(firsts, ::testing::ElementsAre(0, 10, 20, 30));
   const EnsemblePrediction joined = concatenate_rows(chunks);
-  for (const auto& [a, b] : {std::pair{joined.mean, whole.mean}, {joined.variance, whole.variance},
-                             {joined.spread, whole.spread}, {joined.member_mean, whole.member_mean},
+  for (const auto& [a, b] : {std::pair{joined.mean, whole.mean},
+                             {joined.variance, whole.variance},
+                             {joined.spread, whole.spread},
+                             {joined.member_mean, whole.member_mean},
                              {joined.member_variance, whole.member_variance}}) {
     EXPECT_TRUE(at::allclose(a, b, 1e-6, 1e-9));
   }
@@ -61,8 +63,8 @@ TEST(ChunkedPrediction, ChunksTogetherEqualOnePredictionAndScoresEqualTheWholePo
     AcquisitionOptions o;
     o.strategy = s;
     o.seed = 7;
-    EXPECT_TRUE(at::allclose(acquisition_scores_in_chunks(predict, pool, o, 10), acquisition_scores(whole, o), 1e-6,
-                             1e-9))
+    EXPECT_TRUE(
+        at::allclose(acquisition_scores_in_chunks(predict, pool, o, 10), acquisition_scores(whole, o), 1e-6, 1e-9))
         << kAcquisitionStrategyNames.name(s);
   }
 }

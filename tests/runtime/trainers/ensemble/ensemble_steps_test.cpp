@@ -3,11 +3,11 @@
 // with Adam's bias correction advancing, a mask change mid-run, a cosine schedule
 // and U=4 unrolled replays plus single-step remainders. Re-initializing in place
 // replays the same graphs and equals a fresh run.
+#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
+#include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/packed_mlp.h"
-#include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_step.h"
-#include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 #include "tests/runtime/trainers/trainer_test_data.h"
 #include "tests/support/test_support.h"
 
@@ -49,8 +49,9 @@ const ensemble::LrSchedule kCosine =
 // The system under test: model, optimizer and EnsembleSteps.
 struct TrainingRun {
   TrainingRun(uint64_t model_seed, uint64_t order_seed, c10::Device d, graphs::BatchOrder order, int64_t unroll,
-      int64_t readback_steps = 0, double dropout = 0.0)
-      : model(model_options(model_seed, d, dropout)), optimizer(model.parameters(), ensemble::adamw_options().lr(1e-2)) {
+              int64_t readback_steps = 0, double dropout = 0.0)
+      : model(model_options(model_seed, d, dropout)),
+        optimizer(model.parameters(), ensemble::adamw_options().lr(1e-2)) {
     optimizer.set_schedule(kCosine);
     steps = std::make_unique<EnsembleSteps>(model, optimizer, make_data(kRows),
                                             EnsembleStepsOptions()
@@ -138,7 +139,9 @@ void expect_matches_reference(const c10::Device& device, graphs::BatchOrder orde
   }
 }
 
-TEST_P(EnsembleStepsTest, MatchesTheEagerLoopSharedOrder) { expect_matches_reference(device(), graphs::BatchOrder::kShared); }
+TEST_P(EnsembleStepsTest, MatchesTheEagerLoopSharedOrder) {
+  expect_matches_reference(device(), graphs::BatchOrder::kShared);
+}
 
 TEST_P(EnsembleStepsTest, MatchesTheEagerLoopBootstrapOrder) {
   expect_matches_reference(device(), graphs::BatchOrder::kBootstrap);
@@ -181,10 +184,9 @@ TEST_P(EnsembleStepsTest, EvaluateEqualsAForwardOverAllRowsIncludingAPartialBatc
   TrainingRun run(3, 4, device(), graphs::BatchOrder::kShared, 2);
   run.steps->run_epoch();
   const std::vector<at::Tensor> data = make_data(150);  // batches of 64, 64 and 22
-  const at::Tensor expected =
-      ensemble::packed_eval_losses(run.model, data[0].to(device()), data[1].to(device()),
-                                   ensemble::LossKind::kGaussianNLL)
-          .to(at::kDouble);
+  const at::Tensor expected = ensemble::packed_eval_losses(run.model, data[0].to(device()), data[1].to(device()),
+                                                           ensemble::LossKind::kGaussianNLL)
+                                  .to(at::kDouble);
   for (int call = 0; call < 6; ++call) {  // warm-up, capture, replays
     EXPECT_TRUE(all_close(run.steps->evaluate(data[0], data[1]), expected, 1e-5)) << "call " << call;
   }
@@ -218,8 +220,13 @@ TEST_P(EnsembleStepsTest, LossesAreReadBackEveryNStepsInOrder) {
 TEST_P(EnsembleStepsTest, ACnnPackLearnsAnImageTaskThroughTheCapturedSteps) {
   const trainer_testing::BarImages images = trainer_testing::bar_images(256, 5);
   const at::Tensor x = images.x.to(at::kFloat), labels = images.labels;
-  ensemble::PackedCNN model(
-      ensemble::PackedCNNOptions({1, 8, 8}, 2).members(4).channels({4, 8}).hidden(16).depth(1).seed(2).device(device()));
+  ensemble::PackedCNN model(ensemble::PackedCNNOptions({1, 8, 8}, 2)
+                                .members(4)
+                                .channels({4, 8})
+                                .hidden(16)
+                                .depth(1)
+                                .seed(2)
+                                .device(device()));
   ensemble::PackedAdam optimizer(model.parameters(), ensemble::adamw_options().lr(1e-2));
   EnsembleSteps steps(model, optimizer, {x, labels},
                       EnsembleStepsOptions()

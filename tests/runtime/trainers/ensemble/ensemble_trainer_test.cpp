@@ -1,12 +1,12 @@
 // EnsembleTrainer end to end on small data: early stopping per member, or per
-// ensemble (a sweep's configurations), with best weights restored, a diverging member frozen while the others train, resume from
-// a checkpoint equal to an uninterrupted run, classification, bad checkpoints.
+// ensemble (a sweep's configurations), with best weights restored, a diverging member frozen while the others train,
+// resume from a checkpoint equal to an uninterrupted run, classification, bad checkpoints.
+#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/uci_dataset.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
-#include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_validation.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 #include "tests/runtime/trainers/trainer_test_data.h"
@@ -18,11 +18,11 @@
 #include <ATen/core/ivalue.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
-#include <unistd.h>
 
 namespace packtrain::runtime {
 namespace {
@@ -163,8 +163,11 @@ TEST_P(EnsembleTrainerTest, ADivergingMemberIsFrozenAndTheOthersKeepTraining) {
 
 TEST_P(EnsembleTrainerTest, ResumeFromACheckpointEqualsAnUninterruptedRun) {
   const Data d = make_data(150, 30);
-  const auto options = small_options(device()).order(graphs::BatchOrder::kBootstrap).patience(50)
-                           .schedule(ensemble::LrScheduleKind::kCosine).warmup_steps(5);
+  const auto options = small_options(device())
+                           .order(graphs::BatchOrder::kBootstrap)
+                           .patience(50)
+                           .schedule(ensemble::LrScheduleKind::kCosine)
+                           .warmup_steps(5);
   EnsembleTrainer whole(options);
   whole.fit(d.x, d.y, d.val_x, d.val_y);
 
@@ -187,7 +190,8 @@ TEST_P(EnsembleTrainerTest, ResumeFromACheckpointEqualsAnUninterruptedRun) {
   EXPECT_TRUE(all_close(resumed.model().parameters().flat().cpu(), whole.model().parameters().flat().cpu(),
                         tolerance(device())));
   EXPECT_EQ(resumed.train_loss_history().size(), whole.train_loss_history().size());
-  EXPECT_TRUE(all_close(at::tensor(resumed.val_loss_history()), at::tensor(whole.val_loss_history()), tolerance(device())));
+  EXPECT_TRUE(
+      all_close(at::tensor(resumed.val_loss_history()), at::tensor(whole.val_loss_history()), tolerance(device())));
   fs::remove(path);
 }
 
@@ -203,8 +207,8 @@ EnsembleTrainerOptions resumed_equals_whole(EnsembleTrainer& whole, const Ensemb
   resumed.prepare(d.x, d.y, d.val_x, d.val_y);
   resumed.restore(*checkpoint);
   EXPECT_TRUE(resumed.train());
-  EXPECT_TRUE(all_close(resumed.model().parameters().flat().cpu(), whole.model().parameters().flat().cpu(),
-                        tolerance(device)));
+  EXPECT_TRUE(
+      all_close(resumed.model().parameters().flat().cpu(), whole.model().parameters().flat().cpu(), tolerance(device)));
   fs::remove(path);
   return saved;
 }
@@ -235,10 +239,15 @@ TEST_P(EnsembleTrainerTest, AResidualMlpPackTrainsAndResumesExactlyAndRefusesWha
 // checkpoint that keeps the shape and the channels and resumes exactly; rows without
 // a shape are refused naming what to pass.
 TEST_P(EnsembleTrainerTest, ACnnPackTrainsOnShapedRowsAndResumesExactly) {
-  const trainer_testing::BarImages train = trainer_testing::bar_images(160, 7), val = trainer_testing::bar_images(40, 8);
+  const trainer_testing::BarImages train = trainer_testing::bar_images(160, 7),
+                                   val = trainer_testing::bar_images(40, 8);
   Data d{train.x, train.labels.to(at::kDouble).unsqueeze(1), val.x, val.labels.to(at::kDouble).unsqueeze(1)};
-  const auto options = small_options(device()).architecture("cnn").head(Head::kClassification).channels({4, 8})
-                           .input_shape({1, 8, 8}).epochs(8);
+  const auto options = small_options(device())
+                           .architecture("cnn")
+                           .head(Head::kClassification)
+                           .channels({4, 8})
+                           .input_shape({1, 8, 8})
+                           .epochs(8);
   EnsembleTrainer whole(options);
   whole.fit(d.x, d.y, d.val_x, d.val_y);
   EXPECT_EQ(whole.model().kind(), "cnn");
@@ -281,7 +290,8 @@ TEST_P(EnsembleTrainerTest, ACheckpointForAnotherModelShapeOrOtherDataIsRefused)
   }
   EnsembleTrainer model_only(EnsembleTrainer::checkpoint_options(*checkpoint).device(device()));
   model_only.restore(*checkpoint);
-  EXPECT_TRUE(all_close(model_only.predict(d.x).mean, trainer.predict(d.x).mean, 1e-6)) << "predictions survive the file";
+  EXPECT_TRUE(all_close(model_only.predict(d.x).mean, trainer.predict(d.x).mean, 1e-6))
+      << "predictions survive the file";
   EXPECT_THROW(model_only.predict(d.x.narrow(1, 0, 2)), DataError) << "wrong feature count";
   fs::remove(path);
 }
@@ -371,8 +381,8 @@ TEST_P(EnsembleTrainerTest, ClassifiesWineQualityBetterThanTheMajorityClass) {
   const RegressionData wine = load_uci(fs::path(dir) / "wine-quality-red");
   const SplitIndices split = load_uci_split(fs::path(dir) / "wine-quality-red", 0, wine.features.size(0));
   const auto rows = [](const at::Tensor& t, const std::vector<int64_t>& i) { return t.index_select(0, at::tensor(i)); };
-  EnsembleTrainer trainer(small_options(device()).head(Head::kClassification).members(4).hidden(32).epochs(30)
-                              .batch_size(64).lr(3e-3));
+  EnsembleTrainer trainer(
+      small_options(device()).head(Head::kClassification).members(4).hidden(32).epochs(30).batch_size(64).lr(3e-3));
   trainer.fit(rows(wine.features, split.train), rows(wine.targets, split.train));
   EXPECT_EQ(trainer.classes().size(), 6u) << "quality 3..8";
   const at::Tensor test_y = rows(wine.targets, split.test);
@@ -404,7 +414,8 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);
   for (const SweepConfiguration& c : configurations) {
     EXPECT_EQ(c.members, 2);
-    EnsembleTrainer alone(EnsembleTrainerOptions(base).lr(c.lr).weight_decay(c.weight_decay).first_member(c.first_member));
+    EnsembleTrainer alone(
+        EnsembleTrainerOptions(base).lr(c.lr).weight_decay(c.weight_decay).first_member(c.first_member));
     alone.fit(d.x, d.y, d.val_x, d.val_y);
     EXPECT_TRUE(all_close(all.member_mean.narrow(0, c.first_member, 2), alone.predict_uncalibrated(d.val_x).member_mean,
                           device().is_cuda() ? 1e-5 : 1e-9))
@@ -445,12 +456,15 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
   EXPECT_EQ(configurations[1].first_member, 2);
   const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);  // as trained
   for (const SweepConfiguration& c : configurations) {
-    const EnsembleTrainerOptions own = EnsembleTrainerOptions(base).lr(1e-2).weight_decay(1e-4).first_member(c.first_member);
+    const EnsembleTrainerOptions own =
+        EnsembleTrainerOptions(base).lr(1e-2).weight_decay(1e-4).first_member(c.first_member);
     const auto gap_to = [&](const EnsembleTrainerOptions& o) {
       EnsembleTrainer alone(o);
       alone.fit(d.x, d.y, d.val_x, d.val_y);
       return (all.member_mean.narrow(0, c.first_member, 2) - alone.predict_uncalibrated(d.val_x).member_mean)
-          .abs().max().item<double>();
+          .abs()
+          .max()
+          .item<double>();
     };
     const double gap = gap_to(EnsembleTrainerOptions(own).dropout(c.dropout));
     // Every configuration is its own run: member m's masks are a function of the
@@ -548,15 +562,18 @@ TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherA
   const at::Tensor raw = trainer.model().forward(trainer.x_scale().transform(d.val_x).to(at::kFloat).to(device()));
   const at::Tensor val_y = trainer.y_scale().transform(d.val_y).to(at::kFloat);
   for (int64_t first : {0, 3}) {
-    const double loss = ensemble_validation_loss(raw, val_y, Head::kGaussian, options.min_variance(), {first, first + 1, first + 2});
+    const double loss =
+        ensemble_validation_loss(raw, val_y, Head::kGaussian, options.min_variance(), {first, first + 1, first + 2});
     EXPECT_NEAR(loss, m[first].best_loss, 1e-5) << "ensemble at " << first;
-    const EnsembleMetrics metrics = ensemble_metrics(member_range(p, first, 3, Head::kGaussian), d.val_y, Head::kGaussian);
+    const EnsembleMetrics metrics =
+        ensemble_metrics(member_range(p, first, 3, Head::kGaussian), d.val_y, Head::kGaussian);
     EXPECT_NEAR(loss + log_std, metrics.regression.mixture_nll, 1e-5) << "ensemble at " << first;
   }
   // The first ensemble's weights are those of a run that trained it to its best epoch.
   EnsembleTrainer to_best(EnsembleTrainerOptions(options).epochs(m[0].best_epoch).patience(0));
   to_best.fit(d.x, d.y, d.val_x, d.val_y);
-  EXPECT_TRUE(all_close(p.member_mean.narrow(0, 0, 3), to_best.predict_uncalibrated(d.val_x).member_mean.narrow(0, 0, 3),
+  EXPECT_TRUE(all_close(p.member_mean.narrow(0, 0, 3),
+                        to_best.predict_uncalibrated(d.val_x).member_mean.narrow(0, 0, 3),
                         device().is_cuda() ? 1e-5 : 1e-9));
 }
 
@@ -596,8 +613,14 @@ TEST(EnsembleValidationTest, TheLossOfEachHeadIsTheMixtureScoreThatItsMetricsRep
 }
 
 TEST(EnsembleTrainerOptionsTest, JsonRoundTripAndUnknownKeys) {
-  const auto o = EnsembleTrainerOptions().members(7).head(Head::kMean).optimizer(OptimizerKind::kSGD).patience(3)
-                     .order(graphs::BatchOrder::kPerMember).schedule(ensemble::LrScheduleKind::kCosine).seed(11)
+  const auto o = EnsembleTrainerOptions()
+                     .members(7)
+                     .head(Head::kMean)
+                     .optimizer(OptimizerKind::kSGD)
+                     .patience(3)
+                     .order(graphs::BatchOrder::kPerMember)
+                     .schedule(ensemble::LrScheduleKind::kCosine)
+                     .seed(11)
                      .early_stopping(EarlyStopping::kEnsemble);
   const std::string json = to_json(o);
   EXPECT_EQ(to_json(options_from_json(json)), json);

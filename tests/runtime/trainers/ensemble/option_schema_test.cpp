@@ -72,14 +72,16 @@ std::set<std::string> described(const OptionSchema<O>& s) {
 }
 
 TEST(TrainerOptionSchema, DescribesEveryFieldOfTheStructOnce) {
-  std::set<std::string> fields = struct_fields("runtime/trainers/ensemble/ensemble_trainer_options.h", "EnsembleTrainerOptions");
+  std::set<std::string> fields =
+      struct_fields("runtime/trainers/ensemble/ensemble_trainer_options.h", "EnsembleTrainerOptions");
   EXPECT_GT(fields.size(), 25u) << "the header's fields were not found";
   EXPECT_EQ(fields.erase("log"), 1u);  // a callback, not an option: never serialized
   EXPECT_EQ(described(schema()), fields);
 }
 
 TEST(MultiTaskOptionSchema, DescribesEveryFieldOfTheStructAndItsModelOnce) {
-  std::set<std::string> fields = struct_fields("runtime/trainers/multitask/multitask_trainer.h", "MultiTaskTrainerOptions");
+  std::set<std::string> fields =
+      struct_fields("runtime/trainers/multitask/multitask_trainer.h", "MultiTaskTrainerOptions");
   EXPECT_GT(fields.size(), 15u) << "the header's fields were not found";
   for (const char* not_an_option : {"log", "layer_timer", "model"}) EXPECT_EQ(fields.erase(not_an_option), 1u);
   std::set<std::string> model = struct_fields("ensemble/packed_transformer.h", "PackedTransformerOptions");
@@ -139,7 +141,8 @@ TEST(MultiTaskOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
   MultiTaskTrainerOptions changed = every_field_changed(multitask_option_schema());
   // Through the public pair too (which validates the combination).
   changed.model().vocab(259).width(32).heads(2).layers(2).max_length(64).classes(3);
-  changed.buckets({16, 64}).pipeline_stages(1).pipeline_boundaries({}).micro_batches(1).batch_size(8).shared_inputs(true);
+  changed.buckets({16, 64}).pipeline_stages(1).pipeline_boundaries({}).micro_batches(1).batch_size(8).shared_inputs(
+      true);
   EXPECT_EQ(to_json(multitask_options_from_json(to_json(changed))), to_json(changed));
 }
 
@@ -150,8 +153,8 @@ TEST(TrainerOptionSchema, AVersionOnePayloadIsUpgradedAndAMissingKeyIsAnError) {
     if (f.since > 1) v1.erase(f.name);
   }
   const EnsembleTrainerOptions old = options_from_json(v1.dump());
-  EXPECT_EQ(old.early_stopping(), EarlyStopping::kMember);   // as version 1 stopped
-  EXPECT_EQ(old.recalibration(), Recalibration::kNone);      // as version 1 predicted
+  EXPECT_EQ(old.early_stopping(), EarlyStopping::kMember);  // as version 1 stopped
+  EXPECT_EQ(old.recalibration(), Recalibration::kNone);     // as version 1 predicted
   EXPECT_EQ(old.first_member(), 0);
   EXPECT_TRUE(old.member_lr().empty());
   nlohmann::json v2 = schema().to_json(EnsembleTrainerOptions());
@@ -189,7 +192,8 @@ TEST(TrainerOptionSchema, ValidateChecksTheSchemasRanges) {
   EXPECT_EQ(problem(EnsembleTrainerOptions().lr(std::numeric_limits<double>::infinity())),
             "lr must be > 0 and finite, got inf");
   EXPECT_EQ(problem(EnsembleTrainerOptions().patience(-1)), "patience must be >= 0, got -1");
-  EXPECT_EQ(problem(EnsembleTrainerOptions().members(2).member_dropout({0.1, 1.0})), "member_dropout must be in [0, 1), got 1");
+  EXPECT_EQ(problem(EnsembleTrainerOptions().members(2).member_dropout({0.1, 1.0})),
+            "member_dropout must be in [0, 1), got 1");
   EXPECT_EQ(problem(EnsembleTrainerOptions().members(3).member_lr({0.1})),
             "per-member learning rates: expected one per member (3), got 1");
   EXPECT_EQ(problem(EnsembleTrainerOptions()), "no UserError");

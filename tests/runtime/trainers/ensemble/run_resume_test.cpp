@@ -2,12 +2,12 @@
 // stopped at a checkpoint and resumed continues exactly as the uninterrupted run
 // (bit for bit on the CPU, as `packtrain resume` is tested), and a checkpoint whose
 // data changed since is refused with a UserError.
+#include "packtrain/runtime/trainers/ensemble/run_resume.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/trainers/multitask/multitask_resume.h"
-#include "packtrain/runtime/trainers/ensemble/run_resume.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -88,9 +88,9 @@ TEST(RunResume, ResumeWithDataEqualsTheUninterruptedRunAndRefusesOtherRows) {
   resumed->train();
   EXPECT_TRUE(at::equal(resumed->model().parameters().flat(), straight.model().parameters().flat()));
   const at::Tensor other = train.targets + 1.0;
-  EXPECT_THROW(resume_with_data(source, {.epochs = 4, .log = &ignore_log}, train.features, other, val.features,
-                                val.targets),
-               UserError);
+  EXPECT_THROW(
+      resume_with_data(source, {.epochs = 4, .log = &ignore_log}, train.features, other, val.features, val.targets),
+      UserError);
 }
 
 TEST(RunResume, RefusesChangedDataAndEpochsNotAhead) {
@@ -111,8 +111,7 @@ TEST(RunResume, RefusesChangedDataAndEpochsNotAhead) {
     resume(source, {.epochs = 6, .log = &ignore_log});
     ADD_FAILURE() << "a checkpoint whose data changed resumed";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("resume continues a run on its own data only"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("resume continues a run on its own data only"), std::string::npos) << e.what();
   }
   EXPECT_THROW(open_resume((dir.path() / "missing.ckpt").string()), UserError);
 }
@@ -130,7 +129,8 @@ MultiTaskTrainerOptions tiny() {
 
 void write_texts(const fs::path& path, int rows, int salt) {
   std::ofstream out(path);
-  for (int i = 0; i < rows; ++i) out << (i % 2) << "\t" << (i % 2 ? "yes the cat " : "no a dog ") << (i * salt) % 13 << "\n";
+  for (int i = 0; i < rows; ++i)
+    out << (i % 2) << "\t" << (i % 2 ? "yes the cat " : "no a dog ") << (i * salt) % 13 << "\n";
 }
 
 TEST(MultiTaskResume, ContinuesAsTheUninterruptedRunAndRefusesChangedFiles) {

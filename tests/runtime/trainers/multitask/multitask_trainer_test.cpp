@@ -3,12 +3,12 @@
 // checkpoints round-trip and resume exactly; bad TSV rows are reported by line;
 // eager steps say why in the log; option errors name the field and value; options
 // JSON refuses unknown keys and fills missing ones from the defaults.
+#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -188,13 +188,8 @@ TEST_P(MultiTaskTrainerTest, EvaluationPadsPartialBatchesWithoutChangingTheMetri
 }
 
 TEST_P(MultiTaskTrainerTest, GraphDecodingEqualsEagerDecodingTokenForToken) {
-  MultiTaskTrainer trainer(tiny(device()).model(ensemble::PackedTransformerOptions()
-                                                    .members(2)
-                                                    .width(32)
-                                                    .layers(1)
-                                                    .heads(2)
-                                                    .max_length(48)
-                                                    .device(device())));
+  MultiTaskTrainer trainer(tiny(device()).model(
+      ensemble::PackedTransformerOptions().members(2).width(32).layers(1).heads(2).max_length(48).device(device())));
   trainer.set_training_data(synthetic(48, 4));
   for (int e = 0; e < 3; ++e) trainer.train_epoch();
   for (const GenerateOptions& g : {GenerateOptions{20, 0.0, 0, 0, true}, GenerateOptions{20, 0.9, 5, 7, true}}) {
@@ -251,8 +246,7 @@ TEST_P(MultiTaskTrainerTest, EagerStepsSayWhyInTheLog) {
     trainer.evaluate(dev);
     ASSERT_EQ(trainer.training_graphs(), 2u);
     EXPECT_EQ(log.count({"step 'multitask train", "runs eagerly: capture is switched off"}), 2u) << log.text();
-    EXPECT_EQ(log.count({"step 'multitask eval", "runs eagerly: capture is switched off"}),
-              trainer.evaluation_graphs())
+    EXPECT_EQ(log.count({"step 'multitask eval", "runs eagerly: capture is switched off"}), trainer.evaluation_graphs())
         << log.text();
     EXPECT_EQ(log.lines->size(), 2u + trainer.evaluation_graphs()) << "each eager step said so once\n" << log.text();
   }
@@ -302,9 +296,10 @@ TEST_P(MultiTaskTrainerTest, TheDecodeGraphIsCapturedOncePerKindAndReused) {
   MultiTaskTrainer trainer(tiny(device()));
   trainer.set_training_data(synthetic(32, 4));
   trainer.train_epoch();
-  const std::vector<std::pair<std::string, GenerateOptions>> calls{
-      {"yes the", {12, 0.0, 0, 0, true}}, {"no a", {9, 0.0, 0, 0, true}},
-      {"yes", {10, 0.8, 4, 3, true}},     {"the cat", {10, 1.3, 4, 5, true}}};
+  const std::vector<std::pair<std::string, GenerateOptions>> calls{{"yes the", {12, 0.0, 0, 0, true}},
+                                                                   {"no a", {9, 0.0, 0, 0, true}},
+                                                                   {"yes", {10, 0.8, 4, 3, true}},
+                                                                   {"the cat", {10, 1.3, 4, 5, true}}};
   for (const auto& [prompt, g] : calls) {
     const std::vector<std::string> captured = trainer.generate(prompt, g);
     GenerateOptions eager = g;
@@ -360,18 +355,14 @@ TEST(MultiTaskTrainerOptionsTest, ValidateNamesTheFieldAndValue) {
 }
 
 TEST(MultiTaskTrainerOptionsTest, JsonRoundTripsRefusesUnknownKeysAndFillsMissingOnesFromTheDefaults) {
-  const MultiTaskTrainerOptions o = tiny(c10::Device(c10::kCPU))
-                                        .shared_inputs(false)
-                                        .classification_weight(0.5)
-                                        .eval_batch_size(16)
-                                        .capture(false)
-                                        .model(ensemble::PackedTransformerOptions()
-                                                   .members(3)
-                                                   .width(32)
-                                                   .layers(1)
-                                                   .heads(2)
-                                                   .max_length(48)
-                                                   .dtype(at::kDouble));
+  const MultiTaskTrainerOptions o =
+      tiny(c10::Device(c10::kCPU))
+          .shared_inputs(false)
+          .classification_weight(0.5)
+          .eval_batch_size(16)
+          .capture(false)
+          .model(ensemble::PackedTransformerOptions().members(3).width(32).layers(1).heads(2).max_length(48).dtype(
+              at::kDouble));
   const std::string json = to_json(o);
   EXPECT_EQ(to_json(multitask_options_from_json(json)), json);
   EXPECT_EQ(to_json(multitask_options_from_json("{}")), to_json(MultiTaskTrainerOptions()));
@@ -400,8 +391,8 @@ TEST(MultiTaskTrainerOptionsTest, JsonRoundTripsRefusesUnknownKeysAndFillsMissin
                        "key 'batch_size' has the wrong type"));
   EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"batch_size": 2.5})"); }),
                        "key 'batch_size' has the wrong type"));
-  EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"batch_size": 0})"); }),
-                       "batch_size must be > 0, got 0"));
+  EXPECT_TRUE(
+      contains(error_of([] { multitask_options_from_json(R"({"batch_size": 0})"); }), "batch_size must be > 0, got 0"));
   EXPECT_TRUE(contains(error_of([] { multitask_options_from_json(R"({"dtype": "float16"})"); }),
                        "unknown dtype 'float16' (expected float32 or float64)"));
   // The trainer's own format version is written, and a newer one refused.
@@ -471,8 +462,7 @@ TEST(MultiTaskData, BundledTasksAreReadableAndTheDefaultIsBalanced) {
     EXPECT_GT(dev.size(), 0u) << task.name;
   }
   const BundledTextTask languages = bundled_text_task("languages");
-  EXPECT_EQ(languages.class_names,
-            (std::vector<std::string>{"English", "German", "Spanish", "Italian", "Portuguese"}));
+  EXPECT_EQ(languages.class_names, (std::vector<std::string>{"English", "German", "Spanish", "Italian", "Portuguese"}));
   const LabelledTexts train = read_labelled_tsv(languages.train, 5);
   const LabelledTexts dev = read_labelled_tsv(languages.dev, 5);
   std::vector<int64_t> train_counts(5), dev_counts(5);
@@ -487,8 +477,7 @@ TEST(MultiTaskData, BundledTasksAreReadableAndTheDefaultIsBalanced) {
     bundled_text_task("sst2");
     ADD_FAILURE() << "an unknown task was accepted";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("no bundled text task 'sst2' (there are: languages, cola)"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("no bundled text task 'sst2' (there are: languages, cola)"), std::string::npos)
         << e.what();
   }
 }
@@ -504,8 +493,7 @@ TEST(MultiTaskData, ClassNamesFilesAreChecked) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message("red\ngreen\nred\n").find("names.txt:3: the class name 'red' is given twice"),
-            std::string::npos);
+  EXPECT_NE(message("red\ngreen\nred\n").find("names.txt:3: the class name 'red' is given twice"), std::string::npos);
   EXPECT_NE(message("only\n\n").find("1 class name(s); a classifier needs at least 2"), std::string::npos);
   std::ofstream(dir.path() / "ok.txt") << "\xEF\xBB\xBFred\r\n\ngreen\n";
   EXPECT_EQ(read_class_names(dir.path() / "ok.txt"), (std::vector<std::string>{"red", "green"}));

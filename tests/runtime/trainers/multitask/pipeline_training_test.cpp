@@ -13,13 +13,13 @@
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/optimizers/adam.h"
 #include "packtrain/ensemble/packed_transformer.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/pipeline_placement.h"
 #include "packtrain/runtime/distributed/process_group.h"
-#include "packtrain/runtime/measure/layer_timing.h"
-#include "packtrain/runtime/data/data_error.h"
-#include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "packtrain/runtime/trainers/multitask/pipeline_stage_steps.h"
@@ -51,10 +51,10 @@ using distributed::RankInfo;
 using ensemble::PackedTransformer;
 using ensemble::PackedTransformerOptions;
 using packtrain::testing::all_close;
+using packtrain::testing::all_equal;
 using pipeline_testing::adam;
 using pipeline_testing::model_options;
 using pipeline_testing::run_ranks;
-using packtrain::testing::all_equal;
 
 struct Batch {
   ensemble::TextBatch text;
@@ -349,10 +349,13 @@ void expect_stages_in_one_process_train_the_same_model(c10::Device device, int64
     const at::Tensor share = at::full({1}, 1.0 / M, real);
     for (int64_t i = 0; i < M; ++i) {
       const int64_t rows = 8 / M;
-      const ensemble::TextBatch micro{b.text.tokens.narrow(0, i * rows, rows), b.text.lengths.narrow(0, i * rows, rows)};
+      const ensemble::TextBatch micro{b.text.tokens.narrow(0, i * rows, rows),
+                                      b.text.lengths.narrow(0, i * rows, rows)};
       std::vector<at::Tensor> inputs{micro.tokens};  // each stage's input: tokens, then activations
-      for (int64_t s = 0; s + 1 < S; ++s) inputs.push_back(stage_steps[static_cast<size_t>(s)]->forward(inputs.back()).clone());
-      at::Tensor grad = last_steps.last(inputs.back(), micro, b.labels.narrow(0, i * rows, rows), share, lm_total).clone();
+      for (int64_t s = 0; s + 1 < S; ++s)
+        inputs.push_back(stage_steps[static_cast<size_t>(s)]->forward(inputs.back()).clone());
+      at::Tensor grad =
+          last_steps.last(inputs.back(), micro, b.labels.narrow(0, i * rows, rows), share, lm_total).clone();
       for (int64_t s = S - 2; s >= 0; --s) {
         const at::Tensor dx = stage_steps[static_cast<size_t>(s)]->backward(inputs[static_cast<size_t>(s)], grad);
         if (s == 0) {
@@ -374,8 +377,8 @@ void expect_stages_in_one_process_train_the_same_model(c10::Device device, int64
         EXPECT_TRUE(all_close(value, expected.at(name), 1e-9)) << name;
       }
     }
-    EXPECT_TRUE(all_close(last_steps.classification_loss(), reference.losses[static_cast<size_t>(step)].classification,
-                          1e-9));
+    EXPECT_TRUE(
+        all_close(last_steps.classification_loss(), reference.losses[static_cast<size_t>(step)].classification, 1e-9));
     EXPECT_TRUE(all_close(last_steps.lm_loss(), reference.losses[static_cast<size_t>(step)].language_model, 1e-9));
   }
   int64_t step_kinds = 0, captured = 0;

@@ -3,15 +3,16 @@
 // bad options fail with one-line errors; classifiers acquire by BALD or sampled
 // entropy; and acquisition by ensemble spread beats
 // random acquisition on a bundled data set, measured here, over the same seeds.
+#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/uci_dataset.h"
-#include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,14 +23,13 @@
 #include <numeric>
 #include <set>
 #include <sstream>
-#include <unistd.h>
 
 namespace packtrain::runtime {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using packtrain::testing::DeviceTest;
+using ::testing::HasSubstr;
 
 fs::path data_dir() {
   const char* env = std::getenv("PACKTRAIN_DATA_DIR");
@@ -95,7 +95,7 @@ void expect_partition(const PoolPartition& run, int64_t pool_rows, int64_t label
 TEST(PoolPartition, AcquireTopTakesTheHighestUnlabelledScores) {
   PoolPartition run(6, {4, 1});
   run.acquire_top(at::tensor({0.5, 9.0, 0.7, 0.1, 8.0, 0.7}, at::kDouble), 2);  // 1 and 4 are labelled already
-  EXPECT_EQ(run.labelled(), (std::vector<int64_t>{4, 1, 2, 5}));  // tie at 0.7: lower row first
+  EXPECT_EQ(run.labelled(), (std::vector<int64_t>{4, 1, 2, 5}));                // tie at 0.7: lower row first
   EXPECT_EQ(run.unlabelled(), (std::vector<int64_t>{0, 3}));
   expect_partition(run, 6, 4);
   EXPECT_THROW(run.acquire_top(at::zeros({6}, at::kDouble), 3), c10::Error);
@@ -182,7 +182,8 @@ TEST_P(ActiveLearningDevice, ClassifiersAcquireByBaldOrSampledEntropy) {
     }
     ASSERT_EQ(r.labelled.size(), 4u);
     for (const std::vector<int64_t>& rows : r.labelled) {
-      EXPECT_EQ(static_cast<int64_t>(std::set<int64_t>(rows.begin(), rows.end()).size()), o.initial() + 2 * o.acquire());
+      EXPECT_EQ(static_cast<int64_t>(std::set<int64_t>(rows.begin(), rows.end()).size()),
+                o.initial() + 2 * o.acquire());
       for (const int64_t row : rows) EXPECT_LT(row, N);
     }
     EXPECT_NE(r.labelled[0], r.labelled[2]) << "the strategy and random acquired the same rows";
@@ -246,8 +247,7 @@ TEST(ActiveLearning, BadOptions_InvalidArgument) {
   AcquisitionOptions bald;
   bald.strategy = AcquisitionStrategy::kBald;
   EXPECT_THROW(run(t, small_loop().acquisition(bald)), UserError);
-  EXPECT_THROW(run(EnsembleTrainerOptions(t).schedule(ensemble::LrScheduleKind::kCosine), small_loop()),
-               UserError);
+  EXPECT_THROW(run(EnsembleTrainerOptions(t).schedule(ensemble::LrScheduleKind::kCosine), small_loop()), UserError);
   EXPECT_THROW(run(t, small_loop().rounds(0)), UserError);
   EXPECT_THROW(run(t, small_loop().acquire(0)), UserError);
   EXPECT_THROW(run(t, small_loop().ensembles(0)), UserError);
@@ -256,9 +256,10 @@ TEST(ActiveLearning, BadOptions_InvalidArgument) {
 TEST(ActiveLearning, SharedOrder_SwitchedToPerMemberWithALogLine) {
   const PoolAndTest d = load("yacht", 0);
   std::vector<std::string> lines;
-  const EnsembleTrainerOptions t = small_trainer(c10::kCPU)
-                                       .order(graphs::BatchOrder::kShared)
-                                       .log([&](const std::string& line) { lines.push_back(line); });
+  const EnsembleTrainerOptions t =
+      small_trainer(c10::kCPU).order(graphs::BatchOrder::kShared).log([&](const std::string& line) {
+        lines.push_back(line);
+      });
   ActiveLearningLoop loop(t, d.pool_x, d.pool_y, d.test_x, d.test_y, small_loop().rounds(1));
   EXPECT_EQ(loop.trainer().options().order(), graphs::BatchOrder::kPerMember);
   EXPECT_THAT(lines, ::testing::Contains(HasSubstr("using 'per-member'")));
@@ -267,9 +268,9 @@ TEST(ActiveLearning, SharedOrder_SwitchedToPerMemberWithALogLine) {
 TEST(ActiveLearning, RunReportsEveryRoundAndTheLabelledRows) {
   const PoolAndTest d = load("yacht", 0);
   std::vector<int64_t> seen;
-  const ActiveLearningResult r =
-      run_active_learning(small_trainer(c10::kCPU), d.pool_x, d.pool_y, d.test_x, d.test_y,
-                          small_loop().random_baseline(false), [&](const LearningCurvePoint& p) { seen.push_back(p.round); });
+  const ActiveLearningResult r = run_active_learning(small_trainer(c10::kCPU), d.pool_x, d.pool_y, d.test_x, d.test_y,
+                                                     small_loop().random_baseline(false),
+                                                     [&](const LearningCurvePoint& p) { seen.push_back(p.round); });
   EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3}));
   EXPECT_EQ(r.pack_members, 4);  // 1 strategy x 2 runs x 2 members
   ASSERT_EQ(r.labelled.size(), 2u);

@@ -4,11 +4,11 @@
 // fits it on its validation rows, keeps it through a checkpoint, and refits it to
 // the members a sweep keeps. (The scale is also checked against uncertainty-toolbox's
 // Gaussian NLL minimized by scipy in python/tests/test_calibration.py.)
-#include "packtrain/runtime/trainers/uncertainty/calibration.h"
+#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
+#include "packtrain/runtime/trainers/uncertainty/calibration.h"
 #include "packtrain/runtime/trainers/uncertainty/predictive_distribution.h"
-#include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 #include "tests/runtime/trainers/trainer_test_data.h"
 #include "tests/support/test_support.h"
 
@@ -16,19 +16,19 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <limits>
-#include <unistd.h>
 
 namespace packtrain::runtime {
 namespace {
 
+using packtrain::testing::all_close;
+using packtrain::testing::DeviceTest;
 using trainer_testing::Data;
 using trainer_testing::make_data;
 using trainer_testing::small_options;
-using packtrain::testing::all_close;
-using packtrain::testing::DeviceTest;
 namespace fs = std::filesystem;
 
 // K members' Gaussians over N rows, far from calibrated for y.
@@ -43,7 +43,9 @@ EnsemblePrediction random_prediction(int64_t K, int64_t N, bool gaussian, at::Te
   return combine_members(std::move(p), gaussian ? Head::kGaussian : Head::kMean);
 }
 
-double gaussian_nll(const EnsemblePrediction& p, const at::Tensor& y) { return regression_calibration(p, y).gaussian_nll; }
+double gaussian_nll(const EnsemblePrediction& p, const at::Tensor& y) {
+  return regression_calibration(p, y).gaussian_nll;
+}
 
 TEST(VarianceCalibration, TheFittedScaleMinimizesTheMomentMatchedNll) {
   for (const bool gaussian : {true, false}) {
@@ -149,8 +151,8 @@ TEST_P(VarianceRecalibrationTest, ASweepsScaleIsFittedToTheConfigurationItKeeps)
   sweep.keep_members(2, 2);
   const double kept = fit_variance_scale(member_range(all, 2, 2, Head::kGaussian), d.val_y);
   EXPECT_NEAR(sweep.variance_scale(), kept, 1e-9 * kept);
-  EXPECT_TRUE(all_close(sweep.predict(d.val_x).variance,
-                        kept * member_range(all, 2, 2, Head::kGaussian).variance, 1e-9));
+  EXPECT_TRUE(
+      all_close(sweep.predict(d.val_x).variance, kept * member_range(all, 2, 2, Head::kGaussian).variance, 1e-9));
 }
 
 TEST_P(VarianceRecalibrationTest, AClassifierIsNotRecalibrated) {
