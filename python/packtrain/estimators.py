@@ -93,6 +93,11 @@ def _checked_trainer_option(name, value):
         if value is None and field["optional"]:
             return None  # unset: the run picks (see the parameter's doc)
         return _checked_integer(name, value, *_integer_range(field))
+    if kind == "integers":
+        values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+        if not values:
+            raise TypeError(f"{name} must be a non-empty list of integers, got {value!r}")
+        return [_checked_integer(f"{name}[{i}]", v, 1, _INT64_MAX) for i, v in enumerate(values)]
     if kind == "number":
         if name in _SWEPT and isinstance(value, (list, tuple, np.ndarray)):
             values = np.asarray(value, dtype=object).reshape(-1) if isinstance(value, np.ndarray) else value
@@ -180,8 +185,8 @@ def _as_tensor(a, what, dims):
             raise ValueError(f"{what}: complex data not supported")
         t = a.detach().to("cpu", torch.float64)
     elif _check_array is not None:  # scikit-learn's checks and messages
-        t = torch.from_numpy(_check_array(a, dtype=np.float64, ensure_2d=dims == 2, ensure_all_finite=True,
-                                          input_name=what, copy=True))
+        t = torch.from_numpy(_check_array(a, dtype=np.float64, ensure_2d=dims == 2, allow_nd=dims > 2,
+                                          ensure_all_finite=True, input_name=what, copy=True))
     else:
         array = np.asarray(a)
         if np.iscomplexobj(array):
@@ -202,6 +207,19 @@ def _as_tensor(a, what, dims):
     if not torch.isfinite(t).all():
         raise ValueError(f"{what} contains NaN or infinity")
     return t.contiguous()
+
+
+def _as_rows(a, what):
+    """(rows, sample_shape): a table (N, I) as it is, or images (N, C, H, W) and
+    sequences (N, C, L) as rows (N, C*H*W) with the shape of one sample, which
+    architecture="cnn" takes its convolutions over (None for a table)."""
+    ndim = a.dim() if isinstance(a, torch.Tensor) else np.ndim(a)
+    if ndim in (3, 4):
+        t = _as_tensor(a, what, ndim)
+        if any(d == 0 for d in t.shape[1:]):
+            raise ValueError(f"{what} has an empty sample shape {tuple(t.shape[1:])}")
+        return t.reshape(t.shape[0], -1).contiguous(), [int(d) for d in t.shape[1:]]
+    return _as_tensor(a, what, 2), None
 
 
 def _like(result, reference):
@@ -266,16 +284,16 @@ class _PackedEnsemble(_Base):
             _checked_option(name, getattr(self, name), _DATA_DEFAULTS[name])
         if self.select not in ("all", "best"):
             raise ValueError(f"select must be 'all' or 'best', got {self.select!r}")
-        x = _as_tensor(X, "X", 2)
+        x, shape = _as_rows(X, "X")
         t = self._targets(y, "y")
         if t.shape[0] != x.shape[0]:
             raise ValueError(f"X has {x.shape[0]} rows but y has {t.shape[0]}")
         if (X_val is None) != (y_val is None):
             raise ValueError("give both X_val and y_val, or neither")
         if X_val is not None:
-            vx, vt = _as_tensor(X_val, "X_val", 2), self._targets(y_val, "y_val")
-            if vx.shape[1] != x.shape[1]:
-                raise ValueError(f"X_val has {vx.shape[1]} features, X has {x.shape[1]}")
+            (vx, val_shape), vt = _as_rows(X_val, "X_val"), self._targets(y_val, "y_val")
+            if vx.shape[1] != x.shape[1] or val_shape != shape:
+                raise ValueError(f"X_val's samples are shaped {val_shape or vx.shape[1]}, X's {shape or x.shape[1]}")
         elif self.val_fraction > 0:
             if x.shape[0] < 2:
                 raise ValueError(f"{x.shape[0]} sample(s): too few to hold out val_fraction={self.val_fraction} "
@@ -289,6 +307,8 @@ class _PackedEnsemble(_Base):
         else:
             vx = vt = None
         params = self._trainer_options()
+        if shape is not None:
+            params["input_shape"] = shape  # what a cnn's convolutions run over
         if self.select == "best" and vx is None:
             raise ValueError("select='best' chooses on validation rows: give val_fraction > 0, or X_val and y_val")
         # Refused before anything large is allocated, as `packtrain train` refuses it.
@@ -305,6 +325,7 @@ class _PackedEnsemble(_Base):
         self._validation = (vx, vt)
         self._trainer.prepare(x, t, vx, vt)
         self.n_features_in_ = x.shape[1]
+        self.sample_shape_ = shape
         self.feature_names_in_ = np.asarray(_feature_names(X, x.shape[1]), dtype=object)
         self._target_name = getattr(y, "name", None) or "y"
         self._train(callback)
@@ -370,7 +391,11 @@ class _PackedEnsemble(_Base):
 
     def _features(self, X):
         self._check_fitted()
-        x = _as_tensor(X, "X", 2)
+        x, shape = _as_rows(X, "X")
+        expected = getattr(self, "sample_shape_", None)
+        if shape is not None and shape != expected:
+            raise ValueError(f"X's samples are shaped {tuple(shape)}, but {type(self).__name__} was fitted on "
+                             f"{'rows' if expected is None else 'samples shaped ' + str(tuple(expected))}")
         if x.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {x.shape[1]} features, but {type(self).__name__} is expecting "
                              f"{self.n_features_in_} features as input")
@@ -405,9 +430,11 @@ class _PackedEnsemble(_Base):
         them: (indices, scores), the `count` chosen rows' positions in X_pool in the
         order chosen and every row's score (higher: more worth a label). strategy:
         regressor epistemic (default), variance, ucb; classifier bald (default),
-        entropy, margin, variation-ratio; random for either. selection "top", or
+        entropy, margin, variation-ratio, batchbald; random for either. selection "top", or
         "power"/"softmax" to draw the batch with probability ~ score**power or
-        exp(power * score), seeded."""
+        exp(power * score), seeded. batchbald (Kirsch et al., 2019) picks greedily the
+        rows that most raise the batch's joint mutual information with the member
+        (selection "top" only; its scores are BALD's, the batch is not their top)."""
         seed = _checked_integer("seed", seed, 0, _UINT64_MAX)
         count = _checked_integer("count", count, 1, _INT64_MAX)
         ucb_beta, power = _checked_number("ucb_beta", ucb_beta), _checked_number("power", power)
@@ -415,7 +442,14 @@ class _PackedEnsemble(_Base):
         if strategy is None:
             strategy = "bald" if "member_probabilities" in p else "epistemic"
         scores = _core.acquisition_scores(p, strategy, ucb_beta, seed)
-        chosen = _core.select_batch(scores, count, selection, power, seed)
+        if strategy == "batchbald":
+            if selection != "top":
+                raise ValueError(f"batchbald chooses its batch greedily, not by sampling: selection must be 'top', "
+                                 f"got {selection!r}")
+            members = p["member_probabilities"][list(p.get("included", range(len(p["member_probabilities"]))))]
+            chosen, _ = _core.batchbald_select(members, count, seed=seed)
+        else:
+            chosen = _core.select_batch(scores, count, selection, power, seed)
         return np.asarray(chosen, dtype=np.int64), _like(scores, X_pool)
 
     def save(self, path):
@@ -624,6 +658,7 @@ def load(path, device="cpu"):
         model.members = loaded.members
     model._trainer = loaded
     model.n_features_in_ = loaded.in_features
+    model.sample_shape_ = options.get("input_shape") or None
     model.feature_names_in_ = np.asarray([f"x{i}" for i in range(loaded.in_features)], dtype=object)
     model._target_name = "y"
     return model

@@ -106,6 +106,7 @@ int run_active_learn(ActiveLearnCommand c) {
   runtime::DataArgs data_args = c.data;
   data_args.val_fraction = 0;  // the loop trains for fixed epochs: the pool is the training split
   const runtime::SplitData data = runtime::load_split_data(data_args);
+  if (data.all.sample_shape.size() > 1) options.input_shape(data.all.sample_shape);  // images, sequences: a cnn's
   if (options.device().is_cpu()) runtime::retain_freed_cpu_memory();
   const runtime::Dataset pool = data.train(), test = data.test();
   if (test.features.size(0) == 0) throw UsageError("active learning needs test rows to draw the learning curve");

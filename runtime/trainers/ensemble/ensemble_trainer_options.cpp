@@ -37,7 +37,6 @@ void describe_model(Schema& s) {
       .in_group("Model")
       .at_least(0);
   s.option(PACKTRAIN_OPTION(channels))
-      .not_python()
       .help_text("cnn: output channels of each convolution block (kernel 3, relu, max-pool 2), comma-separated")
       .in_group("Model")
       .above(0)

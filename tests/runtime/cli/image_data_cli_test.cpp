@@ -37,6 +37,23 @@ TEST_F(Cli, MnistOneDKeepsItsOwnSplit) {
       << r.out;
 }
 
+// Active learning with convolutional members: the images' shape reaches every
+// round's pack, so a cnn trains on the labelled rows and scores the pool.
+TEST_F(Cli, ActiveLearningOnImagesWithCnnMembers) {
+  const nlohmann::json out = run_json(
+      "active-learn --data optdigits --head classification --architecture cnn --channels 4 --hidden 16 --depth 1 "
+      "--members 2 --rounds 2 --initial 100 --acquire 50 --epochs 10 --device cpu --csv " +
+      path("curve.csv") + " --plot " + path("curve.svg") + " --json");
+  ASSERT_TRUE(out.is_object()) << out.dump();
+  ASSERT_EQ(out["curve"].size(), 2u) << out.dump();
+  EXPECT_EQ(out["curve"][1]["labelled"], 150);
+  for (const auto& point : out["curve"]) {
+    const double acquired = point["bald_accuracy"].get<double>(), random = point["random_accuracy"].get<double>();
+    EXPECT_GT(acquired, 0.2) << out.dump();  // chance is 0.1
+    EXPECT_GT(random, 0.2) << out.dump();
+  }
+}
+
 TEST_F(Cli, MalformedNpyGivenByPathIsExitTwoNamingTheFile) {
   // The test's directory is the array directory (its files are removed one by one after the test).
   write_file(dir() / "features.npy", npy("<f4", "(2, 1, 2, 2)", raw_bytes(std::vector<float>{1, 2, 3})));  // 3 of 8
