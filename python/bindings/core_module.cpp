@@ -525,6 +525,19 @@ void add_calibration_and_acquisition(py::module_& m) {
       py::arg("scores"), py::arg("count"),
       py::arg("selection") = std::string(rt::kBatchSelectionNames.name(rt::AcquisitionOptions().selection)),
       py::arg("power") = rt::AcquisitionOptions().power, py::arg("seed") = rt::AcquisitionOptions().seed);
+  m.def(
+      "batchbald_select",
+      [](const at::Tensor& member_probabilities, int64_t count, int64_t samples, uint64_t seed) {
+        const rt::BatchBaldSelection s = [&] {
+          py::gil_scoped_release release;
+          return rt::batchbald_select(member_probabilities, count, samples, seed);
+        }();
+        return py::make_tuple(s.rows, s.joint_mutual_information);
+      },
+      py::arg("member_probabilities"), py::arg("count"), py::arg("samples") = rt::kDefaultBatchBaldSamples,
+      py::arg("seed") = rt::AcquisitionOptions().seed,
+      "BatchBALD's batch from member probabilities (K, N, C): (rows in the order chosen, the joint mutual "
+      "information after each pick), runtime/trainers/uncertainty/batchbald.h.");
 }
 
 void add_checkpoints(py::module_& m) {

@@ -364,37 +364,54 @@ int run_acquire(AcquireCommand c) {
   if (c.count > x.size(0)) {
     throw UsageError(fmt::format("--count {}: the pool {} has only {} rows", c.count, c.pool, x.size(0)));
   }
-  // Chunk by chunk, keeping each row's score only (the pool's per-member predictions
-  // would take members x rows x hidden).
-  const at::Tensor scores =
-      runtime::acquisition_scores_in_chunks(checked_predict(m, table_rows(table)), x, c.options, chunk_rows(m));
-  const std::vector<int64_t> chosen = [&] {
+  const bool batchbald = c.options.strategy == runtime::AcquisitionStrategy::kBatchBald;
+  std::vector<int64_t> chosen;
+  std::vector<double> score;  // the chosen rows': a row's score, or BatchBALD's gain in joint mutual information
+  if (batchbald) {
+    const runtime::BatchBaldSelection s = [&] {
+      try {
+        return runtime::batchbald_in_chunks(checked_predict(m, table_rows(table)), x, c.count, c.options,
+                                            chunk_rows(m));
+      } catch (const UserError& e) {  // a pool whose member probabilities would not fit
+        throw UsageError(fmt::format("--strategy batchbald on {}: {}", c.pool, e.what()));
+      }
+    }();
+    chosen = s.rows;
+    for (size_t i = 0; i < s.rows.size(); ++i) {
+      score.push_back(s.joint_mutual_information[i] - (i == 0 ? 0.0 : s.joint_mutual_information[i - 1]));
+    }
+  } else {
+    // Chunk by chunk, keeping each row's score only (the pool's per-member predictions
+    // would take members x rows x hidden).
+    const at::Tensor scores =
+        runtime::acquisition_scores_in_chunks(checked_predict(m, table_rows(table)), x, c.options, chunk_rows(m));
     try {
-      return runtime::select_batch(scores, c.count, c.options);
+      chosen = runtime::select_batch(scores, c.count, c.options);
     } catch (const UserError& e) {  // --selection power on negative scores (ucb)
       throw UsageError(
           fmt::format("--selection {}: {}", runtime::kBatchSelectionNames.name(c.options.selection), e.what()));
     }
-  }();
-  const double* score = scores.contiguous().data_ptr<double>();
+    const at::Tensor all = scores.contiguous();
+    for (const int64_t row : chosen) score.push_back(all.data_ptr<double>()[row]);
+  }
   const std::string strategy(runtime::kAcquisitionStrategyNames.name(c.options.strategy));
   const std::string selection(runtime::kBatchSelectionNames.name(c.options.selection));
   std::string text;
   if (c.json) {
     nlohmann::json rows = nlohmann::json::array();
     for (size_t i = 0; i < chosen.size(); ++i) {
-      rows.push_back({{"rank", i + 1}, {"row", chosen[i]}, {"score", score[chosen[i]]}});
+      rows.push_back({{"rank", i + 1}, {"row", chosen[i]}, {"score", score[i]}});
     }
     nlohmann::json out{{"checkpoint", c.checkpoint}, {"pool", c.pool},         {"pool_rows", x.size(0)},
                        {"strategy", strategy},       {"selection", selection}, {"count", c.count},
                        {"seed", c.options.seed},     {"chosen", rows}};
     if (c.options.strategy == runtime::AcquisitionStrategy::kUcb) out["ucb_beta"] = c.options.ucb_beta;
     if (c.options.selection != runtime::BatchSelection::kTop) out["power"] = c.options.power;
+    if (batchbald) out["score_meaning"] = "gain in the batch's joint mutual information (nats)";
     text = out.dump(2) + "\n";
   } else {
     text = "rank,row,score\n";
-    for (size_t i = 0; i < chosen.size(); ++i)
-      text += fmt::format("{},{},{:.9g}\n", i + 1, chosen[i], score[chosen[i]]);
+    for (size_t i = 0; i < chosen.size(); ++i) text += fmt::format("{},{},{:.9g}\n", i + 1, chosen[i], score[i]);
   }
   if (c.output.empty() || c.output == "-") {
     std::cout << text;
@@ -481,9 +498,10 @@ void add_acquire_command(CLI::App& app, int& status) {
       "columns, as for predict) with the checkpoint's ensemble and write the chosen rows' index (0-based\n"
       "among the data rows), score and rank as CSV (or --json). Regression: epistemic (the members'\n"
       "disagreement; default), variance (total predictive variance), ucb (mean + beta * std).\n"
-      "Classification: bald (mutual information; default), entropy, margin, variation-ratio. random for\n"
-      "a baseline. --selection power or softmax draws the batch at random in proportion to the scores\n"
-      "(seeded), which keeps a batch from filling with near-duplicates of one region.");
+      "Classification: bald (mutual information; default), entropy, margin, variation-ratio, batchbald\n"
+      "(rows chosen greedily for the batch's joint mutual information, Kirsch et al. 2019; its score is\n"
+      "each pick's gain). random for a baseline. --selection power or softmax draws the batch at random in\n"
+      "proportion to the scores (seeded), which keeps a batch from filling with near-duplicates of one region.");
   a->add_option("checkpoint", acquire->checkpoint,
                 "Checkpoint written by `packtrain train --checkpoint` (or a --member-parallel run's manifest)")
       ->required();

@@ -19,7 +19,8 @@ bool strategy_for_classification(AcquisitionStrategy s) {
     case AcquisitionStrategy::kBald:
     case AcquisitionStrategy::kEntropy:
     case AcquisitionStrategy::kMargin:
-    case AcquisitionStrategy::kVariationRatio: return true;
+    case AcquisitionStrategy::kVariationRatio:
+    case AcquisitionStrategy::kBatchBald: return true;
     default: return false;
   }
 }
@@ -31,7 +32,7 @@ at::Generator generator(uint64_t seed) { return at::make_generator<at::CPUGenera
 std::string fit_error(AcquisitionStrategy s, bool classification) {
   return "the acquisition strategy '" + std::string(kAcquisitionStrategyNames.name(s)) + "' scores " +
          (classification ? "regression" : "classification") + " predictions; this model is a " +
-         (classification ? "classifier (use bald, entropy, margin, variation-ratio or random)"
+         (classification ? "classifier (use bald, batchbald, entropy, margin, variation-ratio or random)"
                          : "regressor (use epistemic, variance, ucb or random)");
 }
 
@@ -51,6 +52,11 @@ void check_power(const AcquisitionOptions& o) {
 void check_acquisition_options(const AcquisitionOptions& o, bool classification) {
   if (o.strategy != AcquisitionStrategy::kRandom && strategy_for_classification(o.strategy) != classification) {
     throw UserError(fit_error(o.strategy, classification));
+  }
+  if (o.strategy == AcquisitionStrategy::kBatchBald && o.selection != BatchSelection::kTop) {
+    throw UserError(
+        "batchbald chooses its batch greedily by joint mutual information, not by sampling: use the "
+        "selection top (the default), or power/softmax sampling with bald");
   }
   o.validate();
 }
@@ -85,7 +91,8 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
       const UncertaintyDecomposition d = decompose_uncertainty(p);
       return d.mean + o.ucb_beta * d.total_std;
     }
-    case AcquisitionStrategy::kBald: return decompose_class_uncertainty(p).mutual_information;
+    case AcquisitionStrategy::kBald:
+    case AcquisitionStrategy::kBatchBald: return decompose_class_uncertainty(p).mutual_information;
     case AcquisitionStrategy::kEntropy: return decompose_class_uncertainty(p).entropy;
     case AcquisitionStrategy::kMargin: {
       const at::Tensor mixture = included_probabilities(p).mean(0);  // (N, C)
@@ -123,6 +130,9 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
                     std::to_string(N) + ")");
   }
   if (!at::isfinite(s).all().item<bool>()) throw UserError("acquisition scores must be finite");
+  if (o.strategy == AcquisitionStrategy::kBatchBald) {
+    throw std::logic_error("select_batch: batchbald's batch is chosen from member probabilities (batchbald_select)");
+  }
   if (o.selection == BatchSelection::kTop) {
     const at::Tensor chosen = std::get<1>(s.topk(count, 0, /*largest=*/true, /*sorted=*/true)).contiguous();
     return {chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + count};
@@ -150,6 +160,31 @@ std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const
   const at::Tensor by_key = std::get<1>(key.index_select(0, by_score).sort(/*stable=*/true, 0, /*descending=*/true));
   const at::Tensor chosen = by_score.index_select(0, by_key.narrow(0, 0, count)).contiguous();
   return {chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + count};
+}
+
+BatchBaldSelection batchbald_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict,
+                                       const at::Tensor& x, int64_t count, const AcquisitionOptions& o,
+                                       int64_t chunk_rows) {
+  check_acquisition_options(o, /*classification=*/true);
+  const int64_t N = x.size(0);
+  at::Tensor probabilities;  // (K, N, C), allocated once the first chunk gives K and C
+  predict_in_chunks(predict, x, chunk_rows, [&](int64_t first, const EnsemblePrediction& p) {
+    if (!p.member_probabilities.defined()) throw UserError(fit_error(o.strategy, /*classification=*/false));
+    const at::Tensor chunk = included_probabilities(p);  // (K, rows, C)
+    if (!probabilities.defined()) {
+      const int64_t K = chunk.size(0), C = chunk.size(2);
+      if (K * N * C > kMaxBatchBaldValues) {
+        throw UserError("batchbald keeps the pool's member probabilities: " + std::to_string(K) + " members x " +
+                        std::to_string(N) + " rows x " + std::to_string(C) + " classes is more than " +
+                        std::to_string(kMaxBatchBaldValues) +
+                        " values (1 GiB); acquire from a smaller pool "
+                        "(split it) or use bald");
+      }
+      probabilities = at::empty({K, N, C}, at::kDouble);
+    }
+    probabilities.narrow(1, first, chunk.size(1)).copy_(chunk);
+  });
+  return batchbald_select(probabilities, count, kDefaultBatchBaldSamples, o.seed);
 }
 
 }  // namespace packtrain::runtime

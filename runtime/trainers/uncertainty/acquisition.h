@@ -8,6 +8,7 @@
 
 #include "packtrain/base/enum_names.h"
 #include "packtrain/base/option_schema.h"
+#include "packtrain/runtime/trainers/uncertainty/batchbald.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -30,10 +31,13 @@ enum class AcquisitionStrategy {
   kEntropy,         // predictive entropy H[mean p]
   kMargin,          // 1 - (top class probability - second), of the mixture
   kVariationRatio,  // 1 - (members voting for the modal class) / K
+  // A row's score is BALD's; the batch is BatchBALD's greedy joint choice
+  // (batchbald.h), from the members' probabilities, not from the scores.
+  kBatchBald,
   // Either head: a baseline.
   kRandom,
 };
-inline constexpr EnumNames<AcquisitionStrategy, 8> kAcquisitionStrategyNames{
+inline constexpr EnumNames<AcquisitionStrategy, 9> kAcquisitionStrategyNames{
     "acquisition strategy",
     {{{AcquisitionStrategy::kEpistemic, "epistemic"},
       {AcquisitionStrategy::kTotalVariance, "variance"},
@@ -42,6 +46,7 @@ inline constexpr EnumNames<AcquisitionStrategy, 8> kAcquisitionStrategyNames{
       {AcquisitionStrategy::kEntropy, "entropy"},
       {AcquisitionStrategy::kMargin, "margin"},
       {AcquisitionStrategy::kVariationRatio, "variation-ratio"},
+      {AcquisitionStrategy::kBatchBald, "batchbald"},
       {AcquisitionStrategy::kRandom, "random"}}}};
 
 // Whether a strategy applies to a head's predictions (classification or not).
@@ -123,14 +128,15 @@ void describe_acquisition_options(OptionSchema<O>& s, Access access, const std::
 const OptionSchema<AcquisitionOptions>& acquisition_option_schema();
 
 // UserError, saying what to use instead, when `options` cannot score
-// the predictions of a classifier (or a regressor): a strategy of the other head, or
-// a field outside its schema range (validate(): a UCB beta that is not finite or
-// beyond +-kMaxUcbBeta, a sampling power that is not finite and >= 0). Check before
-// the work that ends in scoring (a pool read, rounds of training).
+// the predictions of a classifier (or a regressor): a strategy of the other head,
+// batchbald with a sampled selection (its batch is greedy), or a field outside its
+// schema range (validate(): a UCB beta that is not finite or beyond +-kMaxUcbBeta, a
+// sampling power that is not finite and >= 0). Check before the work that ends in
+// scoring (a pool read, rounds of training).
 void check_acquisition_options(const AcquisitionOptions& options, bool classification);
 
-// Scores (N, float64) of the prediction's rows under `options.strategy`; throws
-// UserError as check_acquisition_options.
+// Scores (N, float64) of the prediction's rows under `options.strategy` (batchbald:
+// BALD's); throws UserError as check_acquisition_options.
 at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOptions& options);
 
 // The scores of every row of a pool x (N, I), predicted by `predict` `chunk_rows` rows
@@ -140,11 +146,21 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
 at::Tensor acquisition_scores_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict,
                                         const at::Tensor& x, const AcquisitionOptions& options, int64_t chunk_rows);
 
-// Row indices of the batch of `count` rows (count <= N), in the order chosen:
+// Row indices of the batch of `count` rows (count <= N), in the order chosen
+// (every strategy but batchbald, whose batch batchbald_select chooses):
 // highest score first for kTop; for the sampled selections, Gumbel top-k on
 // log(score) * power or score * power, seeded, taken relative to the highest score
 // so a huge power cannot overflow (it tends to kTop; rows it leaves at weight 0 come
 // last, by score). kPower needs scores >= 0.
 std::vector<int64_t> select_batch(const at::Tensor& scores, int64_t count, const AcquisitionOptions& options);
+
+// BatchBALD's batch (batchbald.h) of `count` rows of a pool x (N, I), seeded by
+// options.seed: the usable members' class probabilities of every row (K, N, C),
+// predicted `chunk_rows` rows at a time, then batchbald_select. Throws UserError
+// when the model is not a classifier, and when K x N x C exceeds
+// kMaxBatchBaldValues (after predicting one chunk, before gathering the rest).
+BatchBaldSelection batchbald_in_chunks(const std::function<EnsemblePrediction(const at::Tensor&)>& predict,
+                                       const at::Tensor& x, int64_t count, const AcquisitionOptions& options,
+                                       int64_t chunk_rows);
 
 }  // namespace packtrain::runtime

@@ -209,6 +209,20 @@ void PoolPartition::acquire_by(const at::Tensor& scores, int64_t count, const Ac
   move(positions);
 }
 
+void PoolPartition::acquire_batchbald(const at::Tensor& member_probabilities, int64_t count,
+                                      const AcquisitionOptions& options) {
+  const int64_t rows = static_cast<int64_t>(labelled_.size() + unlabelled_.size());
+  TORCH_CHECK(member_probabilities.dim() == 3 && member_probabilities.size(1) == rows,
+              "acquire_batchbald: expected member probabilities (K, ", rows, ", C), got ",
+              member_probabilities.sizes());
+  const at::Tensor unlabelled = member_probabilities.index_select(1, at::tensor(unlabelled_, at::kLong));
+  std::vector<size_t> positions;
+  for (const int64_t p : batchbald_select(unlabelled, count, kDefaultBatchBaldSamples, options.seed).rows) {
+    positions.push_back(static_cast<size_t>(p));
+  }
+  move(positions);
+}
+
 void PoolPartition::move(const std::vector<size_t>& positions) {
   std::vector<char> moved(unlabelled_.size(), 0);
   for (const size_t p : positions) {
@@ -319,7 +333,14 @@ void ActiveLearningLoop::acquire() {
   for (int64_t g = 0; g < G; ++g) {
     AcquisitionOptions o = options_.acquisition();
     o.seed = mix(o.seed, mix(static_cast<uint64_t>(round_), static_cast<uint64_t>(g)));  // fresh draws per round, run
-    runs_[static_cast<size_t>(g)].acquire_by(acquisition_scores(run_prediction(all, g), o), options_.acquire(), o);
+    const EnsemblePrediction run = run_prediction(all, g);
+    if (o.strategy == AcquisitionStrategy::kBatchBald) {  // from the run's usable members' probabilities
+      const at::Tensor included = at::tensor(run.included, at::kLong);
+      runs_[static_cast<size_t>(g)].acquire_batchbald(run.member_probabilities.index_select(0, included),
+                                                      options_.acquire(), o);
+    } else {
+      runs_[static_cast<size_t>(g)].acquire_by(acquisition_scores(run, o), options_.acquire(), o);
+    }
   }
   if (!options_.random_baseline()) return;
   for (int64_t g = 0; g < G; ++g) {

@@ -1,7 +1,7 @@
 // Pool-based active learning with deep ensembles, all in one pack: G independent
 // runs per strategy (acquisition by an acquisition strategy — runtime/trainers/
 // acquisition.h: epistemic spread, variance, UCB for regression; BALD, entropy,
-// margin, variation ratio for classification — and, as a baseline, uniformly at
+// margin, variation ratio, BatchBALD's batches for classification — and, as a baseline, uniformly at
 // random), each an ensemble of M members, trained together by one EnsembleTrainer
 // and re-initialized in place every round, so the captured steps serve every round.
 //
@@ -93,6 +93,9 @@ class PoolPartition {
   // Moves `count` unlabelled rows chosen by `options.selection` from their scores:
   // acquire_top for kTop, else select_batch over the unlabelled rows' scores.
   void acquire_by(const at::Tensor& scores, int64_t count, const AcquisitionOptions& options);
+  // Moves the `count` unlabelled rows BatchBALD chooses (batchbald_select, seeded by
+  // options.seed) from the members' class probabilities (K, pool rows, C).
+  void acquire_batchbald(const at::Tensor& member_probabilities, int64_t count, const AcquisitionOptions& options);
 
  private:
   void move(const std::vector<size_t>& positions);  // positions in unlabelled_

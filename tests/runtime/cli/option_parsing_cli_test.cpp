@@ -117,6 +117,10 @@ TEST_F(Cli, AcquireAndPredictRefuseOptionsTheModelCannotUse) {
                      "--strategy bald: the acquisition strategy 'bald' scores classification predictions; this model "
                      "is a regressor (use epistemic, variance, ucb or random)",
                      "acquire bald on a regressor");
+  expect_usage_error(run("acquire " + reg + " " + pool + " --strategy batchbald"),
+                     "--strategy batchbald: the acquisition strategy 'batchbald' scores classification predictions; "
+                     "this model is a regressor (use epistemic, variance, ucb or random)",
+                     "acquire batchbald on a regressor");
   for (const std::string beta : {"nan", "inf", "-1e308"}) {
     expect_usage_error(run("acquire " + reg + " " + pool + " --strategy ucb --ucb-beta " + beta),
                        "--ucb-beta: must be between -1000000 and 1000000, got " + beta, "ucb beta " + beta);
@@ -145,7 +149,7 @@ TEST_F(Cli, AcquireAndPredictRefuseOptionsTheModelCannotUse) {
             0);
   for (const std::string strategy : {"epistemic", "ucb"}) {
     expect_usage_error(run("acquire " + cls + " " + path("wine.csv") + " --strategy " + strategy),
-                       "this model is a classifier (use bald, entropy, margin, variation-ratio or random)",
+                       "this model is a classifier (use bald, batchbald, entropy, margin, variation-ratio or random)",
                        "acquire " + strategy + " on a classifier");
   }
   expect_usage_error(run("predict " + cls + " " + path("wine.csv") + " --interval 0.8"),

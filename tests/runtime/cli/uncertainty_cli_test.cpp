@@ -199,7 +199,26 @@ TEST_F(Cli, AcquireRanksAClassificationPoolAndEvaluateScoresIt) {
   const nlohmann::json bald = run_json("acquire " + ckpt + " " + path("pool.csv") + " --count 5 --json");
   EXPECT_EQ(bald["strategy"], "bald") << "a classifier's default";
   const Result wrong = run("acquire " + ckpt + " " + path("pool.csv") + " --strategy ucb");
-  EXPECT_THAT(wrong.out, HasSubstr("classifier (use bald, entropy, margin, variation-ratio or random)"));
+  EXPECT_THAT(wrong.out, HasSubstr("classifier (use bald, batchbald, entropy, margin, variation-ratio or random)"));
+  // BatchBALD: the first pick is BALD's with its score, then rows that raise the
+  // batch's joint mutual information (each score a gain), distinct, seeded.
+  const std::string batchbald = "acquire " + ckpt + " " + path("pool.csv") + " --count 8 --json --strategy batchbald";
+  const nlohmann::json joint = run_json(batchbald);
+  ASSERT_EQ(joint["chosen"].size(), 8u) << joint.dump();
+  EXPECT_EQ(joint["chosen"][0]["row"], bald["chosen"][0]["row"]);
+  EXPECT_NEAR(joint["chosen"][0]["score"].get<double>(), bald["chosen"][0]["score"].get<double>(), 1e-9);
+  std::set<int64_t> rows;
+  for (size_t i = 0; i < joint["chosen"].size(); ++i) {
+    const nlohmann::json& r = joint["chosen"][i];
+    rows.insert(r["row"].get<int64_t>());
+    // Counted exactly for the first 4 picks (at most 10^4 configurations): no loss.
+    if (i < 4) EXPECT_GE(r["score"].get<double>(), -1e-9) << "the joint information does not fall: " << r.dump();
+  }
+  EXPECT_EQ(rows.size(), 8u);
+  EXPECT_EQ(joint, run_json(batchbald)) << "the same batch again";
+  const Result sampled = run(batchbald + " --selection softmax");
+  EXPECT_NE(sampled.status, 0);
+  EXPECT_THAT(sampled.out, HasSubstr("use the selection top"));
 }
 
 }  // namespace
