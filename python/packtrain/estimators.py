@@ -27,7 +27,9 @@ from . import _core
 # The trainer's options schema (runtime/trainers/ensemble/ensemble_trainer_options.cpp), the
 # one the CLI's flags are generated from: each field's name, kind, default, range.
 _SCHEMA = {f["name"]: f for f in json.loads(_core.option_schema()) if f["python"]}
-_TRAINER_DEFAULTS = {name: f["default"] for name, f in _SCHEMA.items()}
+# A list default (channels) as a tuple: scikit-learn wants immutable defaults.
+_TRAINER_DEFAULTS = {name: tuple(f["default"]) if isinstance(f["default"], list) else f["default"]
+                     for name, f in _SCHEMA.items()}
 _TRAINER_DEFAULTS["device"] = "auto"   # the CLI's default: CUDA when there is one
 _DATA_DEFAULTS = dict(_core.default_data_options())
 _DATA_DEFAULTS["select"] = "all"  # train --select: a sweep keeps all configurations, or the best
@@ -213,7 +215,15 @@ def _as_rows(a, what):
     """(rows, sample_shape): a table (N, I) as it is, or images (N, C, H, W) and
     sequences (N, C, L) as rows (N, C*H*W) with the shape of one sample, which
     architecture="cnn" takes its convolutions over (None for a table)."""
-    ndim = a.dim() if isinstance(a, torch.Tensor) else np.ndim(a)
+    if isinstance(a, torch.Tensor):
+        ndim = a.dim()
+    else:  # an object's own ndim, or its array's (not np.ndim: array-likes may refuse numpy's functions)
+        ndim = getattr(a, "ndim", None)
+        if ndim is None:
+            try:
+                ndim = np.asarray(a).ndim
+            except (TypeError, ValueError):
+                ndim = 2  # _as_tensor says what is wrong with it
     if ndim in (3, 4):
         t = _as_tensor(a, what, ndim)
         if any(d == 0 for d in t.shape[1:]):

@@ -71,8 +71,8 @@ def test_every_default_is_train_helps(estimator):
             assert field["optional"] and helps[flag] == "auto", (name, helps[flag])
         elif isinstance(value, (bool, str)):
             assert str(value) == helps[flag], (name, value, helps[flag])
-        elif isinstance(value, list):  # an integer list (--channels 32,64)
-            assert [int(v) for v in helps[flag].strip("[]").split(",")] == value, (name, value, helps[flag])
+        elif isinstance(value, tuple):  # an integer list (--channels 32,64), a tuple as Python's default
+            assert tuple(int(v) for v in helps[flag].strip("[]").split(",")) == value, (name, value, helps[flag])
         else:
             assert type(value)(helps[flag]) == value, (name, value, helps[flag])
         compared.add(name)

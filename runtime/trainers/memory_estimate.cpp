@@ -22,6 +22,8 @@
 #include <random>
 #include <sstream>
 
+#include <sys/resource.h>
+
 // Every factor below says what it counts; the tests compare the parameter counts
 // with real packs and the state with what a real trainer holds.
 namespace packtrain::runtime {
@@ -169,6 +171,16 @@ double number(const std::string& path) {
 // cgroup v2 (memory.max) or v1 (memory/memory.limit_in_bytes), at the path
 // /proc/self/cgroup names and at the mount's root (a container's own cgroup): the
 // least of those that set a limit.
+// What an address-space limit (`ulimit -v`, RLIMIT_AS) leaves this process beside
+// what it has mapped (VmSize); unknown (infinite) without a limit.
+double address_space_headroom() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kUnknown;
+  const double mapped = field("/proc/self/status", "VmSize") * 1024;  // kB
+  if (std::isnan(mapped)) return kUnknown;
+  return std::max(0.0, static_cast<double>(limit.rlim_cur) - mapped);
+}
+
 double cgroup_headroom() {
   std::ifstream cgroups("/proc/self/cgroup");
   std::string line, v2 = "/", v1 = "/";
@@ -316,7 +328,7 @@ MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, in
 AvailableMemory available_memory(c10::Device device) {
   AvailableMemory a;
   const double meminfo = field("/proc/meminfo", "MemAvailable") * 1024;  // kB
-  a.host = std::min(std::isnan(meminfo) ? kUnknown : meminfo, cgroup_headroom());
+  a.host = std::min({std::isnan(meminfo) ? kUnknown : meminfo, cgroup_headroom(), address_space_headroom()});
   a.device = a.host;
   if (device.is_cuda()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
