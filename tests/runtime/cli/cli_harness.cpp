@@ -113,10 +113,11 @@ nlohmann::json rank0_json(const std::string& out) {
 }
 
 pid_t start_packtrain(const std::vector<std::string>& args, const fs::path& err) {
-  const std::string& exe = binary();  // before fork: the child only execs
+  const std::string& exe = binary();                 // before fork: the child only execs
+  const std::string out = err.string() + ".stdout";  // beside err, not the real /dev/null
   const pid_t child = ::fork();
   if (child == 0) {
-    if (std::freopen(err.c_str(), "w", stderr) == nullptr || std::freopen("/dev/null", "w", stdout) == nullptr) {
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr || std::freopen(out.c_str(), "w", stdout) == nullptr) {
       ::_exit(126);
     }
     std::vector<char*> argv{const_cast<char*>(exe.c_str())};
