@@ -40,13 +40,26 @@ Peers (what a user would pick instead of packtrain):
                   the one jitted call (the carry — parameters and optimizer state —
                   donated; --unroll-scan also unrolls the scan's loop)
 
+The CNN workload (`packtrain_peers reference --model cnn`; manifest workload "model": "cnn"):
+each peer builds the same member network — Unflatten to (C, H, W) or (C, L); per block a
+Conv2d/Conv1d (kernel k, "same" padding k/2), ReLU, MaxPool 2; Flatten; the hidden Linear +
+ReLU layers; the output Linear — loads the pack's weights (conv<b>.weight (K, Cout, Cin,
+k[, k]) as torch's Conv weight; Linear weights (K, I, O) transposed) and trains it with
+cross-entropy against the class indices y (B). JAX: lax.conv_general_dilated (--jax-layout
+NCHW with OIHW weights, or NHWC with HWIO), max pooling by lax.reduce_window, as flax's
+max_pool; vmap turns the members' convolutions into grouped ones. --jax-conv im2col instead
+writes each convolution as lax.conv_general_dilated_patches and a matmul (vmap: a batched
+matmul over the members), which XLA runs much faster than a grouped convolution on CPU.
+
 Every call of a peer's step() trains the members `steps per call` times (1, or U)
 and returns each of those steps' per-member losses; the check compares every step,
 the timing counts every step.
 
 Prints one JSON object on stdout: {"peer", "impl", "unroll", "check": {...}, "timing": {...}}.
 Usage: peers.py PEER MANIFEST_DIR [--impl foreach|fused] [--device cpu|cuda] [--unroll U]
-                [--unroll-scan] [--repeats 5] [--min-time 0.3] [--check-only]
+                [--unroll-scan] [--jax-layout NCHW|NHWC] [--jax-conv lax|im2col]
+                [--repeats 5] [--min-time 0.3]
+                [--check-only]
 """
 import argparse
 import hashlib
@@ -76,6 +89,23 @@ def load_reference(directory):
     manifest["arrays"] = arrays
     manifest["losses"] = np.asarray(manifest["losses"], dtype=np.float64)  # (steps, K)
     return manifest
+
+
+def is_cnn(ref):
+    return ref["workload"].get("model", "mlp") == "cnn"
+
+
+def head_layers(ref):
+    """The CNN's head: [(W (K, I, O), b (K, 1, O)), ...], the hidden layers then the output."""
+    a, depth = ref["arrays"], ref["workload"]["depth"]
+    names = [f"fc{l}" for l in range(depth)] + ["output"]
+    return [(a[f"{n}.weight"], a[f"{n}.bias"]) for n in names]
+
+
+def conv_layers(ref):
+    """The CNN's convolutions: [(W (K, Cout, Cin, k[, k]), b (K, Cout)), ...] in order."""
+    a = ref["arrays"]
+    return [(a[f"conv{b}.weight"], a[f"conv{b}.bias"]) for b in range(len(ref["workload"]["channels"]))]
 
 
 def layers(ref):
@@ -109,9 +139,14 @@ class TorchPeer:
         adamw = ref["adamw"]
         self.adamw_kwargs = dict(lr=adamw["lr"], betas=(adamw["beta1"], adamw["beta2"]), eps=adamw["eps"],
                                  weight_decay=adamw["weight_decay"])
+        self.cnn = is_cnn(ref)
         self.x = torch.from_numpy(ref["arrays"]["x"].copy()).to(self.device, self.dtype)
-        self.y = torch.from_numpy(ref["arrays"]["y"].copy()).to(self.device, self.dtype)
-        self.models = [self._member(ref, k) for k in range(ref["workload"]["members"])]
+        if self.cnn:  # class indices (B), exact in the manifest's float32
+            self.y = torch.from_numpy(ref["arrays"]["y"].astype(np.int64)).to(self.device)
+        else:
+            self.y = torch.from_numpy(ref["arrays"]["y"].copy()).to(self.device, self.dtype)
+        self.models = [(self._cnn_member if self.cnn else self._member)(ref, k)
+                       for k in range(ref["workload"]["members"])]
         self.impl = impl
         # torch.optim.AdamW computes 1 - beta^t in double from a Python step count, except
         # where the step count is a float32 tensor in the arithmetic: capturable, or the
@@ -153,6 +188,34 @@ class TorchPeer:
         else:
             raise ValueError(kind)
 
+    def _linear(self, w, b, k):
+        lin = self.torch.nn.Linear(w.shape[1], w.shape[2])
+        with self.torch.no_grad():
+            lin.weight.copy_(self.torch.from_numpy(w[k].T.copy()))
+            lin.bias.copy_(self.torch.from_numpy(b[k, 0].copy()))
+        return lin
+
+    def _cnn_member(self, ref, k):
+        """Member k of the CNN as torch.nn modules, the pack's weights loaded."""
+        nn = self.torch.nn
+        w = ref["workload"]
+        shape, kernel = w["input_shape"], w["kernel_size"]
+        conv, pool = (nn.Conv2d, nn.MaxPool2d) if len(shape) == 3 else (nn.Conv1d, nn.MaxPool1d)
+        seq = [nn.Unflatten(1, tuple(shape))]
+        for weight, bias in conv_layers(ref):
+            c = conv(weight.shape[2], weight.shape[1], kernel, padding=kernel // 2)
+            with self.torch.no_grad():
+                c.weight.copy_(self.torch.from_numpy(weight[k].copy()))
+                c.bias.copy_(self.torch.from_numpy(bias[k].copy()))
+            seq += [c, nn.ReLU(), pool(w["pool"])]
+        seq.append(nn.Flatten())
+        head = head_layers(ref)
+        for i, (weight, bias) in enumerate(head):
+            seq.append(self._linear(weight, bias, k))
+            if i + 1 < len(head):
+                seq.append(nn.ReLU())
+        return nn.Sequential(*seq).to(self.device, self.dtype)
+
     def _member(self, ref, k):
         torch = self.torch
         seq = []
@@ -173,7 +236,10 @@ class TorchPeer:
         losses = []
         for model, opt in zip(self.models, self.optimizers):
             opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(self.x), self.y)
+            if self.cnn:
+                loss = torch.nn.functional.cross_entropy(model(self.x), self.y)
+            else:
+                loss = torch.nn.functional.mse_loss(model(self.x), self.y)
             loss.backward()
             opt.step()
             losses.append(loss.detach())
@@ -181,6 +247,9 @@ class TorchPeer:
 
     def _losses(self):
         pred = self.vmapped(self.params, self.buffers, self.x)  # (K, B, O)
+        if self.cnn:  # cross-entropy per member: logits (K, C, B) against (K, B)
+            return self.torch.nn.functional.cross_entropy(pred.transpose(1, 2), self.y.expand(pred.shape[0], -1),
+                                                          reduction="none").mean(dim=1)
         return ((pred - self.y) ** 2).mean(dim=(1, 2))  # (K)
 
     def _vmap_step(self):
@@ -248,7 +317,7 @@ class JaxPeer:
     """jax.vmap over members inside jax.jit; with unroll U > 1 a jax.lax.scan runs U
     steps per jitted call and returns the (U, K) per-step losses."""
 
-    def __init__(self, ref, device, kind, impl, unroll=1, unroll_scan=False):
+    def __init__(self, ref, device, kind, impl, unroll=1, unroll_scan=False, layout="NCHW", conv="lax"):
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with nothing else's pool
         import jax
         import jax.numpy as jnp
@@ -264,19 +333,22 @@ class JaxPeer:
         self.bias_correction = "float32"  # optax: 1 - beta^count in float32
         self.steps_done = 0
         put = lambda a: jax.device_put(jnp.asarray(a), dev)
-        self.params = [(put(w), put(b)) for w, b in layers(ref)]
-        self.x, self.y = put(ref["arrays"]["x"]), put(ref["arrays"]["y"])
+        if is_cnn(ref):
+            member_loss, self.params, self.x, self.y = self._cnn(ref, layout, conv, put)
+        else:
+            self.params = [(put(w), put(b)) for w, b in layers(ref)]
+            self.x, self.y = put(ref["arrays"]["x"]), put(ref["arrays"]["y"])
+
+            def member_loss(params, x, y):
+                h = x
+                for i, (w, b) in enumerate(params):
+                    h = h @ w + b
+                    if i + 1 < len(params):
+                        h = jax.nn.relu(h)
+                return jnp.mean((h - y) ** 2)
         a = ref["adamw"]
         opt = optax.adamw(a["lr"], b1=a["beta1"], b2=a["beta2"], eps=a["eps"], weight_decay=a["weight_decay"])
         self.opt_state = jax.device_put(opt.init(self.params), dev)
-
-        def member_loss(params, x, y):
-            h = x
-            for i, (w, b) in enumerate(params):
-                h = h @ w + b
-                if i + 1 < len(params):
-                    h = jax.nn.relu(h)
-            return jnp.mean((h - y) ** 2)
 
         member_losses = jax.vmap(member_loss, in_axes=(0, None, None))
 
@@ -305,6 +377,69 @@ class JaxPeer:
             self.impl = (f"optax.adamw, lax.scan over {unroll} steps per jit call"
                          + (" (unroll=True)" if unroll_scan else "") + ", carry donated")
             self._call = jax.jit(steps, donate_argnums=(0, 1))
+        if is_cnn(ref):
+            self.impl += (f", im2col (conv_general_dilated_patches + matmul) {layout}" if conv == "im2col"
+                          else f", lax.conv_general_dilated {layout}")
+
+    def _cnn(self, ref, layout, conv, put):
+        """The CNN member's loss, its parameters ((convs), (head)) stacked over members, x and y.
+        layout NCHW: x (B, C, H[, W]), weights OIHW as stored; NHWC: x (B, H[, W], C) and
+        weights HWIO, transposed once here (channels last again before the flatten, so the
+        head's weights keep torch's (C, H, W) order)."""
+        jax, jnp, lax = self.jax, self.jax.numpy, self.jax.lax
+        import optax
+        w = ref["workload"]
+        shape, kernel, window = tuple(w["input_shape"]), w["kernel_size"], w["pool"]
+        spatial = len(shape) - 1
+        x = ref["arrays"]["x"].reshape((-1,) + shape)
+        convs = conv_layers(ref)
+        if layout == "NCHW":
+            numbers = ("NCHW", "OIHW", "NCHW") if spatial == 2 else ("NCH", "OIH", "NCH")
+            pool_dims, channel_axis = (1, 1) + (window,) * spatial, 1
+        elif layout == "NHWC":
+            numbers = ("NHWC", "HWIO", "NHWC") if spatial == 2 else ("NHC", "HIO", "NHC")
+            x = np.moveaxis(x, 1, -1)
+            # (K, Cout, Cin, k[, k]) -> (K, k[, k], Cin, Cout)
+            convs = [(np.ascontiguousarray(np.moveaxis(cw, (1, 2), (-1, -2))), cb) for cw, cb in convs]
+            pool_dims, channel_axis = (1,) + (window,) * spatial + (1,), -1
+        else:
+            raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
+        params = ([(put(cw), put(cb)) for cw, cb in convs], [(put(hw), put(hb)) for hw, hb in head_layers(ref)])
+        pad = [(kernel // 2, kernel // 2)] * spatial
+        bias_shape = [1] * (spatial + 2)
+        bias_shape[channel_axis] = -1
+
+        def member_loss(params, x, y):
+            convs, head = params
+            h = x
+            for cw, cb in convs:
+                if conv == "im2col":  # patches (B, Cin*k^d, ...) in (Cin, k...) order, as OIHW's rows
+                    patches = lax.conv_general_dilated_patches(h, (kernel,) * spatial, (1,) * spatial, pad,
+                                                               dimension_numbers=numbers,
+                                                               precision=lax.Precision.HIGHEST)
+                    if layout == "NCHW":
+                        h = jnp.einsum("bp...,op->bo...", patches, cw.reshape(cw.shape[0], -1),
+                                       precision=lax.Precision.HIGHEST)
+                    else:  # HWIO weights back to (Cin, k...) rows
+                        rows = jnp.moveaxis(cw, (-1, -2), (0, 1)).reshape(cw.shape[-1], -1)
+                        h = jnp.einsum("b...p,op->b...o", patches, rows, precision=lax.Precision.HIGHEST)
+                else:
+                    h = lax.conv_general_dilated(h, cw, (1,) * spatial, pad, dimension_numbers=numbers,
+                                                 precision=lax.Precision.HIGHEST)
+                h = jax.nn.relu(h + cb.reshape(bias_shape))
+                h = lax.reduce_window(h, -jnp.inf, lax.max, pool_dims, pool_dims, "VALID")
+            if layout == "NHWC":
+                h = jnp.moveaxis(h, -1, 1)
+            h = h.reshape(h.shape[0], -1)  # (B, C*H*W), torch's Flatten order
+            for i, (hw, hb) in enumerate(head):
+                h = h @ hw + hb
+                if i + 1 < len(head):
+                    h = jax.nn.relu(h)
+            return optax.softmax_cross_entropy_with_integer_labels(h, y).mean()
+
+        y = ref["arrays"]["y"].astype(np.int32)
+        self.layout = layout
+        return member_loss, params, put(x), put(y)
 
     def step(self):
         self.params, self.opt_state, losses = self._call(self.params, self.opt_state, self.x, self.y)
@@ -513,6 +648,10 @@ def main():
     ap.add_argument("--unroll", type=int, default=1,
                     help="steps per call: per graph replay (torch-cudagraph), per jitted lax.scan (jax)")
     ap.add_argument("--unroll-scan", action="store_true", help="jax: lax.scan(..., unroll=True)")
+    ap.add_argument("--jax-layout", default="NCHW", choices=["NCHW", "NHWC"],
+                    help="jax, CNN workloads: the convolutions' layout (NCHW/OIHW or NHWC/HWIO)")
+    ap.add_argument("--jax-conv", default="lax", choices=["lax", "im2col"],
+                    help="jax, CNN workloads: lax.conv_general_dilated, or patches + matmul")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per timed run, at least")
     ap.add_argument("--check-only", action="store_true")
@@ -530,7 +669,8 @@ def main():
     result = {"peer": args.peer, "unroll": args.unroll}
     try:
         if args.peer == "jax":
-            peer = JaxPeer(ref, args.device, args.peer, args.impl, args.unroll, args.unroll_scan)
+            peer = JaxPeer(ref, args.device, args.peer, args.impl, args.unroll, args.unroll_scan, args.jax_layout,
+                           args.jax_conv)
         else:
             peer = TorchPeer(ref, args.device, args.peer, args.impl, args.unroll)
     except Unsupported as e:

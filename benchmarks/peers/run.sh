@@ -7,6 +7,13 @@
 #                            --peers jax:scan,torch-vmap:fused, --device, --repeats,
 #                            --time-budget SECONDS, --unroll U, --out DIR ...]
 #   e.g. one shape, one peer: benchmarks/peers/run.sh --depths 2 --hiddens 64 --members 8 --peers jax:scan
+# CNN rows (issue 38: packtrain's default cnn shape on the digits network, input 1x8x8,
+# and MNIST-1D's, 1x40; K 1, 8, 64, 512; results in results/<cpu|gpu>-cnn/):
+#   benchmarks/peers/run.sh --model cnn [--networks digits,mnist1d] [--threads N] [--time-budget S]
+#   the CPU table's command: PACKTRAIN_PEERS_NO_BUILD=1 benchmarks/peers/run.sh --model cnn --threads 1 \
+#     --unroll 2 --check-steps 10 --repeats 3 --min-time 0.3 \
+#     --peers jax:scan,torch-vmap,torch-compile,torch-loop --time-budget 2400
+#   on the GPU machine: PACKTRAIN_PEERS_ARGS="--model cnn" bash scripts/device/phase.sh peers
 # Builds packtrain_bench and packtrain_peers (scripts/setup.sh first installs what
 # the build needs), prepares the peers' Python and runs benchmarks/peers/run_peers.py,
 # which writes benchmarks/peers/results/<cpu|gpu>/results.{md,json,svg} (or --out DIR):

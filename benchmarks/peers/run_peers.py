@@ -42,7 +42,19 @@ plus its estimate (its time on the last workload it ran, scaled to this one; a
 prior before that) fits in S; otherwise it is recorded as "not run: time budget".
 A running variant is stopped at the budget.
 
+--model cnn: the CNN rows instead (issue 38) — packtrain's default cnn shape (conv
+blocks of 32 and 64 channels, kernel 3 "same", ReLU, max-pool 2, flatten, a 64-wide ReLU
+hidden layer, 10 logits, cross-entropy) on the digits network's input (1x8x8) and
+MNIST-1D's (1x40) (--networks), K = 1, 8, 64, 512 (--members), batch 128, AdamW as
+above. packtrain's figure there is the trainer's step itself (runtime::EnsembleSteps
+over PackedCNN, eager on CPU), timed by `packtrain_peers reference --model cnn
+--time-repeats` right before the row's peers run (packtrain_bench has no CNN step);
+the results go to results/<cpu|gpu>-cnn/ (results.svg: the digits network,
+results_mnist1d.svg: MNIST-1D). --threads N runs every system (packtrain, PyTorch,
+JAX's XLA) on N threads.
+
 Usage: run_peers.py [--build-dir build] [--out DIR] [--device auto|cpu|cuda]
+                    [--model mlp|cnn] [--networks digits,mnist1d] [--threads N]
                     [--repeats 5] [--min-time 0.3] [--check-steps 20] [--unroll U]
                     [--depths 1,2,3] [--hiddens 32,64,256,512] [--members 1,8,64]
                     [--peers torch-loop,jax:scan,...] [--time-budget SECONDS]
@@ -162,17 +174,43 @@ def parse_workload(rest):
     return {k: int(v) for k, v in fields.items()}
 
 
+CNN_NETWORKS = {"digits": (1, 8, 8), "mnist1d": (1, 40)}  # the input shapes (packtrain_peers --network)
+CNN_CHANNELS, CNN_KERNEL, CNN_HIDDEN, CNN_CLASSES = (32, 64), 3, 64, 10  # packtrain's default cnn shape
+CNN_MEMBERS = [1, 8, 64, 512]
+
+
+def is_cnn(w):
+    return w.get("model") == "cnn"
+
+
 def workload_key(w):
+    if is_cnn(w):
+        return f"cnn_{w['network']}_k{w['members']}_b{w['batch']}"
     return f"k{w['members']}_h{w['hidden']}_b{w['batch']}_d{w['depth']}"
 
 
 def cli_default(w):
-    return w["depth"] == CLI_DEPTH and w["hidden"] == CLI_HIDDEN
+    return not is_cnn(w) and w["depth"] == CLI_DEPTH and w["hidden"] == CLI_HIDDEN
 
 
 def label(w):
-    """'K 8' at the CLI's default shape, else 'K 8 (depth 1, hidden 32)'."""
+    """'K 8' at the CLI's default shape, else 'K 8 (depth 1, hidden 32)'; CNN rows 'digits K 8'."""
+    if is_cnn(w):
+        return f"{w['network']} K {w['members']}"
     return f"K {w['members']}" + ("" if cli_default(w) else f" (depth {w['depth']}, hidden {w['hidden']})")
+
+
+def cnn_macs(w):
+    """Multiply-adds of one member's forward on one row (convolutions and head)."""
+    shape = CNN_NETWORKS[w["network"]]
+    spatial, channels, macs = list(shape[1:]), shape[0], 0
+    for out in CNN_CHANNELS:
+        pixels = math.prod(spatial)
+        macs += pixels * out * channels * CNN_KERNEL ** len(spatial)
+        spatial = [d // 2 for d in spatial]
+        channels = out
+    flat = channels * math.prod(spatial)
+    return macs + flat * CNN_HIDDEN + CNN_HIDDEN * CNN_CLASSES
 
 
 def priority_order(workloads):
@@ -180,7 +218,8 @@ def priority_order(workloads):
     other shapes (by K, depth, hidden: the cheaper first), then K < 8: a run cut
     short has answered 'does packtrain lead at K >= 8' where users train most."""
     return sorted(workloads, key=lambda w: (0 if w["members"] >= 8 and cli_default(w) else 1 if w["members"] >= 8
-                                            else 2, w["members"], w["depth"], w["hidden"]))
+                                            else 2, w["members"], w.get("network", ""), w.get("depth", 0),
+                                            w.get("hidden", 0)))
 
 
 def plan(workloads, args, unroll):
@@ -222,6 +261,8 @@ class Budget:
 
     @staticmethod
     def work(w):
+        if is_cnn(w):
+            return w["members"] * w["batch"] * cnn_macs(w)
         h = w["hidden"]
         return w["members"] * w["batch"] * (8 * h + (w["depth"] - 1) * h * h + 2 * h + 1)
 
@@ -233,7 +274,9 @@ class Budget:
             fixed = 25.0 if gpu else 10.0
         else:
             fixed = 15.0 if gpu else 5.0
-        if variant == "torch-loop":
+        if is_cnn(w):  # forward + two backward products at ~10 GFLOP/s on a CPU thread
+            t = self.work(w) * 6 / (1e12 if gpu else 1e10) + w["members"] * (1e-3 if variant == "torch-loop" else 0)
+        elif variant == "torch-loop":
             t = w["members"] * (1e-3 if gpu else 5e-4)
         else:
             t = max(1e-4, self.work(w) * 3e-12) if gpu else max(1e-3, self.work(w) * 1.2e-10)
@@ -331,6 +374,8 @@ def run_packtrain_bench(args, device, out_json, bench_filter_text=None):
 
 def run_reference(args, device, workload, directory):
     os.makedirs(directory, exist_ok=True)
+    if is_cnn(workload):
+        return run_cnn_reference(args, device, workload, directory)["path"]
     command = [os.path.join(args.build_dir, "bin", "packtrain_peers"), "reference",
                "--members", str(workload["members"]), "--hidden", str(workload["hidden"]),
                "--batch", str(workload["batch"]), "--depth", str(workload["depth"]),
@@ -338,6 +383,20 @@ def run_reference(args, device, workload, directory):
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(os.path.join(directory, "manifest.json")) as f:
         return json.load(f)["path"]
+
+
+def run_cnn_reference(args, device, workload, directory):
+    """packtrain_peers reference --model cnn: the weights, batch and loss curve, and
+    packtrain's figure — the trainer's step timed (--time-repeats). Returns the manifest."""
+    os.makedirs(directory, exist_ok=True)
+    command = [os.path.join(args.build_dir, "bin", "packtrain_peers"), "reference", "--model", "cnn",
+               "--network", workload["network"], "--members", str(workload["members"]),
+               "--batch", str(workload["batch"]), "--steps", str(args.check_steps), "--device", device,
+               "--time-repeats", str(args.repeats), "--min-time", str(args.min_time), "--out", directory]
+    say("packtrain: " + " ".join(command))
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(directory, "manifest.json")) as f:
+        return json.load(f)
 
 
 def kill_group(proc):
@@ -352,6 +411,8 @@ def run_peer(args, variant, directory, device, unroll, compile_impl, timeout, bu
     name, *options = peer_arguments(variant, unroll, compile_impl)
     command = [sys.executable, os.path.join(HERE, "peers.py"), name, directory, *options, "--device", device,
                "--repeats", str(args.repeats), "--min-time", str(args.min_time)]
+    if name == "jax" and args.model == "cnn":
+        command += ["--jax-layout", args.jax_layout, "--jax-conv", args.jax_conv]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -515,8 +576,11 @@ def assemble(state):
     """results.json's content from what has run so far."""
     args, unroll = state["args"], state["unroll"]
     rows = []
-    for w in sorted(state["workloads"], key=lambda w: (w["depth"], w["hidden"], w["members"], w["batch"])):
+    for w in sorted(state["workloads"], key=lambda w: (w.get("network", ""), w.get("depth", 0), w.get("hidden", 0),
+                                                       w["members"], w["batch"])):
         key = workload_key(w)
+        if state["packtrain"].get(key, {}).get("member_steps_per_s") is None:
+            continue  # a CNN row whose reference (packtrain's figure) has not run yet
         systems = {"packtrain": state["packtrain"][key]}
         for name, variants in SYSTEMS:
             chosen = [v for v in variants if selected(v, args, unroll)]
@@ -529,7 +593,8 @@ def assemble(state):
     results = {
         "date": state["date"], "device": device, "device_name": state["device_name"], "host": platform.node(),
         "versions": state["versions"], "repeats": args.repeats, "min_time_s": args.min_time,
-        "depths": sorted({w["depth"] for w in state["workloads"]}), "unroll": unroll,
+        "model": args.model, "threads": args.threads,
+        "depths": sorted({w["depth"] for w in state["workloads"] if not is_cnn(w)}), "unroll": unroll,
         "cli_default_shape": {"depth": CLI_DEPTH, "hidden": CLI_HIDDEN},
         "gemm": state["gemm"], "skipped_over_memory": state["skipped"],
         "check": {"steps": args.check_steps, "rtol": peers.RTOL, "atol": peers.ATOL,
@@ -579,10 +644,51 @@ def bound_note(w):
 
 
 def shape_text(w):
+    if is_cnn(w):
+        return f"cnn {w['network']}, K {w['members']}"
     return f"depth {w['depth']}, hidden {w['hidden']}, K {w['members']}"
 
 
+def peer_cells(row, names, notes, by_float64, number):
+    """A table row's cells for every peer ('rate | ratio', † where the float64 criterion passed it) and
+    the best peer; what is missing goes to notes, the float64 passes to by_float64."""
+    w, systems, cells = row["workload"], row["systems"], []
+    base = systems["packtrain"]["member_steps_per_s"]
+    for name in names:
+        s = systems[name]
+        rate = s["member_steps_per_s"]
+        if rate is None:
+            cells.append("— | —")
+            notes.append(f"{label(w)}: {name}: {s['status']}")
+            continue
+        check = s.get("check", {})
+        dagger = "†" if check.get("criterion") == "float64" else ""
+        if dagger:
+            by_float64.append(f"{label(w)}: {name} ({s['form']}): {float64_text(check['float64'])}; "
+                              f"from packtrain's curve {check['max_rel_error']:.1e}")
+        cells.append(f"{number.format(rate)}{dagger} | {rate / base:.2f}x")
+        missing = [f"{v} ({r['status']})" for v, r in s["variants"].items() if unmeasured(r["status"])
+                   or r["status"].startswith("refused")]
+        if missing:
+            notes.append(f"{label(w)}: {name}: figure from {s['variant']}; " + ", ".join(missing))
+    best = row.get("best_peer")
+    cells.append(f"{best['system']} | {best['over_packtrain']:.2f}x" if best else "— | —")
+    return cells
+
+
+def budget_lines(results, names):
+    """'Time budget S s (elapsed E s): n of m variant runs not run for it.' or nothing."""
+    if results.get("time_budget_s") is None:
+        return []
+    variants = [r for row in results["rows"] for n in names for r in row["systems"][n].get("variants", {}).values()]
+    skipped = sum(1 for r in variants if r["status"].startswith(NOT_RUN_BUDGET))
+    return [f"Time budget {results['time_budget_s']:g} s (elapsed {results['elapsed_s']:.0f} s): "
+            f"{skipped} of {len(variants)} variant runs not run for it" + (" (listed below)." if skipped else "."), ""]
+
+
 def write_markdown(results, path):
+    if results.get("model") == "cnn":
+        return write_markdown_cnn(results, path)
     rows = results["rows"]
     names = [name for name, _ in SYSTEMS]
     gemm = results.get("gemm")
@@ -606,12 +712,7 @@ def write_markdown(results, path):
               "ones, as it computes them; figures that passed so are marked † and listed below). A peer "
               "that fails both is refused (no figure). Each system's figure is its fastest "
               f"form that passed; U = {results['unroll']} steps per call, packtrain's unroll.", ""]
-    if results.get("time_budget_s") is not None:
-        variants = [r for row in rows for n in names for r in row["systems"][n].get("variants", {}).values()]
-        skipped = sum(1 for r in variants if r["status"].startswith(NOT_RUN_BUDGET))
-        lines += [f"Time budget {results['time_budget_s']:g} s (elapsed {results['elapsed_s']:.0f} s): "
-                  f"{skipped} of {len(variants)} variant runs not run for it"
-                  + (" (listed below)." if skipped else "."), ""]
+    lines += budget_lines(results, names)
     lines += ["| depth | hidden | members | batch | packtrain | GFLOP/s | ÷ GEMM | "
               + " | ".join(f"{n} | ÷ pt" for n in names) + " | best peer | best ÷ pt |",
               "|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(names) + "---|---:|"]
@@ -626,25 +727,7 @@ def write_markdown(results, path):
             bounds.append(f"{label(w)}: {flops / gemm['gflops']:.1%}: {bound_note(w)}")
         cells = [f"{flops:,.1f}" if flops else "—",
                  (f"{flops / gemm['gflops']:.1%}" + ("‡" if under else "")) if flops and gemm else "n/a"]
-        for name in names:
-            s = systems[name]
-            rate = s["member_steps_per_s"]
-            if rate is None:
-                cells.append("— | —")
-                notes.append(f"{label(w)}: {name}: {s['status']}")
-            else:
-                check = s.get("check", {})
-                dagger = "†" if check.get("criterion") == "float64" else ""
-                if dagger:
-                    by_float64.append(f"{label(w)}: {name} ({s['form']}): {float64_text(check['float64'])}; "
-                                      f"from packtrain's curve {check['max_rel_error']:.1e}")
-                cells.append(f"{rate:,.0f}{dagger} | {rate / base:.2f}x")
-                missing = [f"{v} ({r['status']})" for v, r in s["variants"].items() if unmeasured(r["status"])
-                           or r["status"].startswith("refused")]
-                if missing:
-                    notes.append(f"{label(w)}: {name}: figure from {s['variant']}; " + ", ".join(missing))
-        best = row.get("best_peer")
-        cells.append(f"{best['system']} | {best['over_packtrain']:.2f}x" if best else "— | —")
+        cells += peer_cells(row, names, notes, by_float64, "{:,.0f}")
         mark = (lambda v: f"**{v}**") if row.get("cli_default") else str
         lines.append(f"| {mark(w['depth'])} | {mark(w['hidden'])} | {w['members']} | {w['batch']} | {base:,.0f} | "
                      + " | ".join(cells) + " |")
@@ -690,6 +773,63 @@ def write_markdown(results, path):
         f.write("\n".join(lines) + "\n")
 
 
+def write_markdown_cnn(results, path):
+    """The CNN table: a row per (network, K); packtrain's figure, each peer's and its ratio."""
+    rows = results["rows"]
+    names = [name for name, _ in SYSTEMS]
+    lines = [f"# packtrain vs peers, CNN members: {results['device_name']}, {results['date']}", ""]
+    if results.get("error"):
+        lines += [f"**Run stopped: {results['error']}** — what follows is what was measured before.", ""]
+    threads = results.get("threads")
+    lines += [f"**{results['verdict']['text']}.**", "",
+              "Member-steps/s (one member taking one AdamW step on a batch of "
+              f"{rows[0]['workload']['batch'] if rows else 128} rows), median of {results['repeats']} timed runs "
+              f"of at least {results['min_time_s']:g} s; `÷ pt` = peer / packtrain (below 1: packtrain is faster); "
+              f"`best ÷ pt` the row's fastest peer over packtrain (packtrain leads by ≥ {LEAD:g}x where it is at "
+              f"most {1 / LEAD:.2f}). Every system on {threads or results['torch_threads']} thread(s)"
+              + (" (--threads)" if threads else "") + ". Same-work check: "
+              f"{results['check']['steps']} steps from the same weights and batch, every member's loss within rtol "
+              f"{results['check']['rtol']:g} + atol {results['check']['atol']:g} of packtrain's, or the float64 "
+              "criterion († , as for the MLP rows: no further from float64 training than packtrain's curve). "
+              f"Each system's figure is its fastest form that passed; U = {results['unroll']} steps per call.", ""]
+    lines += ["The network: packtrain's default cnn shape (ensemble/packed_cnn.h) — conv blocks of "
+              f"{', '.join(map(str, CNN_CHANNELS))} channels, kernel {CNN_KERNEL} \"same\" padding, ReLU, max-pool 2, "
+              f"flatten, a {CNN_HIDDEN}-wide ReLU hidden layer, {CNN_CLASSES} logits, cross-entropy; digits: input "
+              "1x8x8 (Conv2d), MNIST-1D: input 1x40 (Conv1d). AdamW lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay "
+              "0.01, float32, one fixed seeded batch (normal inputs, uniform labels) on the device. packtrain: "
+              "the trainer's step (runtime::EnsembleSteps over PackedCNN: the members' convolutions as one grouped "
+              "convolution each), timed by `packtrain_peers reference --model cnn --time-repeats` right before "
+              "the row's peers.", ""]
+    lines += budget_lines(results, names)
+    lines += ["| network | members | packtrain | GFLOP/s | " + " | ".join(f"{n} | ÷ pt" for n in names)
+              + " | best peer | best ÷ pt |", "|---|---:|---:|---:|" + "---:|---:|" * len(names) + "---|---:|"]
+    notes, by_float64 = [], []
+    for row in rows:
+        w, systems = row["workload"], row["systems"]
+        base = systems["packtrain"]["member_steps_per_s"]
+        cells = [f"{base * w['batch'] * cnn_macs(w) * 6 / 1e9:,.1f}"]
+        cells += peer_cells(row, names, notes, by_float64, "{:,.1f}")
+        lines.append(f"| {w['network']} | {w['members']} | {base:,.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "GFLOP/s: packtrain's achieved rate counting forward, input- and weight-gradient multiply-adds "
+              "of every convolution and linear layer (6 FLOPs per forward multiply-add; the first convolution's "
+              "input gradient, which no one computes, included: an upper bound).",
+              f"packtrain path: {results['packtrain_path']}.",
+              "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v) + ".",
+              "", "Forms used (each system's fastest that passed the check):"]
+    lines += [f"- {part}" for part in chosen_forms(rows)] or ["- none"]
+    loads = [v["load_1min"] for row in rows for n in names
+             for v in row["systems"][n].get("variants", {}).values() if "load_1min" in v]
+    if loads:
+        lines += ["", f"1-minute load average at the start of each peer run: {min(loads):.2f}-{max(loads):.2f} "
+                  f"({os.cpu_count()} cores, shared with other jobs)."]
+    if by_float64:
+        lines += ["", "† Passed by the float64 criterion:"] + [f"- {n}" for n in by_float64]
+    if notes:
+        lines += ["", "Not reported, or not every form measured:"] + [f"- {n}" for n in notes]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def plot_shape(rows):
     """(depth, hidden) of the plot: the CLI's default shape when it ran, else the
     shape with the most rows."""
@@ -707,6 +847,15 @@ def write_results(state, plot=False):
     if plot:
         if not results["rows"]:
             say("results.svg not drawn: no workload measured")
+            return
+        if state["args"].model == "cnn":  # one plot per network: results.svg (the first), results_<network>.svg
+            networks = [n for n in state["args"].networks if any(r["workload"]["network"] == n
+                                                                  for r in results["rows"])]
+            for i, network in enumerate(networks):
+                svg = "results.svg" if i == 0 else f"results_{network}.svg"
+                subprocess.run([os.path.join(state["args"].build_dir, "bin", "packtrain_peers"), "plot",
+                                "--results", os.path.join(out, "results.json"), "--out", os.path.join(out, svg),
+                                "--network", network], check=True, stdout=subprocess.DEVNULL)
             return
         depth, hidden = plot_shape(results["rows"])
         subprocess.run([os.path.join(state["args"].build_dir, "bin", "packtrain_peers"), "plot", "--results",
@@ -745,9 +894,25 @@ def device_name(device):
     return f"{model}, {os.cpu_count()} cores"
 
 
+def cnn_workloads(state):
+    """The CNN rows (--networks x --members, batch 128); packtrain's figures come with
+    each row's reference (run_cnn_reference), right before its peers."""
+    args = state["args"]
+    for network in args.networks:
+        for members in args.members or CNN_MEMBERS:
+            w = {"model": "cnn", "network": network, "members": members, "batch": 128}
+            state["workloads"].append(w)
+            state["packtrain"][workload_key(w)] = {"member_steps_per_s": None, "variant": "EnsembleSteps",
+                                                   "status": "not run"}
+    state["gemm"] = None
+
+
 def run_all(state):
     """packtrain_bench, then every (workload, variant) of the plan within the budget."""
     args, device, budget = state["args"], state["device"], state["budget"]
+    if args.model == "cnn":
+        cnn_workloads(state)
+        return run_plan(state)
     report, rates = run_packtrain_bench(args, device, os.path.join(state["work"], "packtrain_bench.json"))
     context = report["context"]
     state["unroll"] = unroll = int(context.get("unroll", state["unroll"]))
@@ -768,6 +933,12 @@ def run_all(state):
         if device != "cpu" and ("PackedGraph", rest) in rates:
             packtrain["PackedGraph_member_steps_per_s"] = rates[("PackedGraph", rest)][0]
         state["packtrain"][workload_key(w)] = packtrain
+    run_plan(state)
+
+
+def run_plan(state):
+    """Every (workload, variant) of the plan within the budget; each workload's reference first."""
+    args, device, budget, unroll = state["args"], state["device"], state["budget"], state["unroll"]
     state["plan"] = plan(state["workloads"], args, unroll)
     if device == "cpu":  # said before anything runs, so a run cut short does not count them as missing
         for w, variant in state["plan"]:
@@ -788,9 +959,17 @@ def run_all(state):
             continue
         directory = os.path.join(state["work"], key)
         if key not in references:
-            retime_packtrain(state, w)
             started = time.perf_counter()
-            references[key] = run_reference(args, device, w, directory)
+            if is_cnn(w):
+                manifest = run_cnn_reference(args, device, w, directory)
+                references[key] = manifest["path"]
+                timing = manifest["timing"]
+                state["packtrain"][key].update({"member_steps_per_s": timing["member_steps_per_s"], "status": "ok",
+                                                "runs": timing["runs"], "unroll": timing["unroll"],
+                                                "timed": timing["path"]})
+            else:
+                retime_packtrain(state, w)
+                references[key] = run_reference(args, device, w, directory)
             budget.reference_s = time.perf_counter() - started
             state["packtrain"][key]["reference"] = state["packtrain_path"] = references[key]
         timeout = min(args.peer_timeout, budget.left())
@@ -859,6 +1038,17 @@ def main():
     ap.add_argument("--time-budget", type=float, default=None,
                     help="seconds for the whole run: a variant that would not fit is recorded as not run")
     ap.add_argument("--peer-timeout", type=int, default=1800, help="seconds per peer and workload")
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"],
+                    help="mlp: packtrain_bench's MLP grid; cnn: the CNN rows (digits and MNIST-1D networks)")
+    ap.add_argument("--networks", type=lambda s: s.split(","), default=list(CNN_NETWORKS),
+                    help="--model cnn: these networks (comma-separated; default digits,mnist1d)")
+    ap.add_argument("--jax-layout", default="NCHW", choices=["NCHW", "NHWC"],
+                    help="--model cnn: the JAX peer's convolution layout")
+    ap.add_argument("--jax-conv", default="im2col", choices=["lax", "im2col"],
+                    help="--model cnn: the JAX peer's convolutions: lax.conv_general_dilated (vmap: grouped), or "
+                         "patches + matmul (vmap: batched matmul; 3.7x faster on CPU at digits K 8, 2026-11-27)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="run every system on this many threads (OMP/MKL threads; XLA's CPU threads)")
     ap.add_argument("--compile-impl", default="foreach", choices=["foreach", "fused"],
                     help="AdamW implementation under torch.compile (foreach: inductor fuses its kernels)")
     args = ap.parse_args()
@@ -869,16 +1059,28 @@ def main():
         if not os.access(os.path.join(args.build_dir, "bin", binary), os.X_OK):
             ap.error(f"{args.build_dir}/bin/{binary} not found: build it (cmake --build BUILD --target "
                      "packtrain_bench packtrain_peers) or pass --build-dir (run.sh: PACKTRAIN_BUILD_DIR)")
+    for network in args.networks:
+        if network not in CNN_NETWORKS:
+            ap.error(f"--networks: {network!r} is not one of {', '.join(CNN_NETWORKS)}")
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error(f"--threads must be at least 1, got {args.threads}")
+        # Before torch loads here; the children (packtrain_bench/_peers, peers.py) inherit it.
+        os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+        if args.threads == 1:
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                                       "intra_op_parallelism_threads=1").strip()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     device = args.device
     import torch
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    why = selection_error(args, device)
+    why = selection_error(args, device) if args.model == "mlp" else None
     if why:
         ap.error(why)
-    out = os.path.abspath(args.out or os.path.join(HERE, "results", "gpu" if device == "cuda" else "cpu"))
+    out = os.path.abspath(args.out or os.path.join(HERE, "results", ("gpu" if device == "cuda" else "cpu")
+                                                   + ("-cnn" if args.model == "cnn" else "")))
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
     state = {
@@ -886,7 +1088,8 @@ def main():
         "budget": Budget(args.time_budget, args, device),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device_name": device_name(device), "versions": versions(), "torch_threads": torch.get_num_threads(),
-        "family": "PackedEager" if device == "cpu" else "PackedGraphUnrolled",
+        "family": ("EnsembleSteps" if args.model == "cnn" else "PackedEager" if device == "cpu"
+                   else "PackedGraphUnrolled"),
         "unroll": args.unroll or int(os.environ.get("PACKTRAIN_BENCH_UNROLL", DEFAULT_UNROLL)),
         "gemm": None, "skipped": [], "packtrain_path": None, "workloads": [], "packtrain": {}, "plan": [], "results": {},
         "pending": "not run: interrupted",
