@@ -24,7 +24,8 @@ std::unique_ptr<PackedModel> make_mlp(const PackSpec& s) {
                                          .activation(s.activation)
                                          .layer_norm(s.layer_norm)
                                          .dropout(s.dropout)
-                                         .member_dropout(s.member_dropout));
+                                         .member_dropout(s.member_dropout)
+                                         .member_hidden(s.member_hidden));
 }
 
 double mlp_parameters(const PackSpec& s) {
@@ -33,6 +34,16 @@ double mlp_parameters(const PackSpec& s) {
   if (s.depth == 0) return I * O + O;
   const double norms = s.layer_norm ? 2 * H * D : 0;
   return (I * H + H) + (D - 1) * (H * H + H) + (H * O + O) + norms;
+}
+
+// Members of different widths are an MLP's (packed_mlp.h): another architecture
+// refuses them with a UserError naming it.
+void refuse_mixed_widths(const PackSpec& s, const std::string& name) {
+  if (!s.member_hidden.empty()) {
+    throw UserError("the " + name +
+                    " architecture has no members of different widths (several --hidden values): sweep widths "
+                    "with --architecture mlp, or give one --hidden");
+  }
 }
 
 // What an architecture of plain ReLU layers (no other activation, no normalization,
@@ -46,6 +57,7 @@ void refuse_beyond_relu_layers(const PackSpec& s, const std::string& name, const
   if (s.activation != Activation::kReLU) lacks("activation other than relu");
   if (s.layer_norm) lacks("layer norm");
   if (s.dropout != 0 || !s.member_dropout.empty()) lacks("dropout");
+  refuse_mixed_widths(s, name);
 }
 
 std::unique_ptr<PackedModel> make_residual_mlp(const PackSpec& s) {

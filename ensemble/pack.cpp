@@ -49,13 +49,34 @@ std::vector<at::Tensor> standalone_in_pack_layout(const torch::nn::Sequential& s
   }
   return out;
 }
+
+// Parameter i's shape (pack layout) in member k's own network: the slot's, with the
+// hidden sides at the member's width (mixed widths have no LayerNorm: parameters are
+// (weight, bias) pairs, layer i / 2).
+std::vector<int64_t> member_shape(const PackedMLPOptions& o, const PackedParameters& params, size_t i, int64_t member) {
+  std::vector<int64_t> shape = params.spec(i).shape;
+  if (o.member_hidden().empty()) return shape;
+  const auto layer = static_cast<int64_t>(i / 2);
+  const int64_t width = o.member_width(member);
+  if (i % 2 == 0 && layer > 0) shape[0] = width;
+  if (layer < o.depth()) shape[1] = width;
+  return shape;
+}
+
+// The leading block of a member's padded parameter slot that a standalone
+// parameter of its own width fills (the whole slot without mixed widths).
+at::Tensor member_block(const at::Tensor& slot, const at::Tensor& standalone) {
+  at::Tensor block = slot;
+  for (int64_t d = 0; d < slot.dim(); ++d) block = block.narrow(d, 0, standalone.size(d));
+  return block;
+}
 }  // namespace
 
 torch::nn::Sequential make_standalone_mlp(const PackedMLPOptions& options, int64_t member) {
   options.validate();
   TORCH_CHECK(member >= 0, "member index must be >= 0, got ", member);
   torch::manual_seed(member_seed(options.seed(), options.first_member() + member));
-  torch::nn::Sequential seq = empty_standalone(options);
+  torch::nn::Sequential seq = empty_standalone(options.member_options(member));
   seq->to(options.device(), options.dtype());
   return seq;
 }
@@ -63,13 +84,13 @@ torch::nn::Sequential make_standalone_mlp(const PackedMLPOptions& options, int64
 torch::nn::Sequential unpack(const PackedMLP& pack, int64_t member) {
   TORCH_CHECK(member >= 0 && member < pack.members(), "unpack: member ", member, " out of range for a pack of ",
               pack.members(), " members");
-  torch::nn::Sequential seq = empty_standalone(pack.options());
+  torch::nn::Sequential seq = empty_standalone(pack.options().member_options(member));
   seq->to(pack.options().device(), pack.options().dtype());
   torch::NoGradGuard no_grad;
   const auto targets = standalone_in_pack_layout(seq);
   const PackedParameters& params = pack.parameters();
   TORCH_INTERNAL_ASSERT(targets.size() == params.size(), "standalone and pack layouts differ");
-  for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(params[i][member]);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(member_block(params[i][member], targets[i]));
   seq->train(pack.is_training());
   return seq;
 }
@@ -85,11 +106,11 @@ PackedMLP pack(const std::vector<torch::nn::Sequential>& models, PackedMLPOption
     TORCH_CHECK(sources.size() == params.size(), "pack: model ", k, " has ", sources.size() / 2,
                 " linear/norm layers' parameters, the pack's shape expects ", params.size() / 2);
     for (size_t i = 0; i < sources.size(); ++i) {
-      // A named view: sizes() of the temporary params[i][k] would dangle (AddressSanitizer).
-      at::Tensor target = params[i][k];
-      TORCH_CHECK(sources[i].sizes() == target.sizes(), "pack: model ", k, " parameter '", params.spec(i).name,
-                  "' has shape ", sources[i].sizes(), " in pack layout, expected ", target.sizes());
-      target.copy_(sources[i]);
+      const std::vector<int64_t> expected = member_shape(packed.options(), params, i, static_cast<int64_t>(k));
+      TORCH_CHECK(sources[i].sizes() == c10::IntArrayRef(expected), "pack: model ", k, " parameter '",
+                  params.spec(i).name, "' has shape ", sources[i].sizes(), " in pack layout, expected ",
+                  c10::IntArrayRef(expected));
+      member_block(params[i][k], sources[i]).copy_(sources[i]);
     }
   }
   return packed;

@@ -38,7 +38,26 @@ void PackedMLPOptions::validate() const {
   for (const double p : member_dropout()) {
     TORCH_CHECK(p >= 0.0 && p < 1.0, "per-member dropout must be in [0, 1), got ", p);
   }
+  TORCH_CHECK(member_hidden().empty() || static_cast<int64_t>(member_hidden().size()) == members(),
+              "per-member widths: expected one width per member (", members(), "), got ", member_hidden().size());
+  for (const int64_t h : member_hidden()) {
+    TORCH_CHECK(h > 0 && h <= hidden(), "per-member width must be in [1, hidden=", hidden(), "], got ", h);
+  }
+  TORCH_CHECK(!(layer_norm() && !member_hidden().empty()),
+              "layer norm with members of different widths: LayerNorm would count a narrower member's padding in "
+              "its statistics; give one width, or no --layer-norm");
   TORCH_CHECK(c10::isFloatingType(dtype()), "PackedMLP dtype must be floating point, got ", dtype());
+}
+
+int64_t PackedMLPOptions::member_width(int64_t member) const {
+  return member_hidden().empty() ? hidden() : member_hidden().at(static_cast<size_t>(member));
+}
+
+PackedMLPOptions PackedMLPOptions::member_options(int64_t member) const {
+  PackedMLPOptions one = *this;
+  one.members(1).hidden(member_width(member)).member_hidden({}).first_member(first_member() + member);
+  if (!member_dropout().empty()) one.member_dropout({member_dropout().at(static_cast<size_t>(member))});
+  return one;
 }
 
 bool drops_units(double dropout, const std::vector<double>& member_dropout) {
@@ -173,8 +192,11 @@ at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {
   // seeding the default generator (torch::nn::Linear::reset_parameters):
   // weight (O, I) ~ U(-b, b) with b = sqrt(3) * gain(leaky_relu, sqrt(5)) / sqrt(I),
   // then bias (O) ~ U(-1/sqrt(I), 1/sqrt(I)). LayerNorm starts at ones and zeros.
+  // A narrower member draws its own width's layers (fan-ins and counts) into the
+  // leading block of each slot; the rest stays zero (the header's mixed widths).
   auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + member));
-  at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
+  const int64_t width = options_.member_width(member);
+  at::Tensor row = at::zeros({parameters_.per_member()}, at::kFloat);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const ParameterSpec& spec = parameters_.spec(i);
     int64_t numel = 1;
@@ -186,8 +208,11 @@ at::Tensor PackedMLP::initial_member_row(uint64_t seed, int64_t member) const {
       continue;
     }
     if (is_weight) {  // the Linear's weight, then its bias (the next spec)
-      draw_linear_init(slot.view({spec.shape[0], spec.shape[1]}),
-                       row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1)), generator);
+      // Hidden sides are the member's width; the input's and output's are whole.
+      const int64_t in = i == 0 ? spec.shape[0] : width;
+      const int64_t out = i + 2 == parameters_.size() ? spec.shape[1] : width;
+      draw_linear_init(slot.view({spec.shape[0], spec.shape[1]}).narrow(0, 0, in).narrow(1, 0, out),
+                       row.narrow(0, parameters_.row_offset(i + 1), out), generator);
     }
   }
   return row;

@@ -3,6 +3,16 @@
 // Member i equals, bit for bit at initialization, the standalone
 // torch::nn::Sequential that make_standalone_mlp(options, i) builds (ensemble/pack.h):
 // Linear -> [LayerNorm] -> activation -> [Dropout], `depth` times, then Linear.
+//
+// Members of different widths (member_hidden): the pack is as wide as its widest
+// member and a narrower member's units beyond its width are zero — their weights in
+// and out and their biases. Zero stays zero through training with no mask: such a
+// unit's pre-activation is 0, so its output is act(0) = 0 for every activation here
+// (relu, gelu, silu, tanh), its outgoing weights (zero) pass no gradient back to it,
+// and its incoming weights see no gradient; AdamW, SGD and weight decay leave a zero
+// with a zero gradient at zero. So member k computes, and trains, exactly what the
+// standalone network of its own width does (LayerNorm would count the padded units
+// in its statistics: it is refused with mixed widths).
 #pragma once
 
 #include "packtrain/base/enum_names.h"
@@ -40,8 +50,11 @@ struct PackedMLPOptions {
   TORCH_ARG(int64_t, in_features);   // I
   TORCH_ARG(int64_t, out_features);  // O
   TORCH_ARG(int64_t, members) = 8;   // K
-  TORCH_ARG(int64_t, hidden) = 64;   // H, width of every hidden layer
-  TORCH_ARG(int64_t, depth) = 2;     // number of hidden layers (0: one linear map)
+  TORCH_ARG(int64_t, hidden) = 64;   // H, width of every hidden layer (the widest member's)
+  // Per-member widths (members() values in [1, hidden], or empty: every member is
+  // `hidden` wide): a sweep over widths trains in one pack, padded to `hidden`.
+  TORCH_ARG(std::vector<int64_t>, member_hidden) = {};
+  TORCH_ARG(int64_t, depth) = 2;  // number of hidden layers (0: one linear map)
   TORCH_ARG(Activation, activation) = Activation::kReLU;
   TORCH_ARG(bool, layer_norm) = false;  // LayerNorm after each hidden Linear
   TORCH_ARG(double, dropout) = 0.0;     // after each hidden activation, in training mode
@@ -60,6 +73,10 @@ struct PackedMLPOptions {
   void validate() const;
   // Whether any member drops units in training: drops_units(dropout, member_dropout).
   bool has_dropout() const;
+  // Member k's hidden width: member_hidden()[k], or hidden() without per-member widths.
+  int64_t member_width(int64_t member) const;
+  // Member k's own options: a pack of one member of its width (what it equals).
+  PackedMLPOptions member_options(int64_t member) const;
 };
 
 // Whether training drops units: a per-member rate above 0, or, without per-member

@@ -42,20 +42,22 @@ def load_export(path):
     return export
 
 
-def build_member(arch):
+def build_member(arch, hidden=None):
     """An untrained member of this architecture, with the layer order (and so the
     state_dict names) of packtrain's make_standalone_mlp (ensemble/pack.cpp):
-    Linear -> [LayerNorm] -> activation -> [Dropout], `depth` times, then Linear."""
+    Linear -> [LayerNorm] -> activation -> [Dropout], `depth` times, then Linear;
+    `hidden` wide (a pack of different widths gives each member's), else arch's."""
+    hidden = arch["hidden"] if hidden is None else hidden
     layers = []
     width = arch["in_features"]
     for _ in range(arch["depth"]):
-        layers.append(torch.nn.Linear(width, arch["hidden"]))
+        layers.append(torch.nn.Linear(width, hidden))
         if arch["layer_norm"]:
-            layers.append(torch.nn.LayerNorm(arch["hidden"]))
+            layers.append(torch.nn.LayerNorm(hidden))
         layers.append(_ACTIVATIONS[arch["activation"]]())
         if arch["dropout"] > 0:
             layers.append(torch.nn.Dropout(arch["dropout"]))
-        width = arch["hidden"]
+        width = hidden
     layers.append(torch.nn.Linear(width, arch["out_features"]))
     return torch.nn.Sequential(*layers)
 
@@ -65,8 +67,9 @@ def load_members(path):
     (its weights loaded with strict=True), and every other entry of the export."""
     export = load_export(path)
     models = []
-    for state in export["members"]:
-        model = build_member(export["architecture"])
+    widths = export["architecture"].get("member_hidden") or [None] * len(export["members"])
+    for state, hidden in zip(export["members"], widths):
+        model = build_member(export["architecture"], hidden)
         model.load_state_dict(state, strict=True)
         models.append(model.eval())
     meta = {key: value for key, value in export.items() if key != "members"}

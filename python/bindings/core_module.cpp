@@ -49,7 +49,7 @@ void to_python_logging(const std::string& message) {
 // The trainer's options with every key the caller gave replaced (types checked by
 // options_from_json, values by validate()), over `packtrain train`'s defaults; a bad
 // value is a ValueError, as scikit-learn's estimators raise for invalid parameters.
-// The swept options (lr, weight_decay, dropout) may be lists, as the CLI's comma
+// The swept options (hidden, lr, weight_decay, dropout) may be lists, as the CLI's comma
 // lists: more than one value is a sweep of their cross product, `members` seeds
 // each, in one pack (runtime/trainers/ensemble/hyperparameter_sweep.h); `grid` gets the
 // lists and the options their first values.
@@ -64,6 +64,12 @@ packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& ove
           {merged.at("dropout").get<double>()}};
   for (const auto& [key, value] : overrides.items()) {
     if (!merged.contains(key)) throw py::value_error("unknown trainer option '" + key + "'");
+    if (key == "hidden" && value.is_array()) {  // widths: integers (the estimators checked each)
+      if (value.empty()) throw py::value_error("hidden: an empty list; give one width, or several to sweep them");
+      grid.hidden = value.get<std::vector<int64_t>>();
+      merged[key] = grid.hidden.front();
+      continue;
+    }
     std::vector<double>* list = key == "lr"             ? &grid.lr
                                 : key == "weight_decay" ? &grid.weight_decay
                                 : key == "dropout"      ? &grid.dropout
@@ -92,14 +98,10 @@ packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& ove
   }
 }
 
-bool is_sweep(const packtrain::runtime::SweepGrid& grid) {
-  return grid.lr.size() > 1 || grid.weight_decay.size() > 1 || grid.dropout.size() > 1;
-}
-
 packtrain::runtime::EnsembleTrainerOptions options_from(const std::string& overrides_json) {
   packtrain::runtime::SweepGrid grid;
   packtrain::runtime::EnsembleTrainerOptions options = scalar_options(overrides_json, grid);
-  if (!is_sweep(grid)) return options;
+  if (!grid.sweeps()) return options;
   try {
     options = packtrain::runtime::sweep_options(options, grid);
     options.validate();
@@ -116,7 +118,7 @@ void check_fit_memory(const std::string& overrides_json, int64_t rows, int64_t f
                       int64_t validation_rows) {
   packtrain::runtime::SweepGrid grid;
   packtrain::runtime::EnsembleTrainerOptions options = scalar_options(overrides_json, grid);
-  const double configurations = static_cast<double>(grid.lr.size() * grid.weight_decay.size() * grid.dropout.size());
+  const double configurations = static_cast<double>(grid.configurations());
   const double members = configurations * static_cast<double>(options.members());
   if (members > 9.2e18) {
     throw py::value_error("members=" + std::to_string(options.members()) + " x " +
@@ -734,6 +736,7 @@ void add_trainer(py::module_& m) {
             py::list out;
             for (const auto& r : reports) {
               py::dict d;
+              d["hidden"] = r.configuration.hidden;
               d["lr"] = r.configuration.lr;
               d["weight_decay"] = r.configuration.weight_decay;
               d["dropout"] = r.configuration.dropout;

@@ -78,6 +78,14 @@ def _checked_option(name, value, default):
     return _checked_number(name, value)
 
 
+def _swept_list(name, value, check):
+    """A swept option's list of values (the CLI's comma list), each checked by check(name, v)."""
+    values = np.asarray(value, dtype=object).reshape(-1) if isinstance(value, np.ndarray) else value
+    if len(values) == 0:
+        raise ValueError(f"{name}: an empty list; give one value, or several to sweep them")
+    return [check(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
 def _checked_trainer_option(name, value):
     """A trainer option's value checked against its schema field's kind (the C++
     option's): what crosses into the runtime as JSON, whose own checks then give the rest."""
@@ -94,6 +102,8 @@ def _checked_trainer_option(name, value):
     if kind in ("integer", "unsigned"):
         if value is None and field["optional"]:
             return None  # unset: the run picks (see the parameter's doc)
+        if name in _SWEPT and isinstance(value, (list, tuple, np.ndarray)):  # hidden=[32, 64]: widths in one pack
+            return _swept_list(name, value, lambda n, v: _checked_integer(n, v, *_integer_range(field)))
         return _checked_integer(name, value, *_integer_range(field))
     if kind == "integers":
         values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
@@ -102,10 +112,7 @@ def _checked_trainer_option(name, value):
         return [_checked_integer(f"{name}[{i}]", v, 1, _INT64_MAX) for i, v in enumerate(values)]
     if kind == "number":
         if name in _SWEPT and isinstance(value, (list, tuple, np.ndarray)):
-            values = np.asarray(value, dtype=object).reshape(-1) if isinstance(value, np.ndarray) else value
-            if len(values) == 0:
-                raise ValueError(f"{name}: an empty list; give one value, or several to sweep them")
-            return [_checked_number(f"{name}[{i}]", v) for i, v in enumerate(values)]
+            return _swept_list(name, value, _checked_number)
         return _checked_number(name, value)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, got {value!r}")

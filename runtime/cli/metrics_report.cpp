@@ -181,7 +181,8 @@ nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& repor
   nlohmann::json out = nlohmann::json::array();
   for (const runtime::ConfigurationReport& r : reports) {
     const runtime::SweepConfiguration& c = r.configuration;
-    nlohmann::json j{{"lr", c.lr},
+    nlohmann::json j{{"hidden", c.hidden},
+                     {"lr", c.lr},
                      {"weight_decay", c.weight_decay},
                      {"dropout", c.dropout},
                      {"first_member", c.first_member},
@@ -199,16 +200,16 @@ void print_sweep(const std::vector<runtime::ConfigurationReport>& reports, runti
   const bool cls = head == runtime::Head::kClassification;
   fmt::print(
       "\nSweep: {} configurations x {} members (validation loss: mean member {} on the validation rows; "
-      "test: each configuration's members as one ensemble)\n  {:>10}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}\n",
-      reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL", "lr",
-      "weight decay", "dropout", "val loss", cls ? "test acc" : "test RMSE", "test NLL");
+      "test: each configuration's members as one ensemble)\n  {:>6}  {:>10}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}\n",
+      reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL", "hidden",
+      "lr", "weight decay", "dropout", "val loss", cls ? "test acc" : "test RMSE", "test NLL");
   for (const runtime::ConfigurationReport& r : reports) {
     const runtime::SweepConfiguration& c = r.configuration;
     const bool kept =
         trainer.member_states()[static_cast<size_t>(c.first_member)].status != runtime::MemberStatus::kDeselected;
-    fmt::print("  {:>10g}  {:>12g}  {:>8g}  {:>10}  {:>10}  {:>10}  {}\n", c.lr, c.weight_decay, c.dropout,
-               cell(r.val_loss), cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse), cell(r.test.ensemble.nll),
-               kept ? "" : "(deselected)");
+    fmt::print("  {:>6}  {:>10g}  {:>12g}  {:>8g}  {:>10}  {:>10}  {:>10}  {}\n", c.hidden, c.lr, c.weight_decay,
+               c.dropout, cell(r.val_loss), cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse),
+               cell(r.test.ensemble.nll), kept ? "" : "(deselected)");
   }
 }
 

@@ -77,7 +77,8 @@ void add_session_options(CLI::App* app, SessionArgs& s) {
            if (v != "all" && v != "best") throw CLI::ValidationError("--select", "expected all or best, got " + v);
            s.select_best = v == "best";
          },
-         "A sweep (--lr/--weight-decay/--dropout lists): all keeps every configuration's members; best keeps the "
+         "A sweep (--hidden/--lr/--weight-decay/--dropout lists): all keeps every configuration's members; best keeps "
+         "the "
          "configuration with the lowest validation loss (its members' mean NLL, or RMSE for a mean head, on the "
          "validation rows "
          "only) and deselects the rest before the test metrics and the checkpoint")
@@ -120,6 +121,16 @@ struct Session {
   Distribution dist;
 };
 
+// A sweep's distinct hidden widths as "{4,32}".
+std::string widths_text(const std::vector<runtime::SweepConfiguration>& configurations) {
+  std::string text;
+  for (const runtime::SweepConfiguration& c : configurations) {
+    const std::string width = std::to_string(c.hidden);
+    if (("," + text + ",").find("," + width + ",") == std::string::npos) text += (text.empty() ? "" : ",") + width;
+  }
+  return "{" + text + "}";
+}
+
 void describe(const Session& s, RunDriver& driver) {
   const runtime::EnsembleTrainerOptions& o = s.trainer.options();
   const runtime::distributed::ProcessGroup* group = s.dist.group;
@@ -138,14 +149,16 @@ void describe(const Session& s, RunDriver& driver) {
   }
   const auto configurations = runtime::sweep_configurations(o);
   if (configurations.size() > 1) {
-    driver.note(
-        fmt::format("sweep: {} configurations (learning rate x weight decay x dropout) x {} members in one "
-                    "pack",
-                    configurations.size(), configurations.front().members));
+    driver.note(fmt::format(
+        "sweep: {} configurations (hidden width x learning rate x weight decay x dropout) x {} members in one "
+        "pack",
+        configurations.size(), configurations.front().members));
   }
   driver.note(fmt::format(
       "packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}", s.command,
-      s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()), o.depth(), o.hidden(),
+      s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()), o.depth(),
+      // Members of different widths: each width, in sweep order (the pack is the widest).
+      o.member_hidden().empty() ? std::to_string(o.hidden()) : widths_text(configurations),
       o.architecture() == "mlp" ? std::string(ensemble::to_string(o.activation())) : o.architecture(), o.epochs(),
       s.trainer.batch_size(), graphs::to_string(o.order()),
       s.trainer.patience() > 0
@@ -284,10 +297,10 @@ void select_configuration(const Session& s, RunDriver& driver,
   const runtime::SweepConfiguration& c = best.configuration;
   s.trainer.keep_members(c.first_member, c.members);
   driver.note(
-      fmt::format("sweep: kept lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean validation "
-                  "loss {:.4f}); the other {} configurations' members are deselected",
-                  c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1, best.val_loss,
-                  reports.size() - 1));
+      fmt::format("sweep: kept hidden {}, lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean "
+                  "validation loss {:.4f}); the other {} configurations' members are deselected",
+                  c.hidden, c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1,
+                  best.val_loss, reports.size() - 1));
 }
 
 // One process or data parallel: rank 0 exports and reports the test metrics
@@ -476,7 +489,8 @@ int run_member_parallel(const TrainCommand& c) {
     throw UsageError("--export is not available with --member-parallel: evaluate or predict read the manifest");
   }
   if (c.trainer.sweep()) {
-    throw UsageError("a sweep (--lr, --weight-decay or --dropout lists) is not available with --member-parallel");
+    throw UsageError(
+        "a sweep (--hidden, --lr, --weight-decay or --dropout lists) is not available with --member-parallel");
   }
   runtime::EnsembleTrainerOptions options = train_options(c);
   const int64_t K = options.members(), W = rank.world_size;

@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <stdexcept>
 
 namespace packtrain::cli {
@@ -59,20 +60,26 @@ void add_data_options(CLI::App* app, runtime::DataArgs& a) {
 runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   runtime::EnsembleTrainerOptions o = f.options;
   const std::vector<double>&lr = f.values("lr"), &weight_decay = f.values("weight_decay"),
-        &dropout = f.values("dropout");
-  if (lr.empty() || weight_decay.empty() || dropout.empty()) {
-    throw UsageError("--lr, --weight-decay and --dropout need at least one value");
+        &dropout = f.values("dropout"), &hidden_values = f.values("hidden");
+  if (lr.empty() || weight_decay.empty() || dropout.empty() || hidden_values.empty()) {
+    throw UsageError("--hidden, --lr, --weight-decay and --dropout need at least one value");
   }
-  o.lr(lr.front()).weight_decay(weight_decay.front()).dropout(dropout.front());
+  std::vector<int64_t> hidden;
+  for (const double h : hidden_values) {
+    if (!(h >= 1 && h <= 1e15 && h == std::floor(h))) {
+      throw UsageError(fmt::format("--hidden: widths must be positive integers, got {}", h));
+    }
+    hidden.push_back(static_cast<int64_t>(h));
+  }
+  o.lr(lr.front()).weight_decay(weight_decay.front()).dropout(dropout.front()).hidden(hidden.front());
   o.device(pick_device(f.device));
   try {
     o.validate();
     if (f.sweep()) {
-      o = within_memory(fmt::format("a sweep of {} configurations x --members {}",
-                                    lr.size() * weight_decay.size() * dropout.size(), o.members()),
-                        "lower --members or give fewer --lr, --weight-decay or --dropout values", [&] {
-                          return runtime::sweep_options(o, {lr, weight_decay, o.members(), dropout});
-                        });
+      const runtime::SweepGrid grid{lr, weight_decay, o.members(), dropout, hidden};
+      o = within_memory(fmt::format("a sweep of {} configurations x --members {}", grid.configurations(), o.members()),
+                        "lower --members or give fewer --hidden, --lr, --weight-decay or --dropout values",
+                        [&] { return runtime::sweep_options(o, grid); });
     }
     o.validate();
   } catch (const c10::Error& e) {

@@ -18,7 +18,7 @@ namespace packtrain::cli {
 
 // The trainer's flags and the device name they are used with ("auto" by default;
 // the options hold a c10::Device, which has no "auto").
-// --lr, --weight-decay and --dropout take comma lists: with more than one value, the
+// --hidden, --lr, --weight-decay and --dropout take comma lists: with more than one value, the
 // run is a sweep of their cross product, --members seeds each, in one pack
 // (runtime/trainers/ensemble/hyperparameter_sweep.h).
 struct TrainerFlags {

@@ -130,7 +130,13 @@ Dict export_dict(const ensemble::PackedMLP& pack, const std::vector<int64_t>& id
   d.insert("format", std::string("packtrain-export-1"));
   d.insert("members", members);
   d.insert("member_ids", member_list);
-  d.insert("architecture", architecture(pack.options()));
+  Dict arch = architecture(pack.options());
+  if (!pack.options().member_hidden().empty()) {  // members of different widths: each one's, in members' order
+    List widths = new_list();
+    for (const int64_t k : ids) widths.push_back(pack.options().member_width(k));
+    arch.insert("member_hidden", widths);
+  }
+  d.insert("architecture", arch);
   insert_standardization(d, e);
   d.insert("head", e.head);
   d.insert("min_variance", e.min_variance);

@@ -36,6 +36,20 @@ struct Architecture {
 };
 
 // Convolutional members: 2-D samples {2, 4, 4} through two blocks, 1-D {2, 6} through one.
+// Four GELU members of widths 5, 12, 8 and 12 in a pack 12 wide (GELU: a padded unit's
+// activation has a non-zero slope at 0, so only the zero weights keep it out).
+PackedMLPOptions mixed_widths(c10::Device d, uint64_t seed) {
+  return PackedMLPOptions(kIn, kOut)
+      .members(kMembers)
+      .hidden(12)
+      .member_hidden({5, 12, 8, 12})
+      .depth(2)
+      .activation(Activation::kGELU)
+      .seed(seed)
+      .dtype(at::kDouble)
+      .device(d);
+}
+
 PackedCNNOptions cnn_2d(c10::Device d, uint64_t seed) {
   return PackedCNNOptions({2, 4, 4}, kOut)
       .members(kMembers)
@@ -69,6 +83,14 @@ const std::vector<Architecture>& architectures() {
          torch::nn::Sequential seq = make_standalone_mlp(
              PackedMLPOptions(kIn, kOut).members(kMembers).hidden(12).depth(2).seed(seed).dtype(at::kDouble).device(d),
              k);
+         return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
+       }},
+      // Members of different widths padded to the widest (packed_mlp.h): member k
+      // equals the standalone network of its own width.
+      {"mlp_mixed_widths",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedMLP>(mixed_widths(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) {
+         torch::nn::Sequential seq = make_standalone_mlp(mixed_widths(d, seed), k);
          return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
        }},
       {"residual_mlp",

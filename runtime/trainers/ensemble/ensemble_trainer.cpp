@@ -112,6 +112,7 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   spec.layer_norm = options_.layer_norm();
   spec.dropout = options_.dropout();
   spec.member_dropout = options_.member_dropout();
+  spec.member_hidden = options_.member_hidden();
   spec.input_shape = options_.input_shape();
   spec.channels = options_.channels();
   spec.seed = options_.seed();

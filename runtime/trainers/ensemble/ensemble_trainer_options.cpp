@@ -31,7 +31,13 @@ void describe_model(Schema& s) {
       .help_text(architecture_help())
       .in_group("Model")
       .added_in(2, "mlp");
-  s.option(PACKTRAIN_OPTION(hidden)).help_text("Width of each hidden layer").in_group("Model").above(0);
+  s.option(PACKTRAIN_OPTION(hidden))
+      .help_text(
+          "Width of each hidden layer; several (32,64,128) train members of each width in one pack, padded to the "
+          "widest, swept as --lr (mlp)")
+      .in_group("Model")
+      .above(0)
+      .sweepable();
   s.option(PACKTRAIN_OPTION(depth))
       .help_text("Number of hidden layers (residual-mlp: residual blocks)")
       .in_group("Model")
@@ -90,6 +96,7 @@ void describe_optimizer(Schema& s) {
       .finite_only()
       .added_in(2, nlohmann::json::array());
   s.option(PACKTRAIN_OPTION(member_dropout)).internal().at_least(0).below(1).added_in(2, nlohmann::json::array());
+  s.option(PACKTRAIN_OPTION(member_hidden)).internal().above(0).added_in(4, nlohmann::json::array());
   s.choice(PACKTRAIN_OPTION(schedule), ensemble::kLrScheduleKindNames)
       .help_text("Learning-rate schedule")
       .in_group("Optimizer");
@@ -155,7 +162,8 @@ void describe_training(Schema& s) {
   s.option(PACKTRAIN_OPTION(unroll)).help_text("Training steps per CUDA graph replay").in_group("Training").above(0);
 }
 
-void check_per_member(const std::vector<double>& values, int64_t members, const char* what) {
+template <typename T>
+void check_per_member(const std::vector<T>& values, int64_t members, const char* what) {
   if (!values.empty() && static_cast<int64_t>(values.size()) != members) {
     throw UserError(std::string("per-member ") + what + ": expected one per member (" + std::to_string(members) +
                     "), got " + std::to_string(values.size()));
@@ -180,6 +188,18 @@ void EnsembleTrainerOptions::validate() const {
   check_per_member(member_lr(), members(), "learning rates");
   check_per_member(member_weight_decay(), members(), "weight decays");
   check_per_member(member_dropout(), members(), "dropout rates");
+  check_per_member(member_hidden(), members(), "hidden widths");
+  for (const int64_t width : member_hidden()) {
+    if (width > hidden()) {
+      throw UserError("per-member hidden width " + std::to_string(width) + " is wider than the pack (hidden " +
+                      std::to_string(hidden()) + ")");
+    }
+  }
+  if (layer_norm() && !member_hidden().empty()) {
+    throw UserError(
+        "--layer-norm with several --hidden widths: LayerNorm would count a narrower member's padding in its "
+        "statistics; give one width, or leave out --layer-norm");
+  }
 }
 
 int64_t resolved_patience(const EnsembleTrainerOptions& o, bool has_validation) {

@@ -100,6 +100,9 @@ struct EnsembleTrainerOptions {
   // Per-member dropout rates (PackedMLPOptions::member_dropout): the rate is a
   // (K, 1, 1) device tensor of the forward, so a sweep over it is one pack too.
   TORCH_ARG(std::vector<double>, member_dropout) = {};
+  // Per-member hidden widths (PackedMLPOptions::member_hidden; hidden is then the
+  // widest): members of different widths padded to one pack, a sweep over widths.
+  TORCH_ARG(std::vector<int64_t>, member_hidden) = {};
   TORCH_ARG(ensemble::LrScheduleKind, schedule) = ensemble::LrScheduleKind::kConstant;
   TORCH_ARG(int64_t, warmup_steps) = 0;
   TORCH_ARG(double, min_lr_factor) = 0.0;  // cosine: the final fraction of lr (decays over all epochs)
@@ -148,8 +151,9 @@ int64_t resolved_patience(const EnsembleTrainerOptions& options, bool has_valida
 const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema();
 // Version 2 added format_version itself; version 1 payloads (checkpoints before it)
 // may lack the keys their field's added_in names and read as they meant then.
-// Version 3 added channels and input_shape (the cnn architecture's).
-inline constexpr int kTrainerOptionsFormat = 3;
+// Version 3 added channels and input_shape (the cnn architecture's); version 4
+// member_hidden (packs of different widths) and the cnn's kernel, pool and norm_groups.
+inline constexpr int kTrainerOptionsFormat = 4;
 
 // Every field but `log`, and format_version, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);

@@ -23,42 +23,60 @@ void check_axis(const std::vector<double>& values, const char* name) {
 }
 }  // namespace
 
+size_t SweepGrid::configurations() const {
+  return lr.size() * weight_decay.size() * std::max<size_t>(dropout.size(), 1) * std::max<size_t>(hidden.size(), 1);
+}
+
 EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid) {
   check_axis(grid.lr, "learning rate");
   check_axis(grid.weight_decay, "weight decay");
   const std::vector<double> rates = grid.dropout.empty() ? std::vector<double>{base.dropout()} : grid.dropout;
   check_axis(rates, "dropout rate");
+  const std::vector<int64_t> widths = grid.hidden.empty() ? std::vector<int64_t>{base.hidden()} : grid.hidden;
+  std::vector<double> width_values(widths.begin(), widths.end());
+  check_axis(width_values, "hidden width");
+  for (const int64_t w : widths) {
+    if (w < 1) throw UserError("a sweep's hidden widths must be positive, got " + std::to_string(w));
+  }
   if (grid.seeds < 1) throw UserError("a sweep needs at least one member per configuration");
-  const auto configurations = static_cast<int64_t>(grid.lr.size() * grid.weight_decay.size() * rates.size());
+  const auto configurations = static_cast<int64_t>(grid.configurations());
   if (grid.seeds > std::numeric_limits<int64_t>::max() / configurations) {
     throw UserError("a sweep of " + std::to_string(configurations) + " configurations x " + std::to_string(grid.seeds) +
                     " members each has more members than can be counted");
   }
   const int64_t members = configurations * grid.seeds;
-  // Before any per-member value exists (three doubles a member, copied with the
+  const int64_t widest = *std::max_element(widths.begin(), widths.end());
+  // Before any per-member value exists (four numbers a member, copied with the
   // options): the least a pack of this many members needs, whatever its data (one
   // feature, no rows), must be available.
-  check_memory(estimate_ensemble_run(EnsembleTrainerOptions(base).members(members), EnsembleRunSizes{}),
+  check_memory(estimate_ensemble_run(EnsembleTrainerOptions(base).members(members).hidden(widest), EnsembleRunSizes{}),
                "sweep fewer values, or lower --members (members per configuration), --hidden or --depth (or run "
                "where more memory is free)");
   std::vector<double> lr, wd, dropout;
+  std::vector<int64_t> hidden;
   lr.reserve(static_cast<size_t>(members));
   wd.reserve(static_cast<size_t>(members));
   dropout.reserve(static_cast<size_t>(members));
-  for (const double l : grid.lr) {
-    for (const double w : grid.weight_decay) {
-      for (const double p : rates) {
-        for (int64_t s = 0; s < grid.seeds; ++s) {
-          lr.push_back(l);
-          wd.push_back(w);
-          dropout.push_back(p);
+  hidden.reserve(static_cast<size_t>(members));
+  for (const int64_t h : widths) {
+    for (const double l : grid.lr) {
+      for (const double w : grid.weight_decay) {
+        for (const double p : rates) {
+          for (int64_t s = 0; s < grid.seeds; ++s) {
+            hidden.push_back(h);
+            lr.push_back(l);
+            wd.push_back(w);
+            dropout.push_back(p);
+          }
         }
       }
     }
   }
   base.members(static_cast<int64_t>(lr.size())).member_lr(lr).member_weight_decay(wd);
-  // One rate: the model's own dropout (its draws as without a sweep).
+  // One rate: the model's own dropout (its draws as without a sweep); one width: the
+  // pack's own (no padding).
   if (rates.size() > 1) base.member_dropout(dropout);
+  if (widths.size() > 1) base.hidden(widest).member_hidden(hidden);
   return base;
 }
 
@@ -71,10 +89,14 @@ std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOption
   const auto dropout = [&](int64_t k) {
     return o.member_dropout().empty() ? o.dropout() : o.member_dropout()[static_cast<size_t>(k)];
   };
+  const auto hidden = [&](int64_t k) {
+    return o.member_hidden().empty() ? o.hidden() : o.member_hidden()[static_cast<size_t>(k)];
+  };
   std::vector<SweepConfiguration> out;
   for (int64_t k = 0; k < K; ++k) {
-    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k) || out.back().dropout != dropout(k)) {
-      out.push_back({lr(k), wd(k), dropout(k), k, 0});
+    if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k) || out.back().dropout != dropout(k) ||
+        out.back().hidden != hidden(k)) {
+      out.push_back({lr(k), wd(k), dropout(k), hidden(k), k, 0});
     }
     ++out.back().members;
   }

@@ -10,21 +10,12 @@
 #include <vector>
 
 #include "tests/runtime/cli/cli_harness.h"
+#include "tests/runtime/cli/export_check.h"
 
 namespace packtrain::cli_testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// The first column of a CSV with a header (the ensemble mean).
-std::vector<double> first_column(const std::string& text) {
-  std::istringstream in(text);
-  std::string line;
-  std::getline(in, line);
-  std::vector<double> out;
-  while (std::getline(in, line)) out.push_back(std::stod(line.substr(0, line.find(','))));
-  return out;
-}
 
 TEST_F(Cli, ASweepsSelectedEnsembleIsWhatEveryReaderSees) {
   // Two learning rates x 2 seeds; the second rate is large enough to train a
@@ -64,19 +55,7 @@ TEST_F(Cli, ASweepsSelectedEnsembleIsWhatEveryReaderSees) {
   EXPECT_NEAR(std::stod(table.out.substr(at + 10)), kept_mean, 1e-3 * kept_mean + 1e-3) << table.out;
 
   // The Python loader predicts what packtrain predicts.
-  if (test_python().empty()) {
-    GTEST_SKIP() << "no Python with torch and numpy was found at configure time (set PACKTRAIN_TEST_PYTHON)";
-  }
-  const std::string input = concrete_csv("in.csv", 20, false);
-  ASSERT_EQ(run("predict " + ckpt + " " + input + " -o " + path("cpp.csv")).status, 0);
-  const Result py = run_command(test_python() + " " + source_dir() + "/scripts/load_packtrain_export.py " +
-                                path("sweep.pt") + " " + input + " > " + path("py.csv"));
-  ASSERT_EQ(py.status, 0) << py.out;
-  const std::vector<double> cpp = first_column(read_file(path("cpp.csv")));
-  const std::vector<double> python = first_column(read_file(path("py.csv")));
-  ASSERT_EQ(cpp.size(), 20u);
-  ASSERT_EQ(python.size(), 20u);
-  for (size_t i = 0; i < cpp.size(); ++i) EXPECT_NEAR(python[i], cpp[i], 1e-4 * std::abs(cpp[i]) + 1e-6) << i;
+  expect_export_predicts_as_packtrain(ckpt, path("sweep.pt"), concrete_csv("in.csv", 20, false), 20, dir().string());
 }
 
 // A member-parallel manifest is not one checkpoint: export says what to export instead.

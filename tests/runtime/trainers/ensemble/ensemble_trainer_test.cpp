@@ -485,6 +485,41 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
   EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.1}}), UserError);
 }
 
+// A sweep over widths in one pack (members padded to the widest, packed_mlp.h): each
+// width's members train as a run of that width alone would, dropout included (its
+// masks do not depend on the pack's width), and the widths travel with the options.
+TEST_P(EnsembleTrainerTest, AWidthSweepInOnePackTrainsEachWidthAsItsOwnRun) {
+  const Data d = make_data(160, 40);
+  const EnsembleTrainerOptions base = small_options(device()).members(2).epochs(6).dropout(0.2);
+  EnsembleTrainer sweep(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {5, 16}}));
+  EXPECT_EQ(sweep.options().hidden(), 16);
+  ASSERT_EQ(sweep.options().member_hidden(), (std::vector<int64_t>{5, 5, 16, 16}));
+  sweep.fit(d.x, d.y, d.val_x, d.val_y);
+  const std::vector<SweepConfiguration> configurations = sweep_configurations(sweep.options());
+  ASSERT_EQ(configurations.size(), 2u);
+  EXPECT_EQ(configurations[0].hidden, 5);
+  EXPECT_EQ(configurations[1].first_member, 2);
+  const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);
+  for (const SweepConfiguration& c : configurations) {
+    EnsembleTrainer alone(
+        EnsembleTrainerOptions(base).hidden(c.hidden).lr(1e-2).weight_decay(1e-4).first_member(c.first_member));
+    alone.fit(d.x, d.y, d.val_x, d.val_y);
+    // Zero padding adds exact zeros to each sum, but a GEMM over a longer reduction
+    // may group the sum differently: float32 rounding, not a different network.
+    const double gap = (all.member_mean.narrow(0, c.first_member, 2) - alone.predict_uncalibrated(d.val_x).member_mean)
+                           .abs()
+                           .max()
+                           .item<double>();
+    EXPECT_LT(gap, 1e-4) << "hidden " << c.hidden;
+  }
+  // The two widths train different networks (a pack that ignored the widths would not).
+  EXPECT_GT((all.member_mean[0] - all.member_mean[2]).abs().max().item<double>(), 1e-3);
+  EXPECT_EQ(options_from_json(to_json(sweep.options())).member_hidden(), sweep.options().member_hidden());
+  EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {16}}).member_hidden().empty());
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {8, 8}}), UserError);
+  EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_hidden({4, 4}).layer_norm(true)), UserError);
+}
+
 // Dropout's masks follow from the run's seed, not from the process: two runs with
 // one seed train the same weights (bit for bit on CPU; on a GPU the captured
 // replays draw them too), another seed other weights; a run resumed from a
