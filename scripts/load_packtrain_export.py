@@ -3,7 +3,9 @@
 
 The export is one file that ``torch.load(path)`` reads with its default
 ``weights_only=True``: a dict of plain containers and tensors, with each member's
-``torch.nn.Sequential`` state_dict. This module rebuilds the members and applies
+``torch.nn.Sequential`` state_dict (format 1: MLP members, described by their
+widths; format 2: convolutional members, described layer by layer as
+``torch.nn.<type>(**args)``). This module rebuilds the members and applies
 the standardization and the prediction head exactly as packtrain does.
 
 As a module::
@@ -11,6 +13,7 @@ As a module::
     from load_packtrain_export import load_members, predict
     models, meta = load_members("model.pt")   # list of torch.nn.Sequential (eval mode), metadata
     result = predict("model.pt", x)           # x: (B, I) numpy array in original units
+                                              # (cnn members: also (B, C, H, W) or (B, C, L))
     result["mean"], result["std"]             # (B, T); classification: class probabilities (B, C)
 
 From the command line, predictions as CSV on stdout::
@@ -28,7 +31,9 @@ import sys
 import numpy as np
 import torch
 
-FORMAT = "packtrain-export-1"
+FORMAT = "packtrain-export-1"  # MLP members: the architecture's widths, rebuilt by build_member
+LAYERS_FORMAT = "packtrain-export-2"  # other members (cnn): their layers, rebuilt by build_layers
+FORMATS = (FORMAT, LAYERS_FORMAT)
 
 _ACTIVATIONS = {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "silu": torch.nn.SiLU, "tanh": torch.nn.Tanh}
 
@@ -36,9 +41,9 @@ _ACTIVATIONS = {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "silu": torch.nn.S
 def load_export(path):
     """The export's dict, tensors on the CPU; checks its format tag."""
     export = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(export, dict) or export.get("format") != FORMAT:
+    if not isinstance(export, dict) or export.get("format") not in FORMATS:
         found = export.get("format") if isinstance(export, dict) else type(export).__name__
-        raise ValueError(f"{path}: not a packtrain export (format {found!r}, expected {FORMAT!r})")
+        raise ValueError(f"{path}: not a packtrain export (format {found!r}, expected one of {FORMATS!r})")
     return export
 
 
@@ -62,6 +67,24 @@ def build_member(arch, hidden=None):
     return torch.nn.Sequential(*layers)
 
 
+# The torch.nn layers a format-2 export may name (runtime/io/model_export.h).
+_LAYERS = ("Unflatten", "Flatten", "Conv1d", "Conv2d", "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d",
+           "GroupNorm", "LayerNorm", "Linear", "Dropout", "ReLU", "GELU", "SiLU", "Tanh")
+
+
+def build_layers(layer_list):
+    """An untrained member from its layer list in a format-2 export: torch.nn.Sequential of
+    torch.nn.<type>(**args), in order, as packtrain's standalone member (for a cnn:
+    Unflatten, Conv2d/Conv1d, [GroupNorm], ReLU, MaxPool/AvgPool, ..., Flatten, Linear)."""
+    layers = []
+    for layer in layer_list:
+        if layer["type"] not in _LAYERS:
+            raise ValueError(f"unknown layer {layer['type']!r} (this script knows {', '.join(_LAYERS)})")
+        args = {key: tuple(value) if isinstance(value, list) else value for key, value in layer["args"].items()}
+        layers.append(getattr(torch.nn, layer["type"])(**args))
+    return torch.nn.Sequential(*layers)
+
+
 def load_members(path):
     """(members, meta): each exported member as a torch.nn.Sequential in eval mode
     (its weights loaded with strict=True), and every other entry of the export."""
@@ -69,7 +92,10 @@ def load_members(path):
     models = []
     widths = export["architecture"].get("member_hidden") or [None] * len(export["members"])
     for state, hidden in zip(export["members"], widths):
-        model = build_member(export["architecture"], hidden)
+        if export["format"] == LAYERS_FORMAT:
+            model = build_layers(export["architecture"]["member_layers"][len(models)])
+        else:
+            model = build_member(export["architecture"], hidden)
         model.load_state_dict(state, strict=True)
         models.append(model.eval())
     meta = {key: value for key, value in export.items() if key != "members"}
@@ -77,8 +103,12 @@ def load_members(path):
 
 
 def standardize(x, meta):
-    """x (B, I) in original units -> float32 model inputs (B, I)."""
+    """x (B, I) in original units -> float32 model inputs (B, I). Members with a
+    sample shape (cnn) also take samples of that shape, (B, C, H, W) or (B, C, L)."""
     x = torch.as_tensor(np.asarray(x, dtype=np.float64))
+    shape = meta["architecture"].get("input_shape")
+    if shape is not None and x.ndim == len(shape) + 1 and list(x.shape[1:]) == list(shape):
+        x = x.reshape(x.shape[0], -1)  # the rows in the (C, H, W) order the members unflatten
     if x.ndim != 2 or x.shape[1] != meta["x_mean"].numel():
         raise ValueError(f"input must be (B, {meta['x_mean'].numel()}), got {tuple(x.shape)}")
     return ((x - meta["x_mean"]) / meta["x_std"]).to(torch.float32)

@@ -700,9 +700,10 @@ def resume(checkpoint, X=None, y=None, X_val=None, y_val=None, epochs=None, devi
         raise ValueError("give both X and y (and both X_val and y_val), or neither")
     rows = {}
     if X is not None:  # as the regressor's fit() and a classifier's of numeric labels pass them
-        rows = {"x": _as_tensor(X, "X", 2), "y": _as_tensor(y, "y", 1).reshape(-1, 1)}
+        # Images and sequences as the rows fit() gave the trainer (the checkpoint keeps their shape).
+        rows = {"x": _as_rows(X, "X")[0], "y": _as_tensor(y, "y", 1).reshape(-1, 1)}
         if X_val is not None:
-            rows.update(val_x=_as_tensor(X_val, "X_val", 2), val_y=_as_tensor(y_val, "y_val", 1).reshape(-1, 1))
+            rows.update(val_x=_as_rows(X_val, "X_val")[0], val_y=_as_tensor(y_val, "y_val", 1).reshape(-1, 1))
     trainer, feature_names, target_name = _core.resume(path, _resolve_device(device), epochs, **rows)
     model = load(path, device)  # the estimator of the run's options and classes, around the model as saved
     if isinstance(model, EnsembleClassifier):

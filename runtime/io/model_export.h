@@ -5,6 +5,7 @@
 #pragma once
 
 #include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/packed_model.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -42,5 +43,26 @@ struct ExportExtras {
 // head, a member out of range, or extras whose sizes do not match the pack.
 void export_for_pytorch(const std::filesystem::path& path, const ensemble::PackedMLP& pack,
                         const std::vector<int64_t>& members, const ExportExtras& extras);
+
+// Members of any other architecture whose standalone member (PackedModel::
+// standalone_member) is one torch::nn::Sequential — the cnn's Unflatten, Conv1d/Conv2d,
+// GroupNorm, ReLU, MaxPool/AvgPool, Flatten, Linear, Dropout — as a layer list that
+// Python rebuilds with torch.nn.<type>(**args):
+//   "format": kLayersExportFormat
+//   "architecture": {"kind" (the pack's, "cnn"), "in_features", "out_features",
+//                    "input_shape" [C, H, W] or [C, L],
+//                    "member_layers": [[{"type": "Conv2d", "args": {"in_channels": ..., ...}}, ...], ...]}
+//                    (one layer list per member, in members' order)
+//   "members": [state_dict, ...] (parameters and buffers, CPU float32, the Sequential's names)
+// and the other keys as export_for_pytorch. Rows (B, I) enter the first layer
+// (Unflatten to the sample shape). A UserError names a layer this cannot describe yet.
+inline constexpr const char* kLayersExportFormat = "packtrain-export-2";
+struct LayerExportShape {
+  std::vector<int64_t> input_shape;  // one sample's shape; I = its product
+  int64_t out_features = 1;          // O
+};
+void export_layers_for_pytorch(const std::filesystem::path& path, const ensemble::PackedModel& pack,
+                               const LayerExportShape& shape, const std::vector<int64_t>& members,
+                               const ExportExtras& extras);
 
 }  // namespace packtrain::runtime

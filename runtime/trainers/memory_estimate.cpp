@@ -69,6 +69,14 @@ double parameters_per_member(const EnsembleTrainerOptions& o, double I, double O
   spec.layer_norm = o.layer_norm();
   spec.input_shape = o.input_shape();
   spec.channels = o.channels();
+  if (o.architecture() == "cnn") {
+    // A cnn's rows hold its sample shape's values. Before the data gives the shape (a
+    // sweep's check of the least any data needs): the smallest a cnn takes, one channel
+    // of 2^blocks values, each block pooling by 2 — its fewest parameters.
+    if (spec.input_shape.empty()) spec.input_shape = {1, int64_t{1} << std::min<size_t>(spec.channels.size(), 62)};
+    spec.in_features = 1;
+    for (const int64_t s : spec.input_shape) spec.in_features *= s;
+  }
   return ensemble::architecture(o.architecture()).parameters_per_member(spec);
 }
 

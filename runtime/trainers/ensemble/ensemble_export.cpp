@@ -1,5 +1,6 @@
 #include "packtrain/runtime/trainers/ensemble/ensemble_export.h"
 
+#include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/io/model_export.h"
@@ -44,11 +45,18 @@ int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
     }
     if (chosen.empty()) throw DataError("every member diverged: there is no usable member to export");
   }
-  // The export's file format describes MLP members (torch.nn.Sequential layers,
-  // scripts/load_packtrain_export.py); another architecture's pack stays a checkpoint.
+  // MLP members: Linear layers as export format 1 has always described them
+  // (scripts/load_packtrain_export.py). Convolutional members: their standalone
+  // torch::nn::Sequential, layer by layer (format 2). Another architecture's pack
+  // stays a checkpoint.
+  if (const auto* cnn = dynamic_cast<const ensemble::PackedCNN*>(&trainer.model())) {
+    export_layers_for_pytorch(path, *cnn, {cnn->options().input_shape(), cnn->options().out_features()}, chosen,
+                              extras);
+    return static_cast<int64_t>(chosen.size());
+  }
   const auto* mlp = dynamic_cast<const ensemble::PackedMLP*>(&trainer.model());
   if (mlp == nullptr) {
-    throw DataError("export writes MLP members only: this ensemble's members are " +
+    throw DataError("export writes MLP and CNN members only: this ensemble's members are " +
                     std::string(trainer.model().kind()) + " (predict and evaluate read its checkpoint)");
   }
   export_for_pytorch(path, *mlp, chosen, extras);

@@ -68,7 +68,7 @@ TEST_F(Cli, TrainStopsOnTheEnsemblesValidationLossByDefaultAndNotWithoutValidati
 }
 
 // A second member architecture by name (ensemble/architectures.h): trained, saved,
-// evaluated and resumed as the MLP is; export (MLP members only) refuses it, exit 2.
+// evaluated and resumed as the MLP is; export (MLP and CNN members only) refuses it, exit 2.
 TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
   const std::string ckpt = path("residual.ckpt");
   const Result trained =
@@ -85,7 +85,8 @@ TEST_F(Cli, ResidualMlpMembersTrainEvaluateAndResumeAndExportRefusesThem) {
   EXPECT_THAT(resumed.out, HasSubstr("residual-mlp"));
   const Result exported = run("export " + ckpt + " " + path("members.pt"));
   EXPECT_EQ(exported.status, 2) << exported.out;
-  EXPECT_THAT(exported.out, HasSubstr("export writes MLP members only: this ensemble's members are residual-mlp"));
+  EXPECT_THAT(exported.out,
+              HasSubstr("export writes MLP and CNN members only: this ensemble's members are residual-mlp"));
   const Result unknown = run("train --data yacht --architecture no-such-net --epochs 1 --device cpu");
   EXPECT_EQ(unknown.status, 2) << unknown.out;
   EXPECT_THAT(unknown.out, HasSubstr("unknown architecture 'no-such-net' (expected mlp"));
