@@ -84,7 +84,12 @@ PackedCNNOptions cnn_options(const PackSpec& s) {
         " features have none: pass input_shape (image and sequence data sets carry it), or use "
         "--architecture mlp for a table");
   }
-  PackedCNNOptions o = with_common(PackedCNNOptions(s.input_shape, s.out_features), s).depth(s.depth);
+  PackedCNNOptions o = with_common(PackedCNNOptions(s.input_shape, s.out_features), s)
+                           .depth(s.depth)
+                           .pool(s.pool)
+                           .norm_groups(s.norm_groups)
+                           .dropout(s.dropout)
+                           .member_dropout(s.member_dropout);
   if (!s.channels.empty()) o.channels(s.channels);
   if (s.kernel_size != 0) o.kernel_size(s.kernel_size);
   o.validate();
@@ -98,7 +103,15 @@ PackedCNNOptions cnn_options(const PackSpec& s) {
 }
 
 std::unique_ptr<PackedModel> make_cnn(const PackSpec& s) {
-  refuse_beyond_relu_layers(s, "cnn", "conv blocks of relu and max-pool 2, flatten, a relu MLP head, output");
+  refuse_mixed_widths(s, "cnn");
+  if (s.activation != Activation::kReLU) {
+    throw UserError("the cnn architecture has no activation other than relu: use --architecture mlp for it");
+  }
+  if (s.layer_norm) {
+    throw UserError(
+        "the cnn architecture has no layer norm flag: pass norm groups instead (--norm-groups 1 normalizes each "
+        "convolution block over all its channels and positions, a layer norm with per-channel affine)");
+  }
   return std::make_unique<PackedCNN>(cnn_options(s));
 }
 
@@ -113,8 +126,8 @@ const std::vector<Architecture>& architectures() {
       {"residual-mlp", "an input layer to width hidden, depth residual blocks h + fc2(relu(fc1(h))), relu, output",
        make_residual_mlp, residual_mlp_parameters},
       {"cnn",
-       "convolution blocks (channels, odd kernel, relu, max-pool 2) over each sample's {C, H, W} or "
-       "{C, L}, flatten, depth hidden layers of width hidden, output",
+       "convolution blocks (channels, odd kernel, group norm, relu, max- or average-pool 2) over each sample's "
+       "{C, H, W} or {C, L}, flatten, depth hidden layers of width hidden (and dropout), output",
        make_cnn, cnn_parameters},
   };
   return table;

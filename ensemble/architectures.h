@@ -5,6 +5,7 @@
 // `train --architecture`, the Python estimators and checkpoints) names one of them.
 #pragma once
 
+#include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_model.h"
 
@@ -37,10 +38,13 @@ struct PackSpec {
   // Convolutional members (cnn): the sample shape each row of I values holds, {C, H, W}
   // (images) or {C, L} (sequences), empty when the data has none (the cnn refuses it);
   // each convolution block's output channels and the kernel size (empty, 0: the
-  // architecture's defaults, PackedCNNOptions).
+  // architecture's defaults, PackedCNNOptions), the pooling, and the group count of
+  // the GroupNorm after each convolution (0: none).
   std::vector<int64_t> input_shape;
   std::vector<int64_t> channels;
   int64_t kernel_size = 0;
+  Pool pool = Pool::kMax;
+  int64_t norm_groups = 0;
   uint64_t seed = 0;
   int64_t first_member = 0;
   c10::Device device = c10::Device(c10::DeviceType::CPU);

@@ -11,7 +11,9 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/modules/pooling.h>
 #include <torch/utils.h>
 
@@ -51,6 +53,25 @@ void PackedCNNOptions::validate() const {
     throw UserError("cnn kernel size must be odd and positive (\"same\" padding k/2), got " +
                     std::to_string(kernel_size()));
   }
+  if (norm_groups() < 0)
+    throw UserError("cnn norm groups must be >= 0 (0: no normalization), got " + std::to_string(norm_groups()));
+  for (size_t b = 0; norm_groups() > 0 && b < channels().size(); ++b) {
+    if (channels()[b] % norm_groups() != 0) {
+      throw UserError("cnn norm groups " + std::to_string(norm_groups()) + " do not divide block " + std::to_string(b) +
+                      "'s " + std::to_string(channels()[b]) + " channels (channels " + shape_text(channels()) +
+                      "): pass a group count that divides every block's channels");
+    }
+  }
+  const auto check_rate = [](double p, const char* what) {
+    if (!(p >= 0.0 && p < 1.0))
+      throw UserError(std::string("cnn ") + what + " must be in [0, 1), got " + std::to_string(p));
+  };
+  check_rate(dropout(), "dropout");
+  for (const double p : member_dropout()) check_rate(p, "per-member dropout");
+  if (!member_dropout().empty() && static_cast<int64_t>(member_dropout().size()) != members()) {
+    throw UserError("cnn per-member dropout: expected one rate per member (" + std::to_string(members()) + "), got " +
+                    std::to_string(member_dropout().size()));
+  }
   if (depth() < 0) throw UserError("cnn head depth must be >= 0, got " + std::to_string(depth()));
   if (depth() > 0 && hidden() <= 0)
     throw UserError("cnn hidden width must be positive, got " + std::to_string(hidden()));
@@ -66,6 +87,8 @@ void PackedCNNOptions::validate() const {
     }
   }
 }
+
+bool PackedCNNOptions::has_dropout() const { return drops_units(dropout(), member_dropout()); }
 
 int64_t PackedCNNOptions::in_features() const {
   int64_t n = 1;
@@ -86,6 +109,7 @@ double PackedCNNOptions::parameters_per_member() const {
   const double taps = std::pow(static_cast<double>(kernel_size()), static_cast<double>(spatial_dims()));
   for (const int64_t c : channels()) {
     total += static_cast<double>(c) * in * taps + static_cast<double>(c);
+    if (norm_groups() > 0) total += 2 * static_cast<double>(c);  // GroupNorm's weight and bias
     in = static_cast<double>(c);
   }
   double width = static_cast<double>(flat_features());
@@ -99,7 +123,8 @@ double PackedCNNOptions::parameters_per_member() const {
 namespace {
 
 // The parameters in the order the standalone Sequential constructs them (and so
-// draws their initial values): each block's conv, each hidden Linear, the output.
+// draws their initial values): each block's conv (and GroupNorm), each hidden
+// Linear, the output.
 std::vector<ParameterSpec> cnn_specs(const PackedCNNOptions& o) {
   std::vector<ParameterSpec> specs;
   int64_t in = o.input_shape().front();
@@ -109,6 +134,10 @@ std::vector<ParameterSpec> cnn_specs(const PackedCNNOptions& o) {
     for (int64_t d = 0; d < o.spatial_dims(); ++d) weight.push_back(o.kernel_size());
     specs.push_back({"conv" + std::to_string(b) + ".weight", weight});  // (Cout, Cin, k[, k]) as torch::nn::Conv
     specs.push_back({"conv" + std::to_string(b) + ".bias", {out}});
+    if (o.norm_groups() > 0) {
+      specs.push_back({"norm" + std::to_string(b) + ".weight", {out}});
+      specs.push_back({"norm" + std::to_string(b) + ".bias", {out}});
+    }
     in = out;
   }
   int64_t width = o.flat_features();
@@ -122,7 +151,8 @@ std::vector<ParameterSpec> cnn_specs(const PackedCNNOptions& o) {
   return specs;
 }
 
-bool is_conv(const ParameterSpec& spec) { return spec.name.rfind("conv", 0) == 0; }
+bool is_conv(const ParameterSpec& spec) { return spec.name.starts_with("conv"); }
+bool is_norm(const ParameterSpec& spec) { return spec.name.starts_with("norm"); }
 
 // torch::nn::Conv{1,2}d's reset_parameters, drawn into a member row's slots:
 // kaiming_uniform(a = sqrt(5)) over fan_in = Cin * k^d, then bias ~ U(+-1/sqrt(fan_in)).
@@ -143,30 +173,49 @@ at::Tensor convolve(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   return at::conv1d(x, weight, bias, {1}, {pad}, {1}, groups);
 }
 
-at::Tensor pool(const at::Tensor& h) { return h.dim() == 4 ? at::max_pool2d(h, {2, 2}) : at::max_pool1d(h, {2}); }
+at::Tensor pool(const at::Tensor& h, Pool kind) {
+  if (kind == Pool::kAvg) return h.dim() == 4 ? at::avg_pool2d(h, {2, 2}) : at::avg_pool1d(h, {2});
+  return h.dim() == 4 ? at::max_pool2d(h, {2, 2}) : at::max_pool1d(h, {2});
+}
 
-torch::nn::Sequential make_member_module(const PackedCNNOptions& o) {
+// torch::nn::GroupNorm's epsilon.
+constexpr double kNormEps = 1e-5;
+
+// Member `member`'s dropout rate.
+double member_rate(const PackedCNNOptions& o, int64_t member) {
+  return o.member_dropout().empty() ? o.dropout() : o.member_dropout()[static_cast<size_t>(member)];
+}
+
+// Member `member`'s network (its dropout rate is its own).
+torch::nn::Sequential make_member_module(const PackedCNNOptions& o, int64_t member) {
   torch::nn::Sequential seq;
   seq->push_back(torch::nn::Unflatten(torch::nn::UnflattenOptions(1, o.input_shape())));
   int64_t in = o.input_shape().front();
   const int64_t k = o.kernel_size();
+  const bool two_d = o.spatial_dims() == 2, avg = o.pool() == Pool::kAvg;
   for (const int64_t out : o.channels()) {
-    if (o.spatial_dims() == 2) {
+    if (two_d) {
       seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).padding(k / 2)));
-      seq->push_back(torch::nn::ReLU());
-      seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
     } else {
       seq->push_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(in, out, k).padding(k / 2)));
-      seq->push_back(torch::nn::ReLU());
-      seq->push_back(torch::nn::MaxPool1d(torch::nn::MaxPool1dOptions(2)));
     }
+    if (o.norm_groups() > 0) {
+      seq->push_back(torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), out).eps(kNormEps)));
+    }
+    seq->push_back(torch::nn::ReLU());
+    if (two_d && avg) seq->push_back(torch::nn::AvgPool2d(torch::nn::AvgPool2dOptions(2)));
+    if (two_d && !avg) seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+    if (!two_d && avg) seq->push_back(torch::nn::AvgPool1d(torch::nn::AvgPool1dOptions(2)));
+    if (!two_d && !avg) seq->push_back(torch::nn::MaxPool1d(torch::nn::MaxPool1dOptions(2)));
     in = out;
   }
   seq->push_back(torch::nn::Flatten());
   int64_t width = o.flat_features();
+  const double rate = member_rate(o, member);
   for (int64_t l = 0; l < o.depth(); ++l) {
     seq->push_back(torch::nn::Linear(width, o.hidden()));
     seq->push_back(torch::nn::ReLU());
+    if (rate > 0) seq->push_back(torch::nn::Dropout(rate));
     width = o.hidden();
   }
   seq->push_back(torch::nn::Linear(width, o.out_features()));
@@ -186,10 +235,26 @@ PackedCNN::PackedCNN(PackedCNNOptions options) : options_(std::move(options)) {
   for (size_t b = 0; b < options_.channels().size(); ++b) {
     conv_weights_.push_back(parameters_.at("conv" + std::to_string(b) + ".weight"));
     conv_biases_.push_back(parameters_.at("conv" + std::to_string(b) + ".bias"));
+    if (options_.norm_groups() > 0) {
+      norm_weights_.push_back(parameters_.at("norm" + std::to_string(b) + ".weight"));
+      norm_biases_.push_back(parameters_.at("norm" + std::to_string(b) + ".bias"));
+    }
   }
   for (int64_t l = 0; l <= options_.depth(); ++l) {
     const std::string name = l < options_.depth() ? "fc" + std::to_string(l) : "output";
     head_.emplace_back(parameters_.at(name + ".weight"), parameters_.at(name + ".bias"));
+  }
+  if (options_.has_dropout()) {
+    // Only the masks are used: one input, one output, no hidden layer.
+    masks_ = std::make_unique<PackedMLP>(PackedMLPOptions(1, 1)
+                                             .members(options_.members())
+                                             .depth(0)
+                                             .dropout(options_.dropout())
+                                             .member_dropout(options_.member_dropout())
+                                             .seed(options_.seed())
+                                             .first_member(options_.first_member())
+                                             .dtype(options_.dtype())
+                                             .device(options_.device()));
   }
   reinitialize(options_.seed());
 }
@@ -231,14 +296,38 @@ at::Tensor PackedCNN::forward(const at::Tensor& x) const {
       h = convolve(x.transpose(0, 1).reshape(sample), weight, bias, k, K);
     }
   }
-  h = pool(h.relu_());
+  // Member k's GroupNorm(G, C) is group norm with K*G groups over (B, K*C, ...):
+  // each group lies inside one member's channels.
+  const auto block_end = [&](at::Tensor c, size_t b) {
+    if (options_.norm_groups() > 0) {
+      c = at::group_norm(c, K * options_.norm_groups(), norm_weights_[b].view({-1}), norm_biases_[b].view({-1}),
+                         kNormEps);
+    }
+    return pool(c.relu_(), options_.pool());
+  };
+  h = block_end(h, 0);
   for (size_t b = 1; b < conv_weights_.size(); ++b) {
     const auto [weight, bias] = grouped(b);
-    h = pool(convolve(h, weight, bias, k, K).relu_());
+    h = block_end(convolve(h, weight, bias, k, K), b);
   }
   at::Tensor f = h.reshape({B, K, -1}).transpose(0, 1);  // (K, B, F), each member's (C, H, W) flattening
-  for (size_t l = 0; l + 1 < head_.size(); ++l) f = head_[l].forward(f).relu_();
+  for (size_t l = 0; l + 1 < head_.size(); ++l) {
+    f = head_[l].forward(f).relu_();
+    if (training_ && masks_) f = f * masks_->dropout_noise(f);
+  }
   return head_.back().forward(f);  // (K, B, O)
+}
+
+at::Tensor PackedCNN::dropout_noise(const at::Tensor& h) const {
+  return masks_ ? masks_->dropout_noise(h) : at::Tensor();
+}
+
+void PackedCNN::seed_dropout(uint64_t seed) {
+  if (masks_) masks_->seed_dropout(seed);
+}
+
+void PackedCNN::dropout_rows(int64_t offset, int64_t rows) {
+  if (masks_) masks_->dropout_rows(offset, rows);
 }
 
 void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
@@ -255,7 +344,10 @@ void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
       const ParameterSpec& spec = parameters_.spec(i);
       const at::Tensor weight = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view(spec.shape);
       const at::Tensor bias = row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1));
-      if (is_conv(spec)) {
+      if (is_norm(spec)) {  // GroupNorm starts at ones and zeros and draws nothing
+        weight.fill_(1.0);
+        bias.fill_(0.0);
+      } else if (is_conv(spec)) {
         draw_conv_init(weight, bias, generator);
       } else {
         draw_linear_init(weight, bias, generator);
@@ -269,7 +361,7 @@ void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
 StandaloneMember PackedCNN::standalone_member(int64_t member) const {
   TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member, " out of range for a pack of ",
               members(), " members");
-  torch::nn::Sequential seq = make_member_module(options_);
+  torch::nn::Sequential seq = make_member_module(options_, member);
   seq->to(options_.device(), options_.dtype());
   torch::NoGradGuard no_grad;
   const std::vector<at::Tensor> params = seq->parameters();
@@ -277,7 +369,8 @@ StandaloneMember PackedCNN::standalone_member(int64_t member) const {
                         " parameters, the pack ", parameters_.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& packed = parameters_[i][member];
-    const bool linear_weight = !is_conv(parameters_.spec(i)) && i % 2 == 0;
+    const ParameterSpec& spec = parameters_.spec(i);
+    const bool linear_weight = !is_conv(spec) && !is_norm(spec) && spec.name.ends_with(".weight");
     params[i].copy_(linear_weight ? packed.t() : packed.view(params[i].sizes()));  // (in, out) -> (out, in)
   }
   seq->train(training_);
@@ -288,7 +381,7 @@ StandaloneMember make_standalone_cnn(const PackedCNNOptions& options, int64_t me
   options.validate();
   TORCH_CHECK(member >= 0, "member index must be >= 0, got ", member);
   torch::manual_seed(member_seed(options.seed(), options.first_member() + member));
-  torch::nn::Sequential seq = make_member_module(options);
+  torch::nn::Sequential seq = make_member_module(options, member);
   seq->to(options.device(), options.dtype());
   return as_member(seq);
 }

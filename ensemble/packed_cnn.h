@@ -1,12 +1,12 @@
 // PackedCNN: K small convolutional networks of one shape trained as one model, behind
 // the PackedModel seam (packed_model.h). Member i is
-//   x (B, C*H*W) -> (B, C, H, W); per block: max_pool(relu(conv(x)), 2);
-//   flatten; `depth` hidden Linear + ReLU layers of width `hidden`; output Linear
-// (1-D: (B, C*L) -> (B, C, L), Conv1d and MaxPool1d), convolutions of odd kernel k,
-// stride 1 and "same" padding k/2, each pool halving (rounding down) every spatial
-// dimension. It equals, bit for bit at initialization, the torch::nn::Sequential
-// (Unflatten, Conv2d/Conv1d, ReLU, MaxPool2d/MaxPool1d, Flatten, Linear, ReLU)
-// make_standalone_cnn(options, i) builds.
+//   x (B, C*H*W) -> (B, C, H, W); per block: pool(relu([norm](conv(x))), 2);
+//   flatten; `depth` hidden Linear + ReLU [+ Dropout] layers of width `hidden`; output Linear
+// (1-D: (B, C*L) -> (B, C, L), Conv1d and MaxPool1d/AvgPool1d), convolutions of odd
+// kernel k, stride 1 and "same" padding k/2, each pool (max or average, kernel 2)
+// halving (rounding down) every spatial dimension. It equals, bit for bit at
+// initialization, the torch::nn::Sequential (Unflatten, Conv2d/Conv1d, [GroupNorm],
+// ReLU, MaxPool2d/AvgPool2d/..., Flatten, Linear, ReLU, [Dropout]) make_standalone_cnn(options, i) builds.
 //
 // Packing: the activations stay (B, K*C, ...), members' channels side by side, and
 // every convolution is one grouped convolution (groups = K) with the weight
@@ -18,12 +18,33 @@
 // The head flattens to (K, B, F) and runs PackedLinear layers (one baddbmm each).
 // Measured against a loop of K convolutions: benchmarks/conv_pack_bench.cpp.
 //
-// Not here yet: batch normalization (it needs per-member running statistics in
-// packed buffers, kept static under capture), dropout, activations other than ReLU,
-// average pooling; the registry refuses a spec asking for them (architectures.cpp).
+// Normalization is group normalization (norm_groups G > 0: torch::nn::GroupNorm(G, C)
+// after each convolution, per-channel affine weight and bias as (K, C) parameters).
+// Why not batch normalization: group norm is stateless — nothing differs between
+// training and evaluation, so captured steps stay static, checkpoints hold no
+// buffers, and data parallel needs no synchronized statistics — and it packs for
+// free: on (B, K*C, ...) one at::group_norm with K*G groups is each member's
+// GroupNorm(G, C), since every group lies inside one member's channels. G = 1 is a
+// layer norm over each block's (C, H, W) with per-channel affine (the MLP's
+// layer_norm flag is refused here: pass norm_groups). G must divide every block's
+// channels.
+//
+// Dropout (dropout / member_dropout, as PackedMLPOptions) follows each hidden
+// activation of the head, in training mode, with the MLP's counter-based masks: a
+// depth-0 PackedMLP of the same members, seed and rates is their source (its
+// dropout_noise is the one implementation, CPU and CUDA), so a member drops what it
+// would in an MLP pack of its index — whatever pack, shard or rank it trains in.
+// The convolution blocks have no dropout.
+//
+// Not here: batch normalization (see above), activations other than ReLU, dropout
+// in the convolution blocks; the registry refuses a spec asking for them
+// (architectures.cpp).
 #pragma once
 
+#include "packtrain/base/enum_names.h"
+
 #include "packtrain/ensemble/packed_linear.h"
+#include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/ensemble/packed_model.h"
 #include "packtrain/ensemble/packed_parameters.h"
 
@@ -32,6 +53,8 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 namespace packtrain::ensemble {
@@ -39,6 +62,11 @@ namespace packtrain::ensemble {
 // Each convolution block's output channels unless told otherwise (the trainer's
 // `channels` option shows and uses the same).
 inline const std::vector<int64_t> kDefaultCnnChannels{32, 64};
+
+// Each block's pooling (kernel 2, stride 2): torch::nn::MaxPool2d/1d or AvgPool2d/1d.
+enum class Pool { kMax, kAvg };
+inline constexpr EnumNames<Pool, 2> kPoolNames{"pool", {{{Pool::kMax, "max"}, {Pool::kAvg, "avg"}}}};
+inline std::string_view to_string(Pool pool) { return kPoolNames.name(pool); }
 
 struct PackedCNNOptions {
   /// Example: PackedCNNOptions({1, 8, 8}, 10).members(64).channels({32, 64}).hidden(64).depth(1)
@@ -50,8 +78,14 @@ struct PackedCNNOptions {
   TORCH_ARG(int64_t, members) = 8;               // K
   TORCH_ARG(std::vector<int64_t>, channels) = kDefaultCnnChannels;  // output channels per conv block
   TORCH_ARG(int64_t, kernel_size) = 3;                              // k, odd ("same" padding k/2)
-  TORCH_ARG(int64_t, hidden) = 64;                                  // H, width of the head's hidden layers
-  TORCH_ARG(int64_t, depth) = 1;                                    // the head's hidden layers (0: flatten -> output)
+  TORCH_ARG(Pool, pool) = Pool::kMax;                               // each block's pooling, kernel 2
+  TORCH_ARG(int64_t, norm_groups) = 0;  // G: GroupNorm(G, C) after each convolution (0: none)
+  TORCH_ARG(int64_t, hidden) = 64;      // H, width of the head's hidden layers
+  TORCH_ARG(int64_t, depth) = 1;        // the head's hidden layers (0: flatten -> output)
+  TORCH_ARG(double, dropout) = 0.0;     // after each hidden activation of the head, in training mode
+  // Per-member rates (members() values, or empty: every member uses dropout), as
+  // PackedMLPOptions::member_dropout.
+  TORCH_ARG(std::vector<double>, member_dropout) = {};
   TORCH_ARG(uint64_t, seed) = 0;  // member i draws from member_seed(seed, first_member + i)
   TORCH_ARG(int64_t, first_member) = 0;
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
@@ -59,9 +93,11 @@ struct PackedCNNOptions {
 
  public:
   // Throws packtrain::UserError naming the value: an input shape of another rank, a
-  // non-positive size, an even kernel, or more pooling blocks than the image has room
-  // for (every spatial dimension must be at least 2 before each pool).
+  // non-positive size, an even kernel, more pooling blocks than the image has room
+  // for (every spatial dimension must be at least 2 before each pool), a group count
+  // that does not divide a block's channels, a dropout rate outside [0, 1).
   void validate() const;
+  bool has_dropout() const;       // drops_units(dropout, member_dropout)
   int64_t in_features() const;    // I = prod(input_shape)
   int64_t spatial_dims() const;   // 2 for {C, H, W}, 1 for {C, L}
   int64_t flat_features() const;  // F: channels.back() times the pooled spatial sizes
@@ -82,8 +118,12 @@ class PackedCNN : public PackedModel {
   // Returns (K, B, O).
   at::Tensor forward(const at::Tensor& x) const override;
 
-  void seed_dropout(uint64_t) override {}          // no dropout
-  void dropout_rows(int64_t, int64_t) override {}  // no dropout
+  // Dropout's masks, seed and data-parallel rows: PackedMLP's (packed_mlp.h), from
+  // the mask source; dropout_noise(h) takes the head's (K, B, H) activations and is
+  // undefined when no member drops units.
+  at::Tensor dropout_noise(const at::Tensor& h) const;
+  void seed_dropout(uint64_t seed) override;
+  void dropout_rows(int64_t offset, int64_t rows) override;
   void reinitialize(uint64_t seed, const at::Tensor& which = {}) override;
   StandaloneMember standalone_member(int64_t member) const override;
 
@@ -95,7 +135,10 @@ class PackedCNN : public PackedModel {
   PackedParameters parameters_;
   std::vector<at::Tensor> conv_weights_;  // (K, Cout, Cin, k[, k]) each
   std::vector<at::Tensor> conv_biases_;   // (K, Cout) each
+  std::vector<at::Tensor> norm_weights_;  // (K, Cout) each, with norm_groups
+  std::vector<at::Tensor> norm_biases_;   // (K, Cout) each, with norm_groups
   std::vector<PackedLinear> head_;        // depth hidden layers, then the output layer
+  std::unique_ptr<PackedMLP> masks_;      // dropout's mask source (depth 0), with dropout
 };
 
 // The standalone module member `member` of PackedCNN(options) equals: a

@@ -69,6 +69,9 @@ double parameters_per_member(const EnsembleTrainerOptions& o, double I, double O
   spec.layer_norm = o.layer_norm();
   spec.input_shape = o.input_shape();
   spec.channels = o.channels();
+  spec.kernel_size = o.kernel();
+  spec.pool = o.pool();
+  spec.norm_groups = o.norm_groups();
   if (o.architecture() == "cnn") {
     // A cnn's rows hold its sample shape's values. Before the data gives the shape (a
     // sweep's check of the least any data needs): the smallest a cnn takes, one channel

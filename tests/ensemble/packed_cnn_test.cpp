@@ -1,7 +1,9 @@
 // The cnn architecture through the registry: a spec without a sample shape, or with
 // one that does not fit the rows or the pooling, is a UserError saying what to pass;
-// what it cannot do yet (dropout, layer norm, other activations) is refused by name;
-// its parameter count is the pack's row; per-member and shared batches agree.
+// what it cannot do (the MLP's layer norm flag, other activations), a group count not
+// dividing a block's channels and a dropout rate out of range are refused by name;
+// its parameter count is the pack's row; per-member and shared batches agree;
+// dropout acts in training only, and a data-parallel rank drops its rows' units.
 // (Standalone equivalence: packed_model_contract_test.cpp; learning through the
 // captured steps: runtime's ensemble_steps_test.cpp.)
 #include "packtrain/ensemble/packed_cnn.h"
@@ -78,16 +80,33 @@ TEST(PackedCnn, AMissingOrIncompatibleInputShapeIsAUserErrorSayingWhatToPass) {
   EXPECT_NO_THROW(make_cnn(image_spec())()) << "the spec itself is fine";
 }
 
-TEST(PackedCnn, WhatItCannotDoYetIsRefusedByName) {
-  PackSpec dropout = image_spec();
-  dropout.dropout = 0.1;
-  EXPECT_THAT(make_cnn(dropout), ThrowsMessage<UserError>(HasSubstr("the cnn architecture has no dropout")));
+TEST(PackedCnn, WhatItCannotDoIsRefusedByName) {
   PackSpec norm = image_spec();
   norm.layer_norm = true;
-  EXPECT_THAT(make_cnn(norm), ThrowsMessage<UserError>(HasSubstr("has no layer norm")));
+  EXPECT_THAT(make_cnn(norm), ThrowsMessage<UserError>(HasSubstr(
+                                  "has no layer norm flag: pass norm groups instead (--norm-groups 1 normalizes")));
   PackSpec gelu = image_spec();
   gelu.activation = Activation::kGELU;
   EXPECT_THAT(make_cnn(gelu), ThrowsMessage<UserError>(HasSubstr("has no activation other than relu")));
+  PackSpec groups = image_spec();  // channels {4, 8}
+  groups.norm_groups = 8;
+  EXPECT_THAT(make_cnn(groups), ThrowsMessage<UserError>(HasSubstr(
+                                    "cnn norm groups 8 do not divide block 0's 4 channels (channels [4, 8]): pass a "
+                                    "group count that divides every block's channels")));
+  groups.norm_groups = -1;
+  EXPECT_THAT(make_cnn(groups), ThrowsMessage<UserError>(HasSubstr("norm groups must be >= 0")));
+  PackSpec rate = image_spec();
+  rate.dropout = 1.0;
+  EXPECT_THAT(make_cnn(rate), ThrowsMessage<UserError>(HasSubstr("cnn dropout must be in [0, 1), got 1")));
+  rate.dropout = 0;
+  rate.member_dropout = {0.1, 0.2};
+  EXPECT_THAT(make_cnn(rate), ThrowsMessage<UserError>(HasSubstr("expected one rate per member (3), got 2")));
+  // What it can do: dropout, group norm (4 divides 4 and 8), average pooling.
+  PackSpec all = image_spec();
+  all.dropout = 0.1;
+  all.norm_groups = 4;
+  all.pool = Pool::kAvg;
+  EXPECT_NO_THROW(make_cnn(all)());
 }
 
 TEST(PackedCnn, ParametersPerMemberIsThePacksRowIn2DAnd1D) {
@@ -96,6 +115,11 @@ TEST(PackedCnn, ParametersPerMemberIsThePacksRowIn2DAnd1D) {
             static_cast<double>(architecture("cnn").make(image)->parameters().per_member()));
   // By hand: conv 1->4 (4*9+4), conv 4->8 (8*4*9+8), 8*2*2 -> 16 (32*16+16), 16 -> 10.
   EXPECT_EQ(architecture("cnn").parameters_per_member(image), 40 + 296 + 528 + 170);
+  PackSpec normalized = image;
+  normalized.norm_groups = 2;  // a weight and a bias per channel: 2 * (4 + 8)
+  EXPECT_EQ(architecture("cnn").parameters_per_member(normalized), 40 + 296 + 528 + 170 + 24);
+  EXPECT_EQ(architecture("cnn").parameters_per_member(normalized),
+            static_cast<double>(architecture("cnn").make(normalized)->parameters().per_member()));
   PackSpec sequence = image_spec();
   sequence.input_shape = {1, 40};
   sequence.in_features = 40;
@@ -121,6 +145,36 @@ TEST(PackedCnn, APerMemberBatchOfCopiesEqualsTheSharedBatch) {
     EXPECT_TRUE(packtrain::testing::all_close(out[2], shared[2], 1e-12));
     EXPECT_GT(packtrain::testing::max_abs_diff(out[1], shared[1]), 1e-6);
   }
+}
+
+// Dropout acts in training only: in evaluation a pack with dropout computes what one
+// without does; in training each member at a rate above 0 differs, one at rate 0 does
+// not. Data parallel: a rank told its rows of a global batch (dropout_rows) drops
+// what one process does on those rows.
+TEST(PackedCnn, DropoutActsInTrainingAndARankDropsItsRowsUnits) {
+  const auto options = [] {
+    return PackedCNNOptions({1, 6, 6}, 3).members(3).channels({4}).hidden(32).depth(2).seed(5).dtype(at::kDouble);
+  };
+  PackedCNN plain(options()), dropping(options().member_dropout({0.0, 0.3, 0.6}));
+  const at::Tensor x = at::randn({8, 36}, at::TensorOptions().dtype(at::kDouble));
+  plain.train(false);
+  dropping.train(false);
+  EXPECT_TRUE(packtrain::testing::all_equal(dropping.forward(x), plain.forward(x)));
+  dropping.train(true);
+  const at::Tensor trained = dropping.forward(x), reference = plain.forward(x);
+  EXPECT_TRUE(packtrain::testing::all_equal(trained[0], reference[0])) << "rate 0 drops nothing";
+  EXPECT_GT(packtrain::testing::max_abs_diff(trained[1], reference[1]), 1e-6);
+  EXPECT_GT(packtrain::testing::max_abs_diff(trained[2], reference[2]), 1e-6);
+
+  PackedCNN whole(options().dropout(0.5)), rank(options().dropout(0.5));
+  whole.seed_dropout(9);
+  rank.seed_dropout(9);
+  rank.dropout_rows(3, 8);
+  const at::Tensor all_rows = whole.forward(x);
+  EXPECT_TRUE(packtrain::testing::all_close(rank.forward(x.slice(0, 3, 7)), all_rows.slice(1, 3, 7), 1e-12));
+  rank.seed_dropout(9);
+  rank.dropout_rows(0, 0);  // its rows as a batch of their own: other masks
+  EXPECT_GT(packtrain::testing::max_abs_diff(rank.forward(x.slice(0, 3, 7)), all_rows.slice(1, 3, 7)), 1e-6);
 }
 
 }  // namespace

@@ -72,6 +72,44 @@ PackedCNNOptions cnn_1d(c10::Device d, uint64_t seed) {
       .device(d);
 }
 
+// Normalization, average pooling and dropout: 2-D with GroupNorm(2, C), average
+// pools and per-member dropout rates (member 0 drops nothing); 1-D with
+// GroupNorm(1, C) (a layer norm over each block), max pools and one rate.
+PackedCNNOptions cnn_2d_layers(c10::Device d, uint64_t seed) {
+  return cnn_2d(d, seed).channels({4, 6}).norm_groups(2).pool(Pool::kAvg).depth(2).member_dropout({0.0, 0.2, 0.5, 0.3});
+}
+PackedCNNOptions cnn_1d_layers(c10::Device d, uint64_t seed) { return cnn_1d(d, seed).norm_groups(1).dropout(0.25); }
+
+// Member k standalone (make_standalone_cnn: torch::nn::Dropout after each hidden
+// ReLU where the member drops units) whose Dropout modules, in training, apply the
+// masks the pack draws for member k — torch::nn::Dropout draws from the global
+// generator, the pack from its counter-based masks (that function of seed, draw,
+// member and row is packed_model_test.cpp's). A twin pack of the same options draws
+// them in the pack's order; each mask must be 0 or 1 / (1 - p) for the module's p,
+// so the standalone's rate is the member's. What this checks: where dropout acts,
+// at which rate, and that training through it equals the standalone's.
+StandaloneMember cnn_with_pack_masks(const PackedCNNOptions& options, int64_t k) {
+  StandaloneMember alone = make_standalone_cnn(options, k);
+  const auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(alone.module);
+  const auto twin = std::make_shared<PackedCNN>(options);
+  alone.forward = [seq, twin, k](const at::Tensor& x) {
+    at::Tensor h = x;
+    for (torch::nn::AnyModule& layer : *seq) {
+      const auto* dropout = layer.ptr()->as<torch::nn::Dropout>();
+      if (dropout == nullptr) {
+        h = layer.forward(h);
+      } else if (dropout->is_training()) {
+        const at::Tensor mask = twin->dropout_noise(at::empty({twin->members(), h.size(0), h.size(1)}, h.options()))[k];
+        const double scale = 1 / (1 - dropout->options.p());
+        EXPECT_TRUE(((mask == 0) | ((mask - scale).abs() < 1e-12)).all().item<bool>()) << "member " << k;
+        h = h * mask;
+      }
+    }
+    return h;
+  };
+  return alone;
+}
+
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> all{
       {"mlp",
@@ -117,6 +155,12 @@ const std::vector<Architecture>& architectures() {
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_2d(d, seed), k); }, 32},
       {"cnn_1d", [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d(d, seed), k); }, 12},
+      {"cnn_norm_avg_dropout",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d_layers(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return cnn_with_pack_masks(cnn_2d_layers(d, seed), k); }, 32},
+      {"cnn_1d_norm_dropout",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d_layers(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return cnn_with_pack_masks(cnn_1d_layers(d, seed), k); }, 12},
   };
   return all;
 }

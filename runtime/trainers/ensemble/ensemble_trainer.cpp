@@ -115,6 +115,9 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   spec.member_hidden = options_.member_hidden();
   spec.input_shape = options_.input_shape();
   spec.channels = options_.channels();
+  spec.kernel_size = options_.kernel();
+  spec.pool = options_.pool();
+  spec.norm_groups = options_.norm_groups();
   spec.seed = options_.seed();
   spec.first_member = options_.first_member();
   spec.device = options_.device();

@@ -43,10 +43,26 @@ void describe_model(Schema& s) {
       .in_group("Model")
       .at_least(0);
   s.option(PACKTRAIN_OPTION(channels))
-      .help_text("cnn: output channels of each convolution block (kernel 3, relu, max-pool 2), comma-separated")
+      .help_text("cnn: output channels of each convolution block (convolution, norm, relu, pool 2), comma-separated")
       .in_group("Model")
       .above(0)
       .added_in(3, ensemble::kDefaultCnnChannels);
+  s.option(PACKTRAIN_OPTION(kernel))
+      .help_text("cnn: kernel size of each convolution, odd (stride 1, \"same\" padding kernel/2)")
+      .in_group("Model")
+      .above(0)
+      .added_in(4, 3);
+  s.choice(PACKTRAIN_OPTION(pool), ensemble::kPoolNames)
+      .help_text("cnn: each block's pooling, kernel and stride 2: max, or avg (average)")
+      .in_group("Model")
+      .added_in(4, "max");
+  s.option(PACKTRAIN_OPTION(norm_groups))
+      .help_text(
+          "cnn: GroupNorm(G, channels) after each convolution, G groups dividing every block's channels "
+          "(1: a layer norm over the block's channels and positions); 0: none")
+      .in_group("Model")
+      .at_least(0)
+      .added_in(4, 0);
   // One sample's shape, from the data set (EnsembleTrainer::set_input_shape).
   s.option(PACKTRAIN_OPTION(input_shape)).internal().above(0).added_in(3, nlohmann::json::array());
   s.choice(PACKTRAIN_OPTION(activation), ensemble::kActivationNames).help_text("Hidden activation").in_group("Model");

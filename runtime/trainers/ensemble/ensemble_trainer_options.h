@@ -83,6 +83,11 @@ struct EnsembleTrainerOptions {
   // (set from the data: EnsembleTrainer::set_input_shape; empty for a table).
   TORCH_ARG(std::vector<int64_t>, channels) = ensemble::kDefaultCnnChannels;
   TORCH_ARG(std::vector<int64_t>, input_shape) = {};
+  // cnn: each convolution's (odd) kernel size, each block's pooling, and the group
+  // count of the GroupNorm after each convolution (0: none; PackedCNNOptions).
+  TORCH_ARG(int64_t, kernel) = 3;
+  TORCH_ARG(ensemble::Pool, pool) = ensemble::Pool::kMax;
+  TORCH_ARG(int64_t, norm_groups) = 0;
   TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
   TORCH_ARG(bool, layer_norm) = false;
   TORCH_ARG(double, dropout) = 0.0;
