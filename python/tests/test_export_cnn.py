@@ -80,3 +80,26 @@ def test_exported_1d_members_equal_the_estimators(tmp_path):
     export_and_compare(model, test, tmp_path, ["Unflatten", "Conv1d", "ReLU", "MaxPool1d", "Flatten", "Linear",
                                                "ReLU", "Linear"])
 
+
+def test_group_norm_average_pooling_wide_kernels_and_swept_dropout_export(tmp_path):
+    """A CLI-trained pack with every layer option (--norm-groups, --pool avg, --kernel 5,
+    head dropout swept over two rates): the export's members predict as `packtrain predict`."""
+    ckpt, export = tmp_path / "cnn.ckpt", tmp_path / "cnn.pt"
+    cli("--threads", 1, "train", "--data", "mnist1d", "--architecture", "cnn", "--head", "classification",
+        "--channels", "4,8", "--hidden", 16, "--members", 2, "--epochs", 1, "--norm-groups", 2, "--pool", "avg",
+        "--kernel", 5, "--dropout", "0,0.3", "--device", "cpu", "--quiet", "--checkpoint", ckpt)
+    cli("export", ckpt, export)
+    layers = torch.load(export)["architecture"]["member_layers"]
+    blocks = ["Unflatten", "Conv1d", "GroupNorm", "ReLU", "AvgPool1d", "Conv1d", "GroupNorm", "ReLU", "AvgPool1d",
+              "Flatten"]
+    # Members 0-1 (dropout 0) have no Dropout layer; members 2-3 theirs, at their rate.
+    assert [[layer["type"] for layer in member] for member in layers] == [
+        blocks + ["Linear", "ReLU", "Linear", "ReLU", "Linear"]] * 2 + [
+        blocks + ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout", "Linear"]] * 2
+    assert layers[3][1]["args"]["kernel_size"] == [5] and layers[3][2]["args"]["num_groups"] == 2
+    assert layers[3][12]["args"]["p"] == pytest.approx(0.3)
+    x = np.load(DATA / "mnist1d" / "test_features.npy")[:50]
+    np.savetxt(tmp_path / "rows.csv", x.reshape(len(x), -1), delimiter=",")
+    printed = np.loadtxt(cli("predict", ckpt, tmp_path / "rows.csv").stdout.splitlines(), delimiter=",",
+                         skiprows=1, ndmin=2)
+    np.testing.assert_allclose(lpe.predict(export, x)["mean"], printed[:, 1:], rtol=0, atol=1e-5)
