@@ -55,8 +55,8 @@ def export_and_compare(model, x, tmp_path, expected_layers):
     assert (result["label"] == model.predict(x)).all()
     # And the ensemble equals `packtrain predict` on the same rows (printed to 6 digits).
     np.savetxt(tmp_path / "rows.csv", x.reshape(len(x), -1), delimiter=",")
-    printed = np.loadtxt(cli("predict", tmp_path / "cnn.ckpt", tmp_path / "rows.csv").stdout.splitlines(), delimiter=",",
-                         skiprows=1, ndmin=2)
+    lines = cli("predict", tmp_path / "cnn.ckpt", tmp_path / "rows.csv").stdout.splitlines()
+    printed = np.loadtxt(lines, delimiter=",", skiprows=1, ndmin=2)
     np.testing.assert_allclose(result["mean"], printed[:, 1:], rtol=0, atol=1e-5)
     return result
 
