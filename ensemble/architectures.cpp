@@ -36,8 +36,8 @@ double mlp_parameters(const PackSpec& s) {
   return (I * H + H) + (D - 1) * (H * H + H) + (H * O + O) + norms;
 }
 
-// Members of different widths are an MLP's (packed_mlp.h): another architecture
-// refuses them with a UserError naming it.
+// Members of different widths are an MLP's and a cnn head's (packed_mlp.h): another
+// architecture refuses them with a UserError naming it.
 void refuse_mixed_widths(const PackSpec& s, const std::string& name) {
   if (!s.member_hidden.empty()) {
     throw UserError("the " + name +
@@ -89,7 +89,8 @@ PackedCNNOptions cnn_options(const PackSpec& s) {
                            .pool(s.pool)
                            .norm_groups(s.norm_groups)
                            .dropout(s.dropout)
-                           .member_dropout(s.member_dropout);
+                           .member_dropout(s.member_dropout)
+                           .member_hidden(s.member_hidden);
   if (!s.channels.empty()) o.channels(s.channels);
   if (s.kernel_size != 0) o.kernel_size(s.kernel_size);
   o.validate();
@@ -103,7 +104,6 @@ PackedCNNOptions cnn_options(const PackSpec& s) {
 }
 
 std::unique_ptr<PackedModel> make_cnn(const PackSpec& s) {
-  refuse_mixed_widths(s, "cnn");
   if (s.activation != Activation::kReLU) {
     throw UserError("the cnn architecture has no activation other than relu: use --architecture mlp for it");
   }

@@ -28,7 +28,7 @@ namespace packtrain::ensemble {
 struct PackSpec {
   int64_t in_features = 1, out_features = 1;
   int64_t members = 1, hidden = 64, depth = 2;
-  // Per-member hidden widths (mixed widths, padded to `hidden`, the widest; mlp only):
+  // Per-member hidden widths (mixed widths, padded to `hidden`, the widest; mlp, cnn head):
   // empty, or one width per member.
   std::vector<int64_t> member_hidden;
   Activation activation = Activation::kReLU;

@@ -75,6 +75,16 @@ void PackedCNNOptions::validate() const {
   if (depth() < 0) throw UserError("cnn head depth must be >= 0, got " + std::to_string(depth()));
   if (depth() > 0 && hidden() <= 0)
     throw UserError("cnn hidden width must be positive, got " + std::to_string(hidden()));
+  if (!member_hidden().empty() && static_cast<int64_t>(member_hidden().size()) != members()) {
+    throw UserError("cnn per-member widths: expected one width per member (" + std::to_string(members()) + "), got " +
+                    std::to_string(member_hidden().size()));
+  }
+  for (const int64_t w : member_hidden()) {
+    if (w < 1 || w > hidden()) {
+      throw UserError("cnn per-member width must be in [1, hidden=" + std::to_string(hidden()) + "], got " +
+                      std::to_string(w));
+    }
+  }
   std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
   for (size_t b = 0; b < channels().size(); ++b) {
     for (int64_t& s : spatial) {
@@ -94,6 +104,10 @@ int64_t PackedCNNOptions::in_features() const {
   int64_t n = 1;
   for (const int64_t d : input_shape()) n *= d;
   return n;
+}
+
+int64_t PackedCNNOptions::member_width(int64_t member) const {
+  return member_hidden().empty() ? hidden() : member_hidden().at(static_cast<size_t>(member));
 }
 
 int64_t PackedCNNOptions::spatial_dims() const { return static_cast<int64_t>(input_shape().size()) - 1; }
@@ -212,11 +226,12 @@ torch::nn::Sequential make_member_module(const PackedCNNOptions& o, int64_t memb
   seq->push_back(torch::nn::Flatten());
   int64_t width = o.flat_features();
   const double rate = member_rate(o, member);
+  const int64_t hidden = o.member_width(member);
   for (int64_t l = 0; l < o.depth(); ++l) {
-    seq->push_back(torch::nn::Linear(width, o.hidden()));
+    seq->push_back(torch::nn::Linear(width, hidden));
     seq->push_back(torch::nn::ReLU());
     if (rate > 0) seq->push_back(torch::nn::Dropout(rate));
-    width = o.hidden();
+    width = hidden;
   }
   seq->push_back(torch::nn::Linear(width, o.out_features()));
   return seq;
@@ -339,11 +354,22 @@ void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
   std::vector<at::Tensor> rows;
   for (const int64_t m : selected) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + m));
-    at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
+    // A narrower head draws its own width's Linear layers into the leading block of
+    // each slot; the rest stays zero (member_hidden).
+    at::Tensor row = at::zeros({parameters_.per_member()}, at::kFloat);
     for (size_t i = 0; i < parameters_.size(); i += 2) {  // weight, bias of each layer
       const ParameterSpec& spec = parameters_.spec(i);
-      const at::Tensor weight = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view(spec.shape);
-      const at::Tensor bias = row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1));
+      at::Tensor weight = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view(spec.shape);
+      at::Tensor bias = row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1));
+      if (spec.name.starts_with("fc") || spec.name.starts_with("output")) {
+        const int64_t width = options_.member_width(m);
+        const bool first = spec.name.starts_with("fc0.");
+        const bool output = spec.name.starts_with("output");
+        const int64_t in = first || (output && options_.depth() == 0) ? spec.shape[0] : width;
+        const int64_t out = output ? spec.shape[1] : width;
+        weight = weight.narrow(0, 0, in).narrow(1, 0, out);
+        bias = bias.narrow(0, 0, out);
+      }
       if (is_norm(spec)) {  // GroupNorm starts at ones and zeros and draws nothing
         weight.fill_(1.0);
         bias.fill_(0.0);
@@ -371,7 +397,11 @@ StandaloneMember PackedCNN::standalone_member(int64_t member) const {
     const at::Tensor& packed = parameters_[i][member];
     const ParameterSpec& spec = parameters_.spec(i);
     const bool linear_weight = !is_conv(spec) && !is_norm(spec) && spec.name.ends_with(".weight");
-    params[i].copy_(linear_weight ? packed.t() : packed.view(params[i].sizes()));  // (in, out) -> (out, in)
+    if (linear_weight) {  // (in, out) -> (out, in); a narrower head: its leading block
+      params[i].copy_(packed.narrow(0, 0, params[i].size(1)).narrow(1, 0, params[i].size(0)).t());
+    } else {
+      params[i].copy_(packed.reshape(-1).narrow(0, 0, params[i].numel()).view(params[i].sizes()));
+    }
   }
   seq->train(training_);
   return as_member(seq);

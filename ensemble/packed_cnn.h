@@ -80,9 +80,13 @@ struct PackedCNNOptions {
   TORCH_ARG(int64_t, kernel_size) = 3;                              // k, odd ("same" padding k/2)
   TORCH_ARG(Pool, pool) = Pool::kMax;                               // each block's pooling, kernel 2
   TORCH_ARG(int64_t, norm_groups) = 0;  // G: GroupNorm(G, C) after each convolution (0: none)
-  TORCH_ARG(int64_t, hidden) = 64;      // H, width of the head's hidden layers
-  TORCH_ARG(int64_t, depth) = 1;        // the head's hidden layers (0: flatten -> output)
-  TORCH_ARG(double, dropout) = 0.0;     // after each hidden activation of the head, in training mode
+  TORCH_ARG(int64_t, hidden) = 64;      // H, width of the head's hidden layers (the widest member's)
+  // Per-member head widths (members() values in [1, hidden], or empty): members of
+  // different widths padded to `hidden`, as PackedMLP's member_hidden (packed_mlp.h:
+  // zero padding stays zero, so member k is the network of its own width).
+  TORCH_ARG(std::vector<int64_t>, member_hidden) = {};
+  TORCH_ARG(int64_t, depth) = 1;     // the head's hidden layers (0: flatten -> output)
+  TORCH_ARG(double, dropout) = 0.0;  // after each hidden activation of the head, in training mode
   // Per-member rates (members() values, or empty: every member uses dropout), as
   // PackedMLPOptions::member_dropout.
   TORCH_ARG(std::vector<double>, member_dropout) = {};
@@ -97,10 +101,11 @@ struct PackedCNNOptions {
   // for (every spatial dimension must be at least 2 before each pool), a group count
   // that does not divide a block's channels, a dropout rate outside [0, 1).
   void validate() const;
-  bool has_dropout() const;       // drops_units(dropout, member_dropout)
-  int64_t in_features() const;    // I = prod(input_shape)
-  int64_t spatial_dims() const;   // 2 for {C, H, W}, 1 for {C, L}
-  int64_t flat_features() const;  // F: channels.back() times the pooled spatial sizes
+  bool has_dropout() const;                    // drops_units(dropout, member_dropout)
+  int64_t member_width(int64_t member) const;  // member_hidden[member], or hidden
+  int64_t in_features() const;                 // I = prod(input_shape)
+  int64_t spatial_dims() const;                // 2 for {C, H, W}, 1 for {C, L}
+  int64_t flat_features() const;               // F: channels.back() times the pooled spatial sizes
   // Scalars one member has (convolutions and head), as a double for estimates.
   double parameters_per_member() const;
 };

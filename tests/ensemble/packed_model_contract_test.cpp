@@ -72,6 +72,11 @@ PackedCNNOptions cnn_1d(c10::Device d, uint64_t seed) {
       .device(d);
 }
 
+// A cnn head of different widths (3, 12, 7, 12) padded to 12, as mlp_mixed_widths.
+PackedCNNOptions cnn_1d_mixed_widths(c10::Device d, uint64_t seed) {
+  return cnn_1d(d, seed).member_hidden({3, 12, 7, 12});
+}
+
 // Normalization, average pooling and dropout: 2-D with GroupNorm(2, C), average
 // pools and per-member dropout rates (member 0 drops nothing); 1-D with
 // GroupNorm(1, C) (a layer norm over each block), max pools and one rate.
@@ -155,6 +160,10 @@ const std::vector<Architecture>& architectures() {
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_2d(d, seed), k); }, 32},
       {"cnn_1d", [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d(d, seed), k); }, 12},
+      {"cnn_1d_mixed_widths",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d_mixed_widths(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d_mixed_widths(d, seed), k); },
+       12},
       {"cnn_norm_avg_dropout",
        [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d_layers(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return cnn_with_pack_masks(cnn_2d_layers(d, seed), k); }, 32},

@@ -34,7 +34,7 @@ void describe_model(Schema& s) {
   s.option(PACKTRAIN_OPTION(hidden))
       .help_text(
           "Width of each hidden layer; several (32,64,128) train members of each width in one pack, padded to the "
-          "widest, swept as --lr (mlp)")
+          "widest, swept as --lr (mlp; cnn: the head)")
       .in_group("Model")
       .above(0)
       .sweepable();

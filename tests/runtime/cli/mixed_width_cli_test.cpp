@@ -50,6 +50,18 @@ TEST_F(Cli, MembersOfDifferentWidthsTrainAsOnePackAndTheBestWidthIsKept) {
   expect_export_predicts_as_packtrain(all, path("widths.pt"), concrete_csv("in.csv", 20, false), 20, dir().string());
 }
 
+// A cnn's head of different widths: one pack, a row per width, the best kept.
+TEST_F(Cli, ACnnHeadOfDifferentWidthsIsASweepInOnePack) {
+  const nlohmann::json j = run_json(
+      "train --data optdigits --head classification --architecture cnn --channels 4 --hidden 8,16 --members 2 "
+      "--epochs 3 --device cpu --json --select best");
+  EXPECT_EQ(j["options"]["member_hidden"], nlohmann::json({8, 8, 16, 16}));
+  ASSERT_EQ(j["configurations"].size(), 2u) << j.dump();
+  // Both widths learn (chance: 0.1).
+  for (const auto& c : j["configurations"]) EXPECT_GT(c["test"]["accuracy"].get<double>(), 0.3) << c.dump();
+  EXPECT_NE(j["configurations"][0]["val_loss"], j["configurations"][1]["val_loss"]);
+}
+
 TEST_F(Cli, WidthsThatCannotBePackedAreUsageErrors) {
   const std::vector<std::pair<std::string, std::string>> refused{
       {"--hidden 8,16 --layer-norm", "--layer-norm with several --hidden widths"},
