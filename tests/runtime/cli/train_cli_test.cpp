@@ -329,10 +329,11 @@ TEST_F(Cli, ADropoutSweepTrainsInOnePack) {
       ckpt;
   const Result text = run(args);
   ASSERT_EQ(text.status, 0) << text.out;
-  EXPECT_THAT(text.out, HasSubstr("sweep: 6 configurations (learning rate x weight decay x dropout) x 2 members"));
-  EXPECT_THAT(text.out, HasSubstr("dropout"));
   EXPECT_THAT(text.out,
-              ::testing::ContainsRegex("sweep: kept lr [0-9.e-]+, weight decay 0.0001, dropout (0|0.2|0.5) "));
+              HasSubstr("sweep: 6 configurations (hidden width x learning rate x weight decay x dropout) x 2 members"));
+  EXPECT_THAT(text.out, HasSubstr("dropout"));
+  EXPECT_THAT(text.out, ::testing::ContainsRegex(
+                            "sweep: kept hidden 16, lr [0-9.e-]+, weight decay 0.0001, dropout (0|0.2|0.5) "));
   const nlohmann::json j = run_json(args + " --json");
   EXPECT_EQ(j["options"]["members"], 12);
   EXPECT_EQ(j["options"]["member_dropout"],
