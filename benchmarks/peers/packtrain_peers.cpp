@@ -34,8 +34,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <CLI/CLI.hpp>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -62,9 +62,9 @@ struct ReferenceArgs {
   std::string device = "cpu";
   std::string out;
   std::string model = "mlp";
-  std::string network = "digits";  // cnn: digits (1x8x8) or mnist1d (1x40)
-  int64_t time_repeats = 0;        // cnn: time the trainer's step this many runs (0: not)
-  double min_time = 0.3;           // seconds per timed run, at least
+  std::string network = "digits";        // cnn: digits (1x8x8) or mnist1d (1x40)
+  int64_t time_repeats = 0;              // cnn: time the trainer's step this many runs (0: not)
+  double min_time = 0.3;                 // seconds per timed run, at least
   std::vector<uint64_t> order_seeds{0};  // cnn: the loss curve under each of these batch-row orders
 };
 
@@ -171,8 +171,7 @@ int reference(const ReferenceArgs& a) {
 
 // The trainer's step over the fixed batch, timed: one warm step, n steps per run so a
 // run takes at least min_time, the median of `repeats` runs (as peers.py times a peer).
-json time_steps(runtime::EnsembleSteps& steps, int64_t members, int64_t repeats, double min_time,
-                c10::Device device) {
+json time_steps(runtime::EnsembleSteps& steps, int64_t members, int64_t repeats, double min_time, c10::Device device) {
   using clock = std::chrono::steady_clock;
   const auto run = [&](int64_t n) {
     const auto t0 = clock::now();
@@ -190,7 +189,9 @@ json time_steps(runtime::EnsembleSteps& steps, int64_t members, int64_t repeats,
   std::sort(sorted.begin(), sorted.end());
   const size_t m = sorted.size();
   const double median = m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2;
-  return {{"member_steps_per_s", median}, {"runs", rates}, {"steps_per_run", n},
+  return {{"member_steps_per_s", median},
+          {"runs", rates},
+          {"steps_per_run", n},
           {"seconds_per_step", static_cast<double>(members) / median}};
 }
 
@@ -328,8 +329,9 @@ int plot(const std::string& results_path, const std::string& out, int64_t hidden
     if (name != "packtrain") series.push_back(s);
   runtime::PlotOptions options;
   const std::string where = results.value("device_name", results.value("device", std::string("?")));
-  options.title = network.empty() ? fmt::format("Member-steps/s vs members (depth {}, hidden {}, {})", depth, hidden, where)
-                                  : fmt::format("Member-steps/s vs members (cnn, {} network, {})", network, where);
+  options.title = network.empty()
+                      ? fmt::format("Member-steps/s vs members (depth {}, hidden {}, {})", depth, hidden, where)
+                      : fmt::format("Member-steps/s vs members (cnn, {} network, {})", network, where);
   options.x_label = "members K";
   options.y_label = "member-steps/s";
   options.log_x = options.log_y = true;
