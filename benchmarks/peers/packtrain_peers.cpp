@@ -111,6 +111,18 @@ json adamw_json(const ensemble::AdamOptions& adam) {
           {"weight_decay", adam.weight_decay()}};
 }
 
+// Runs `count` steps of one epoch and returns each step's per-member mean loss.
+json loss_curve(runtime::EnsembleSteps& steps, int64_t count) {
+  steps.batcher().start_epoch();
+  steps.run_steps(count);
+  json losses = json::array();
+  for (const runtime::LossReport& r : steps.wait_losses()) {
+    const at::Tensor mean = r.mean.to(at::kDouble).contiguous();
+    losses.push_back(std::vector<double>(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel()));
+  }
+  return losses;
+}
+
 int reference(const ReferenceArgs& a) {
   if (a.model == "cnn") return reference_cnn(a);
   const c10::Device device(a.device);
@@ -140,13 +152,7 @@ int reference(const ReferenceArgs& a) {
                                    .unroll(1)
                                    .readback_steps(1)
                                    .capture(graphs::CaptureOptions().log(graphs::log_to_stderr)));
-  steps.batcher().start_epoch();
-  steps.run_steps(a.steps);
-  json losses = json::array();
-  for (const runtime::LossReport& r : steps.wait_losses()) {
-    const at::Tensor mean = r.mean.to(at::kDouble).contiguous();
-    losses.push_back(std::vector<double>(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel()));
-  }
+  const json losses = loss_curve(steps, a.steps);
   const bool captured = steps.unrolled_step().mode() == graphs::StepMode::kGraph;
 
   const json manifest = {{"workload",
@@ -238,14 +244,7 @@ int reference_cnn(const ReferenceArgs& a) {
     }
     ensemble::PackedAdam fresh(model.parameters(), adam);
     runtime::EnsembleSteps steps(model, fresh, {x, y}, steps_options().unroll(1).readback_steps(1).seed(seed));
-    steps.batcher().start_epoch();
-    steps.run_steps(a.steps);
-    json losses = json::array();
-    for (const runtime::LossReport& r : steps.wait_losses()) {
-      const at::Tensor mean = r.mean.to(at::kDouble).contiguous();
-      losses.push_back(std::vector<double>(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel()));
-    }
-    curves.push_back(losses);
+    curves.push_back(loss_curve(steps, a.steps));
     captured = steps.unrolled_step().mode() == graphs::StepMode::kGraph;
   }
   const json& losses = curves.front();
