@@ -1,5 +1,7 @@
 #include "packtrain/ensemble/packed_cnn.h"
 
+#include "packtrain/ensemble/float32_arithmetic.h"
+
 #include "packtrain/base/user_error.h"
 #include "packtrain/ensemble/linear_init.h"
 #include "packtrain/ensemble/member_seed.h"
@@ -289,6 +291,7 @@ void PackedCNN::check_input(const at::Tensor& x) const {
 
 at::Tensor PackedCNN::forward(const at::Tensor& x) const {
   check_input(x);
+  const ExactFloat32Scope exact;  // float32 convolutions, also when predicting
   const int64_t K = members(), B = x.size(-2), k = options_.kernel_size();
   std::vector<int64_t> sample = options_.input_shape();  // {C, H, W} or {C, L}
   // Member-grouped convolution weights (K*Cout, Cin, k...) and biases (K*Cout): views.

@@ -1,5 +1,6 @@
 #include "packtrain/ensemble/packed_step.h"
 
+#include "packtrain/ensemble/float32_arithmetic.h"
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/profiling/nvtx.h"
 
@@ -15,6 +16,7 @@
 namespace packtrain::ensemble {
 
 void backward_into_flat_grad(PackedParameters& parameters, const at::Tensor& loss) {
+  const ExactFloat32Scope exact;  // the backward's convolutions and matmuls
   const std::vector<at::Tensor>& params = parameters.tensors();
   const std::vector<at::Tensor> grads = torch::autograd::grad({loss}, params, /*grad_outputs=*/{},
                                                               /*retain_graph=*/false, /*create_graph=*/false,
@@ -33,6 +35,7 @@ at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, con
                              LossKind kind, double min_variance, const GradientHook& after_backward) {
   TORCH_CHECK(&optimizer.parameters() == &model.parameters(),
               "packed_train_step: the optimizer does not hold this model's parameters");
+  const ExactFloat32Scope exact;
   // The model's own forward + backward, where it offers one for this batch.
   if (const std::optional<at::Tensor> fused = model.fused_gradients(x, y, kind, min_variance)) {
     if (after_backward) after_backward();
@@ -60,6 +63,7 @@ at::Tensor packed_train_step(PackedModel& model, PackedOptimizer& optimizer, con
 at::Tensor packed_eval_losses(const PackedModel& model, const at::Tensor& x, const at::Tensor& y, LossKind kind,
                               double min_variance) {
   at::NoGradGuard no_grad;
+  const ExactFloat32Scope exact;
   PACKTRAIN_NVTX_RANGE("eval");
   return packed_loss(kind, model.forward(x), y, min_variance);
 }

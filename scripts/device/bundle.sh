@@ -3,8 +3,11 @@
 # cached LibTorch 2.11.0+cu130 — the GPU image's torch) and makes the relocatable
 # bundle .device/bundle/ that the device tool carries (carry: [".device/bundle"]), so
 # the GPU machine spends no minutes building:
-#   bin/                  every binary of build/bin, stripped copies
-#   lib/                  build/lib's shared libraries and the few non-system libraries
+#   binaries.tar.gz       bin/ and lib/, packed (gzip: 45 MiB -> about a third, so
+#                         the bundle and the tree fit the carry's 64 MiB); phase.sh
+#                         unpacks them in place on the GPU machine:
+#     bin/                every binary of build/bin, stripped copies
+#     lib/                build/lib's shared libraries and the few non-system libraries
 #                         the binaries need that the GPU image lacks (found by ldd:
 #                         not torch's, not CUDA's, not glibc/libstdc++)
 #   tests.txt             each gtest binary: its test count, its GPU-test count and
@@ -111,6 +114,12 @@ python="$venv_site/../../../bin/python"
   echo "gpu_tests: $(awk '!/^#/ { n += $3 } END { print n + 0 }' "$tmp/tests.txt") (names matching /cuda|gpu/i)${rule_misses:+; WARNING, tests the rule misses: $(echo "$rule_misses" | sed 's/ uses a CUDA.*//' | paste -sd' ' -)}"
   echo "sizes_kib: bin $(du -sk "$tmp/bin" | cut -f1), lib $(du -sk "$tmp/lib" | cut -f1) (data: the working tree's data/)"
 } >"$tmp/manifest.txt"
+
+# bin/ and lib/ travel packed: the stripped binaries alone are 40 MiB (2026-11-27),
+# too much beside the working tree. phase.sh (common.sh use_binaries) unpacks them.
+tar -czf "$tmp/binaries.tar.gz" -C "$tmp" bin lib
+rm -rf "$tmp/bin" "$tmp/lib"
+echo "packed_kib: $(du -sk "$tmp/binaries.tar.gz" | cut -f1) (binaries.tar.gz: bin/ and lib/)" >>"$tmp/manifest.txt"
 
 rm -rf "$out"
 mv "$tmp" "$out"

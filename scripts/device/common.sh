@@ -255,6 +255,10 @@ check_runtime_versions() {
 # TARGETs on this machine (the fallback: carried .debs, the image's torch).
 use_binaries() {
   local t missing=0
+  # The bundle's bin/ and lib/ travel packed (scripts/device/bundle.sh): unpack in place.
+  if [[ -f "$BUNDLE/binaries.tar.gz" && ! -x "$BUNDLE/bin/packtrain" ]]; then
+    tar -xzf "$BUNDLE/binaries.tar.gz" -C "$BUNDLE" || say "could not unpack $BUNDLE/binaries.tar.gz"
+  fi
   if [[ -x "$BUNDLE/bin/packtrain" ]]; then
     BIN_DIR="$BUNDLE/bin"
     BIN_FROM="bundle"

@@ -12,6 +12,7 @@
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -176,6 +177,47 @@ TEST(PackedCnn, DropoutActsInTrainingAndARankDropsItsRowsUnits) {
   rank.dropout_rows(0, 0);  // its rows as a batch of their own: other masks
   EXPECT_GT(packtrain::testing::max_abs_diff(rank.forward(x.slice(0, 3, 7)), all_rows.slice(1, 3, 7)), 1e-6);
 }
+
+}  // namespace
+}  // namespace packtrain::ensemble
+
+namespace packtrain::ensemble {
+namespace {
+
+class PackedCnnOnDevice : public packtrain::testing::DeviceTest {};
+
+// A float32 pack computes in float32 even where the user let PyTorch use TF32 for
+// convolutions and matmuls (a GPU's default for cuDNN convolutions): its output is
+// within float32 rounding of the same pack in float64, where TF32's 10-bit mantissa
+// would be off by about 1e-3. (On a CPU the flags do nothing and this holds anyway.)
+TEST_P(PackedCnnOnDevice, ConvolutionsStayFloat32WhenTheUserAllowsTf32) {
+  at::Context& context = at::globalContext();
+  const at::Float32Precision conv = context.float32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV);
+  const at::Float32Precision matmul = context.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL);
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV, at::Float32Precision::TF32);
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, at::Float32Precision::TF32);
+  const auto options = [&](at::ScalarType dtype, c10::Device device) {
+    return PackedCNNOptions({1, 8, 8}, 10).members(4).channels({32, 64}).hidden(64).seed(5).dtype(dtype).device(device);
+  };
+  const PackedCNN single(options(at::kFloat, device()));
+  PackedCNN exact(options(at::kDouble, c10::Device(c10::kCPU)));
+  {
+    at::NoGradGuard no_grad;
+    exact.parameters().flat().copy_(single.parameters().flat().cpu());
+  }
+  const at::Tensor x = at::randn({256, 64}, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor reference = exact.forward(x);
+  const at::Tensor out = single.forward(x.to(device(), at::kFloat)).cpu().to(at::kDouble);
+  const double scale = reference.abs().max().item<double>();
+  EXPECT_LT(packtrain::testing::max_abs_diff(out, reference) / scale, 1e-5)
+      << "the float32 pack's convolutions ran at lower precision than float32";
+  EXPECT_EQ(context.float32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV), at::Float32Precision::TF32)
+      << "the user's setting was not restored";
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV, conv);
+  context.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, matmul);
+}
+
+PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedCnnOnDevice);
 
 }  // namespace
 }  // namespace packtrain::ensemble
