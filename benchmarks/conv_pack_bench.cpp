@@ -1,21 +1,36 @@
-// packtrain_bench: how to pack convolutional members (ensemble/packed_cnn.h), on the
-// CPU, float32, forward + backward of the whole member network (two conv blocks of
-// 32 and 64 channels, kernel 3, a 64-wide head), B = 64 rows per member:
-//   ConvPackGrouped     - PackedCNN's forward: every convolution one grouped
-//                         convolution over the K members' channels (a shared batch's
-//                         first one ungrouped, to K*Cout channels).
-//   ConvPackMemberLoop  - the same network member by member: K standalone members
-//                         (torch::nn Conv2d/Conv1d, MaxPool, Linear; each its own
-//                         weights), so K separate at::conv2d / conv1d calls per layer.
-// Args: shape 0 = optical digits (1, 8, 8), 1 = MNIST-1D (1, 40); members K;
-// shared 1 = one batch (B, I) for all members, 0 = per-member batches (K, B, I).
+// packtrain_bench: how to pack convolutional members (ensemble/packed_cnn.h),
+// float32, forward + backward of the whole member network (two conv blocks of 32 and
+// 64 channels, kernel 3, a 64-wide head), B = 128 rows per member (the peers' batch):
+//   ConvPackGrouped      - PackedCNN's forward: every convolution one grouped
+//                          convolution over the K members' channels (a shared batch's
+//                          first one ungrouped, to K*Cout channels).
+//   ConvPackGroupedTuned - the same, cuDNN's algorithms chosen by timing them during
+//                          the warm-up (cudnn benchmark mode; GPU only).
+//   ConvPackMemberLoop   - the same network member by member: K standalone members
+//                          (torch::nn Conv2d/Conv1d, MaxPool, Linear; each its own
+//                          weights), so K separate at::conv2d / conv1d calls per layer.
+// A fourth form, im2col (at::im2col) + one batched GEMM per layer, computed the same
+// numbers but measured 2.2-2.5x slower than grouped on the CPU and 7-11x slower on an
+// H100 (2026-11-27, benchmarks/RESULTS.md), and was dropped.
+// Device: CUDA when available (or PACKTRAIN_BENCH_DEVICE=cpu|cuda), else CPU. On a
+// GPU each form's step is captured once as a CUDA graph (graphs::CapturedStep) and
+// replayed, as the trainer's is, so launches do not hide the kernels' cost.
+// Args: shape 0 = optical digits (1, 8, 8), 1 = MNIST-1D (1, 40); members K (512 on a
+// GPU only, and not for the member loop); shared 1 = one batch (B, I) for all
+// members, 0 = per-member batches (K, B, I).
 // items_per_second: member-rows (K * B) per second.
 #include "packtrain/ensemble/packed_cnn.h"
+#include "packtrain/graphs/captured_step.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+
+#include <cstdlib>
+#include <memory>
 
 #include <string>
 #include <vector>
@@ -24,7 +39,13 @@ namespace {
 
 using namespace packtrain::ensemble;
 
-constexpr int64_t kRows = 64;
+constexpr int64_t kRows = 128;
+
+c10::Device bench_device() {
+  const char* env = std::getenv("PACKTRAIN_BENCH_DEVICE");
+  if (env != nullptr) return c10::Device(env);
+  return at::hasCUDA() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+}
 
 PackedCNNOptions bench_options(int64_t shape, int64_t members) {
   return PackedCNNOptions(shape == 0 ? std::vector<int64_t>{1, 8, 8} : std::vector<int64_t>{1, 40}, 10)
@@ -33,7 +54,8 @@ PackedCNNOptions bench_options(int64_t shape, int64_t members) {
       .kernel_size(3)
       .hidden(64)
       .depth(1)
-      .seed(1);
+      .seed(1)
+      .device(bench_device());
 }
 
 // The member loop: K standalone members (pack.standalone_member: torch::nn Conv2d /
@@ -55,47 +77,75 @@ struct MemberLoop {
   std::vector<StandaloneMember> members;
 };
 
-template <bool kGrouped>
+enum class Form { kGrouped, kGroupedTuned, kMemberLoop };
+
+template <Form kForm>
 void ConvPack(benchmark::State& state) {
   const int64_t shape = state.range(0), members = state.range(1);
   const bool shared = state.range(2) != 0;
+  const c10::Device device = bench_device();
+  if (!device.is_cuda() && (members > 64 || kForm == Form::kGroupedTuned)) {
+    state.SkipWithError("a GPU-only row (K = 512, or cuDNN's benchmark mode)");
+    return;
+  }
+  if (kForm == Form::kMemberLoop && members > 64) {
+    state.SkipWithError("512 standalone members: minutes to capture, and 6x slower than grouped at K = 64");
+    return;
+  }
   PackedCNN pack(bench_options(shape, members));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const int64_t I = pack.options().in_features();
-  const at::Tensor x = shared ? at::randn({kRows, I}, gen) : at::randn({members, kRows, I}, gen);
+  const at::Tensor x = (shared ? at::randn({kRows, I}, gen) : at::randn({members, kRows, I}, gen)).to(device);
   const MemberLoop loop(pack);
-  const auto step = [&] {
-    if (kGrouped)
+  const bool packed = kForm != Form::kMemberLoop;
+  const auto step = [&](const at::Tensor& input) {
+    if (packed)
       pack.parameters().zero_grad();
     else
       loop.zero_grad();
-    const at::Tensor out = kGrouped ? pack.forward(x) : loop.forward(x);
+    const at::Tensor out = packed ? pack.forward(input) : loop.forward(input);
     torch::autograd::backward({out.square().mean()});
   };
-  // Both forms compute the same function (checked once, outside the timing).
+  // Every form computes the same function (checked once, outside the timing).
   if (!at::allclose(pack.forward(x), loop.forward(x), 1e-4, 1e-5)) {
-    state.SkipWithError("the grouped and member-loop forwards differ");
+    state.SkipWithError("the packed and member-loop forwards differ");
     return;
   }
-  step();  // warm up
-  for (auto _ : state) step();
+  at::Context& context = at::globalContext();
+  const bool tuned_before = context.benchmarkCuDNN();
+  if (kForm == Form::kGroupedTuned) context.setBenchmarkCuDNN(true);  // chosen while warming up
+  packtrain::graphs::CapturedStep captured(
+      "conv pack", device, {{"x", x.sizes().vec(), x.scalar_type()}},
+      [&](const std::vector<at::Tensor>& in) { step(in[0]); },
+      packtrain::graphs::CaptureOptions().log([](const std::string&) {}));
+  captured.run({x});  // warm-up (and capture, on a GPU, after the warm-up calls)
+  for (int i = 0; i < 4; ++i) captured.run();
+  if (device.is_cuda()) torch::cuda::synchronize();
+  for (auto _ : state) {
+    captured.run();
+    if (device.is_cuda()) torch::cuda::synchronize();
+  }
+  context.setBenchmarkCuDNN(tuned_before);
   state.SetItemsProcessed(state.iterations() * members * kRows);
-  state.SetLabel(std::string(shape == 0 ? "digits 1x8x8" : "mnist1d 1x40") + (shared ? " shared" : " per-member"));
+  state.SetLabel(std::string(shape == 0 ? "digits 1x8x8" : "mnist1d 1x40") + (shared ? " shared" : " per-member") +
+                 (device.is_cuda() ? " cuda graph" : " cpu"));
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"shape", "members", "shared"});
   for (int64_t shape : {0, 1}) {
-    for (int64_t members : {8, 64}) {
+    for (int64_t members : {8, 64, 512}) {
       for (int64_t shared : {0, 1}) b->Args({shape, members, shared});
     }
   }
 }
 
-void ConvPackGrouped(benchmark::State& state) { ConvPack<true>(state); }
-void ConvPackMemberLoop(benchmark::State& state) { ConvPack<false>(state); }
+void ConvPackGrouped(benchmark::State& state) { ConvPack<Form::kGrouped>(state); }
+void ConvPackGroupedTuned(benchmark::State& state) { ConvPack<Form::kGroupedTuned>(state); }
+void ConvPackMemberLoop(benchmark::State& state) { ConvPack<Form::kMemberLoop>(state); }
 
-BENCHMARK(ConvPackGrouped)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(0.5);
-BENCHMARK(ConvPackMemberLoop)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(ConvPackGrouped)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
+BENCHMARK(ConvPackGroupedTuned)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
+BENCHMARK(ConvPackMemberLoop)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
 
 }  // namespace

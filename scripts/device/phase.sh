@@ -16,6 +16,9 @@
 # bench    a second call, when time remains: launch --nproc 1 (NCCL in the trainer),
 #          profile at K = 64 and 4096, the all-reduce timings, the captured families
 #          at every K with 3 repetitions, the baselines, the default train, targets
+# conv     the CNN members' convolution forms (conv_pack_bench: grouped, grouped with
+#          cuDNN's benchmark mode, the member loop), each
+#          captured as a CUDA graph, at the peers' shapes (issue 38)
 # peers    benchmarks/peers/run.sh under a time budget, then targets.py (a loan of its own)
 # machine  only the machine record
 # build    the fallback: build everything into build-device/ (no bundle carried)
@@ -30,8 +33,8 @@ set -uo pipefail
 phase="${1:-}"
 case "$phase" in
   smoke | test) phase=gpu ;;  # folded into gpu
-  gpu | bench | peers | machine | build) ;;
-  *) echo "usage: $0 gpu|bench|peers|machine|build" >&2; exit 2 ;;
+  gpu | bench | conv | peers | machine | build) ;;
+  *) echo "usage: $0 gpu|bench|conv|peers|machine|build" >&2; exit 2 ;;
 esac
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -74,6 +77,7 @@ PHASE="$phase"
 case "$phase" in
   gpu) STEP_TOTAL=8 ;;  # + one per test binary (and rerun), counted below
   bench) STEP_TOTAL=11 ;;
+  conv) STEP_TOTAL=3 ;;
   peers) STEP_TOTAL=4 ;;
   machine) STEP_TOTAL=2 ;;
   build) STEP_TOTAL=3 ;;
@@ -385,6 +389,16 @@ phase_bench() {
   ((HAVE_GPU)) || no_gpu=(--no-gpu "$NO_GPU")
   run_step --reserve --stdout "$WORK/targets.txt" "targets (scripts/device/targets.py)" 30 \
     bash -c 'cd "$1" && shift && python3 "$@" json/bench_*.json' targets "$WORK" "$here/targets.py" "${no_gpu[@]}"
+}
+
+phase_conv() {
+  start_phase packtrain_bench
+  publish_every 20
+  local min_time=0.2
+  ((HAVE_GPU)) || min_time=0.01
+  run_step "bench: ConvPack (grouped, grouped tuned, member loop)" "$(($(remaining) - 10))" \
+    "$BIN_DIR/packtrain_bench" '--benchmark_filter=^ConvPack' "--benchmark_min_time=$min_time" \
+    --benchmark_out_format=json --benchmark_out="$WORK/json/bench_conv.json"
 }
 
 phase_peers() {

@@ -169,7 +169,10 @@ def target_7(peers, path):
     for row in rows:
         w, systems = row["workload"], row["systems"]
         base = systems["packtrain"]["member_steps_per_s"]
-        where = f"K={w['members']}" + ("" if w["hidden"] == 64 else f" hidden {w['hidden']}")
+        if "network" in w:  # a CNN row (run.sh --model cnn): the data set's network
+            where = f"{w['network']} K={w['members']}"
+        else:
+            where = f"K={w['members']}" + ("" if w["hidden"] == 64 else f" hidden {w['hidden']}")
         for name, s in systems.items():
             if name == "packtrain":
                 continue
