@@ -30,6 +30,7 @@
 #include "packtrain/ensemble/packed_mlp.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 #include "packtrain/runtime/io/svg_plot.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
 
 #include <ATen/ATen.h>
@@ -203,6 +204,7 @@ json time_steps(runtime::EnsembleSteps& steps, int64_t members, int64_t repeats,
 
 int reference_cnn(const ReferenceArgs& a) {
   const c10::Device device(a.device);
+  if (device.is_cpu()) runtime::retain_freed_cpu_memory();  // as `packtrain train` does
   const fs::path dir(a.out);
   fs::create_directories(dir);
   const ensemble::PackedCNNOptions options = cnn_options(a, device);

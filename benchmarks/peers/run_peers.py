@@ -107,6 +107,9 @@ UNROLLED = {"torch-cudagraph:unrolled", "jax:scan", "jax:scan-unrolled"}
 # benchmark's JSON context states the U it ran, and that is used.
 DEFAULT_UNROLL = 8
 CLI_DEPTH, CLI_HIDDEN = 2, 64  # `packtrain train`'s default shape (runtime/cli/trainer_flags.cpp)
+# glibc's malloc as runtime::retain_freed_cpu_memory sets it for packtrain (mmap
+# threshold 32 MiB, trim threshold 1 GiB, no mmap): on a CPU every peer runs with it.
+CPU_ALLOCATOR = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_max=0"
 LEAD = 1.2  # the verdict: packtrain at least this many times the best peer at every K >= 8
 BUDGET_RESERVE_S = 5  # kept back from --time-budget for writing the results and the plot
 NOT_RUN_BUDGET = "not run: time budget"
@@ -601,7 +604,7 @@ def assemble(state):
                   "float64_factor": peers.FLOAT64_FACTOR},
         "packtrain_path": (f"{state['family']}" + (f" (U={unroll} steps per replay)" if device != "cpu" else "")
                            + f" (timed); reference loss curve from {state['packtrain_path'] or 'no workload run'}"),
-        "torch_threads": state["torch_threads"],
+        "torch_threads": state["torch_threads"], "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "time_budget_s": args.time_budget, "elapsed_s": round(state["budget"].elapsed(), 1),
         "run_order": [f"{workload_key(w)} {v}" for w, v in state["plan"]],
         "error": state.get("error"),
@@ -787,7 +790,9 @@ def write_markdown_cnn(results, path):
               f"of at least {results['min_time_s']:g} s; `÷ pt` = peer / packtrain (below 1: packtrain is faster); "
               f"`best ÷ pt` the row's fastest peer over packtrain (packtrain leads by ≥ {LEAD:g}x where it is at "
               f"most {1 / LEAD:.2f}). Every system on {threads or results['torch_threads']} thread(s)"
-              + (" (--threads)" if threads else "") + ". Same-work check: "
+              + (" (--threads)" if threads else "")
+              + (f", glibc malloc `GLIBC_TUNABLES={results['glibc_tunables']}` (as packtrain sets it)"
+                 if results.get("glibc_tunables") else "") + ". Same-work check: "
               f"{results['check']['steps']} steps from the same weights and batch, every member's loss within rtol "
               f"{results['check']['rtol']:g} + atol {results['check']['atol']:g} of packtrain's, or the float64 "
               "criterion († , as for the MLP rows: no further from float64 training than packtrain's curve). "
@@ -1076,6 +1081,11 @@ def main():
     import torch
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and "GLIBC_TUNABLES" not in os.environ:
+        # Every system keeps its freed CPU memory as packtrain does
+        # (runtime::retain_freed_cpu_memory, which packtrain's binaries call): the
+        # peers' processes inherit the same glibc settings.
+        os.environ["GLIBC_TUNABLES"] = CPU_ALLOCATOR
     why = selection_error(args, device) if args.model == "mlp" else None
     if why:
         ap.error(why)
