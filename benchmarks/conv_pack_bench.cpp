@@ -9,9 +9,11 @@
 //   ConvPackMemberLoop   - the same network member by member: K standalone members
 //                          (torch::nn Conv2d/Conv1d, MaxPool, Linear; each its own
 //                          weights), so K separate at::conv2d / conv1d calls per layer.
-// A fourth form, im2col (at::im2col) + one batched GEMM per layer, computed the same
-// numbers but measured 2.2-2.5x slower than grouped on the CPU and 7-11x slower on an
-// H100 (2026-11-27, benchmarks/RESULTS.md), and was dropped.
+// Two more forms computed the same numbers and were dropped (benchmarks/RESULTS.md,
+// 2026-11-27): im2col (at::im2col) + one batched GEMM per layer, 2.2-2.5x slower than
+// grouped on the CPU and 7-11x slower on an H100; and PackedCNN with each member's
+// convolution on its own slice of member-major activations (K plain convolutions,
+// ReLU and pooling batched), 1.2-1.5x slower than grouped on this CPU at 1 and 2 threads.
 // Device: CUDA when available (or PACKTRAIN_BENCH_DEVICE=cpu|cuda), else CPU. On a
 // GPU each form's step is captured once as a CUDA graph (graphs::CapturedStep) and
 // replayed, as the trainer's is, so launches do not hide the kernels' cost.

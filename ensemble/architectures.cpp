@@ -86,6 +86,8 @@ PackedCNNOptions cnn_options(const PackSpec& s) {
   }
   PackedCNNOptions o = with_common(PackedCNNOptions(s.input_shape, s.out_features), s)
                            .depth(s.depth)
+                           .stride(s.stride)
+                           .padding(s.padding)
                            .pool(s.pool)
                            .norm_groups(s.norm_groups)
                            .dropout(s.dropout)

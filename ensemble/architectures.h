@@ -38,11 +38,13 @@ struct PackSpec {
   // Convolutional members (cnn): the sample shape each row of I values holds, {C, H, W}
   // (images) or {C, L} (sequences), empty when the data has none (the cnn refuses it);
   // each convolution block's output channels and the kernel size (empty, 0: the
-  // architecture's defaults, PackedCNNOptions), the pooling, and the group count of
+  // architecture's defaults, PackedCNNOptions), its stride and padding, the pooling, and the group count of
   // the GroupNorm after each convolution (0: none).
   std::vector<int64_t> input_shape;
   std::vector<int64_t> channels;
   int64_t kernel_size = 0;
+  int64_t stride = 1;
+  int64_t padding = kSamePadding;  // each convolution's zero padding (kSamePadding: kernel / 2)
   Pool pool = Pool::kMax;
   int64_t norm_groups = 0;
   uint64_t seed = 0;

@@ -51,9 +51,14 @@ void PackedCNNOptions::validate() const {
   for (const int64_t c : channels()) {
     if (c <= 0) throw UserError("cnn channels must be positive, got " + shape_text(channels()));
   }
-  if (kernel_size() <= 0 || kernel_size() % 2 == 0) {
-    throw UserError("cnn kernel size must be odd and positive (\"same\" padding k/2), got " +
-                    std::to_string(kernel_size()));
+  if (kernel_size() <= 0) throw UserError("cnn kernel size must be positive, got " + std::to_string(kernel_size()));
+  if (padding() == kSamePadding && kernel_size() % 2 == 0) {
+    throw UserError("cnn kernel size must be odd for \"same\" padding k/2, got " + std::to_string(kernel_size()) +
+                    ": pass an odd kernel, or an explicit padding");
+  }
+  if (stride() < 1) throw UserError("cnn stride must be at least 1, got " + std::to_string(stride()));
+  if (padding() < 0 && padding() != kSamePadding) {
+    throw UserError("cnn padding must be >= 0 (or \"same\"), got " + std::to_string(padding()));
   }
   if (norm_groups() < 0)
     throw UserError("cnn norm groups must be >= 0 (0: no normalization), got " + std::to_string(norm_groups()));
@@ -90,14 +95,24 @@ void PackedCNNOptions::validate() const {
   std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
   for (size_t b = 0; b < channels().size(); ++b) {
     for (int64_t& s : spatial) {
-      if (s < 2) {
+      const int64_t convolved = s + 2 * conv_padding() >= kernel_size() ? conv_output(s) : 0;
+      if (convolved < 2) {
         throw UserError("cnn input shape " + shape + " has no room for " + std::to_string(channels().size()) +
-                        " pooling blocks (channels " + shape_text(channels()) + "): block " + std::to_string(b) +
-                        " would pool a size-" + std::to_string(s) + " dimension; pass fewer channels");
+                        " blocks (channels " + shape_text(channels()) + ", kernel " + std::to_string(kernel_size()) +
+                        ", stride " + std::to_string(stride()) + ", padding " + std::to_string(conv_padding()) +
+                        "): block " + std::to_string(b) + " would pool a size-" + std::to_string(convolved) +
+                        " dimension (its convolution's output); pass fewer channels, a smaller stride or more "
+                        "padding");
       }
-      s /= 2;
+      s = convolved / 2;
     }
   }
+}
+
+int64_t PackedCNNOptions::conv_padding() const { return padding() == kSamePadding ? kernel_size() / 2 : padding(); }
+
+int64_t PackedCNNOptions::conv_output(int64_t n) const {
+  return (n + 2 * conv_padding() - kernel_size()) / stride() + 1;
 }
 
 bool PackedCNNOptions::has_dropout() const { return drops_units(dropout(), member_dropout()); }
@@ -116,7 +131,11 @@ int64_t PackedCNNOptions::spatial_dims() const { return static_cast<int64_t>(inp
 
 int64_t PackedCNNOptions::flat_features() const {
   int64_t n = channels().back();
-  for (size_t d = 1; d < input_shape().size(); ++d) n *= input_shape()[d] >> channels().size();
+  for (size_t d = 1; d < input_shape().size(); ++d) {
+    int64_t s = input_shape()[d];
+    for (size_t b = 0; b < channels().size(); ++b) s = conv_output(s) / 2;
+    n *= s;
+  }
   return n;
 }
 
@@ -182,11 +201,11 @@ void draw_conv_init(const at::Tensor& weight, const at::Tensor& bias, at::Genera
 }
 
 // One convolution over (B, groups*Cin, ...) with a (groups*Cout, Cin, k...) weight.
-at::Tensor convolve(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel,
+at::Tensor convolve(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const PackedCNNOptions& o,
                     int64_t groups) {
-  const int64_t pad = kernel / 2;
-  if (x.dim() == 4) return at::conv2d(x, weight, bias, {1, 1}, {pad, pad}, {1, 1}, groups);
-  return at::conv1d(x, weight, bias, {1}, {pad}, {1}, groups);
+  const int64_t s = o.stride(), p = o.conv_padding();
+  if (x.dim() == 4) return at::conv2d(x, weight, bias, {s, s}, {p, p}, {1, 1}, groups);
+  return at::conv1d(x, weight, bias, {s}, {p}, {1}, groups);
 }
 
 at::Tensor pool(const at::Tensor& h, Pool kind) {
@@ -211,9 +230,11 @@ torch::nn::Sequential make_member_module(const PackedCNNOptions& o, int64_t memb
   const bool two_d = o.spatial_dims() == 2, avg = o.pool() == Pool::kAvg;
   for (const int64_t out : o.channels()) {
     if (two_d) {
-      seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).padding(k / 2)));
+      seq->push_back(
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).stride(o.stride()).padding(o.conv_padding())));
     } else {
-      seq->push_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(in, out, k).padding(k / 2)));
+      seq->push_back(
+          torch::nn::Conv1d(torch::nn::Conv1dOptions(in, out, k).stride(o.stride()).padding(o.conv_padding())));
     }
     if (o.norm_groups() > 0) {
       seq->push_back(torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), out).eps(kNormEps)));
@@ -292,7 +313,16 @@ void PackedCNN::check_input(const at::Tensor& x) const {
 at::Tensor PackedCNN::forward(const at::Tensor& x) const {
   check_input(x);
   const ExactFloat32Scope exact;  // float32 convolutions, also when predicting
-  const int64_t K = members(), B = x.size(-2), k = options_.kernel_size();
+  at::Tensor f = features(x);
+  for (size_t l = 0; l + 1 < head_.size(); ++l) {
+    f = head_[l].forward(f).relu_();
+    if (training_ && masks_) f = f * masks_->dropout_noise(f);
+  }
+  return head_.back().forward(f);  // (K, B, O)
+}
+
+at::Tensor PackedCNN::features(const at::Tensor& x) const {
+  const int64_t K = members(), B = x.size(-2);
   std::vector<int64_t> sample = options_.input_shape();  // {C, H, W} or {C, L}
   // Member-grouped convolution weights (K*Cout, Cin, k...) and biases (K*Cout): views.
   const auto grouped = [&](size_t b) {
@@ -307,11 +337,11 @@ at::Tensor PackedCNN::forward(const at::Tensor& x) const {
     if (x.dim() == 2) {
       // One batch for all: one ungrouped convolution to K*Cout channels.
       sample.insert(sample.begin(), B);
-      h = convolve(x.reshape(sample), weight, bias, k, 1);
+      h = convolve(x.reshape(sample), weight, bias, options_, 1);
     } else {
       sample[0] *= K;
       sample.insert(sample.begin(), B);
-      h = convolve(x.transpose(0, 1).reshape(sample), weight, bias, k, K);
+      h = convolve(x.transpose(0, 1).reshape(sample), weight, bias, options_, K);
     }
   }
   // Member k's GroupNorm(G, C) is group norm with K*G groups over (B, K*C, ...):
@@ -326,14 +356,9 @@ at::Tensor PackedCNN::forward(const at::Tensor& x) const {
   h = block_end(h, 0);
   for (size_t b = 1; b < conv_weights_.size(); ++b) {
     const auto [weight, bias] = grouped(b);
-    h = block_end(convolve(h, weight, bias, k, K), b);
+    h = block_end(convolve(h, weight, bias, options_, K), b);
   }
-  at::Tensor f = h.reshape({B, K, -1}).transpose(0, 1);  // (K, B, F), each member's (C, H, W) flattening
-  for (size_t l = 0; l + 1 < head_.size(); ++l) {
-    f = head_[l].forward(f).relu_();
-    if (training_ && masks_) f = f * masks_->dropout_noise(f);
-  }
-  return head_.back().forward(f);  // (K, B, O)
+  return h.reshape({B, K, -1}).transpose(0, 1);  // (K, B, F), each member's (C, H, W) flattening
 }
 
 at::Tensor PackedCNN::dropout_noise(const at::Tensor& h) const {

@@ -2,9 +2,10 @@
 // the PackedModel seam (packed_model.h). Member i is
 //   x (B, C*H*W) -> (B, C, H, W); per block: pool(relu([norm](conv(x))), 2);
 //   flatten; `depth` hidden Linear + ReLU [+ Dropout] layers of width `hidden`; output Linear
-// (1-D: (B, C*L) -> (B, C, L), Conv1d and MaxPool1d/AvgPool1d), convolutions of odd
-// kernel k, stride 1 and "same" padding k/2, each pool (max or average, kernel 2)
-// halving (rounding down) every spatial dimension. It equals, bit for bit at
+// (1-D: (B, C*L) -> (B, C, L), Conv1d and MaxPool1d/AvgPool1d), convolutions of
+// kernel k, stride s and zero padding p (by default s = 1 and "same" padding k/2 of
+// an odd k), each pool (max or average, kernel 2) halving (rounding down) every
+// spatial dimension. It equals, bit for bit at
 // initialization, the torch::nn::Sequential (Unflatten, Conv2d/Conv1d, [GroupNorm],
 // ReLU, MaxPool2d/AvgPool2d/..., Flatten, Linear, ReLU, [Dropout]) make_standalone_cnn(options, i) builds.
 //
@@ -68,6 +69,10 @@ enum class Pool { kMax, kAvg };
 inline constexpr EnumNames<Pool, 2> kPoolNames{"pool", {{{Pool::kMax, "max"}, {Pool::kAvg, "avg"}}}};
 inline std::string_view to_string(Pool pool) { return kPoolNames.name(pool); }
 
+// PackedCNNOptions::padding's default: k/2 on each side, which keeps a stride-1
+// convolution's output the size of its input for an odd kernel k.
+inline constexpr int64_t kSamePadding = -1;
+
 struct PackedCNNOptions {
   /// Example: PackedCNNOptions({1, 8, 8}, 10).members(64).channels({32, 64}).hidden(64).depth(1)
   PackedCNNOptions(std::vector<int64_t> input_shape, int64_t out_features)
@@ -77,10 +82,12 @@ struct PackedCNNOptions {
   TORCH_ARG(int64_t, out_features);              // O
   TORCH_ARG(int64_t, members) = 8;               // K
   TORCH_ARG(std::vector<int64_t>, channels) = kDefaultCnnChannels;  // output channels per conv block
-  TORCH_ARG(int64_t, kernel_size) = 3;                              // k, odd ("same" padding k/2)
-  TORCH_ARG(Pool, pool) = Pool::kMax;                               // each block's pooling, kernel 2
-  TORCH_ARG(int64_t, norm_groups) = 0;  // G: GroupNorm(G, C) after each convolution (0: none)
-  TORCH_ARG(int64_t, hidden) = 64;      // H, width of the head's hidden layers (the widest member's)
+  TORCH_ARG(int64_t, kernel_size) = 3;                              // k (odd for "same" padding)
+  TORCH_ARG(int64_t, stride) = 1;                                   // each convolution's stride
+  TORCH_ARG(int64_t, padding) = kSamePadding;  // each convolution's zero padding; kSamePadding: k/2
+  TORCH_ARG(Pool, pool) = Pool::kMax;          // each block's pooling, kernel 2
+  TORCH_ARG(int64_t, norm_groups) = 0;         // G: GroupNorm(G, C) after each convolution (0: none)
+  TORCH_ARG(int64_t, hidden) = 64;             // H, width of the head's hidden layers (the widest member's)
   // Per-member head widths (members() values in [1, hidden], or empty): members of
   // different widths padded to `hidden`, as PackedMLP's member_hidden (packed_mlp.h:
   // zero padding stays zero, so member k is the network of its own width).
@@ -97,15 +104,19 @@ struct PackedCNNOptions {
 
  public:
   // Throws packtrain::UserError naming the value: an input shape of another rank, a
-  // non-positive size, an even kernel, more pooling blocks than the image has room
-  // for (every spatial dimension must be at least 2 before each pool), a group count
-  // that does not divide a block's channels, a dropout rate outside [0, 1).
+  // non-positive size, an even kernel with "same" padding, a stride below 1 or a
+  // padding below 0, more blocks than the image has room for (every spatial
+  // dimension must be at least 2 after each convolution, before its pool), a group
+  // count that does not divide a block's channels, a dropout rate outside [0, 1).
   void validate() const;
   bool has_dropout() const;                    // drops_units(dropout, member_dropout)
   int64_t member_width(int64_t member) const;  // member_hidden[member], or hidden
   int64_t in_features() const;                 // I = prod(input_shape)
   int64_t spatial_dims() const;                // 2 for {C, H, W}, 1 for {C, L}
-  int64_t flat_features() const;               // F: channels.back() times the pooled spatial sizes
+  int64_t conv_padding() const;                // padding, or kernel_size / 2 for kSamePadding
+  // A convolution's output size along one dimension of size n: (n + 2p - k) / s + 1.
+  int64_t conv_output(int64_t n) const;
+  int64_t flat_features() const;  // F: channels.back() times the pooled spatial sizes
   // Scalars one member has (convolutions and head), as a double for estimates.
   double parameters_per_member() const;
 };
@@ -135,6 +146,8 @@ class PackedCNN : public PackedModel {
  private:
   // Checks x's rank, width, K, dtype and device; throws naming both shapes.
   void check_input(const at::Tensor& x) const;
+  // The convolution blocks, flattened to (K, B, F) in each member's (C, H, W) order.
+  at::Tensor features(const at::Tensor& x) const;
 
   PackedCNNOptions options_;
   PackedParameters parameters_;

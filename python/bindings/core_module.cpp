@@ -9,6 +9,7 @@
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
 #include "packtrain/runtime/trainers/ensemble/loaded_ensemble.h"
@@ -694,6 +695,9 @@ void add_trainer(py::module_& m) {
           "prepare",
           [](EnsembleTrainer& t, const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& val_x,
              const std::optional<at::Tensor>& val_y) {
+            // Freed CPU memory stays in the process for the run, as `packtrain train`
+            // keeps it (runtime/measure/cpu_memory.h: CNN steps 1.5x faster).
+            if (t.options().device().is_cpu()) packtrain::runtime::retain_freed_cpu_memory();
             t.prepare(x, y, val_x.value_or(at::Tensor()), val_y.value_or(at::Tensor()));
           },
           py::arg("x"), py::arg("y"), py::arg("val_x") = py::none(), py::arg("val_y") = py::none(),

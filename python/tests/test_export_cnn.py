@@ -103,3 +103,19 @@ def test_group_norm_average_pooling_wide_kernels_and_swept_dropout_export(tmp_pa
     printed = np.loadtxt(cli("predict", ckpt, tmp_path / "rows.csv").stdout.splitlines(), delimiter=",",
                          skiprows=1, ndmin=2)
     np.testing.assert_allclose(lpe.predict(export, x)["mean"], printed[:, 1:], rtol=0, atol=1e-5)
+
+
+def test_strided_padded_convolutions_train_and_export(tmp_path):
+    """Python's stride and padding (an even kernel 2, stride 2, no padding): the pack
+    trains, its parameters come back from get_params, and the export's Conv2d carries
+    them and predicts as the estimator's members."""
+    x = np.load(DATA / "optdigits" / "features.npy") / 16.0
+    y = np.load(DATA / "optdigits" / "labels.npy")
+    model = packtrain.EnsembleClassifier(**SMALL, channels=[8], kernel=2, stride=2, padding=0).fit(x[:500], y[:500])
+    assert {k: model.get_params()[k] for k in ("kernel", "stride", "padding")} == {"kernel": 2, "stride": 2,
+                                                                                   "padding": 0}
+    result = export_and_compare(model, x[1500:1600], tmp_path, [
+        "Unflatten", "Conv2d", "ReLU", "MaxPool2d", "Flatten", "Linear", "ReLU", "Linear"])
+    conv = torch.load(tmp_path / "cnn.pt")["architecture"]["member_layers"][0][1]["args"]
+    assert conv["kernel_size"] == [2, 2] and conv["stride"] == [2, 2] and conv["padding"] == [0, 0]
+    assert (result["label"] == y[1500:1600]).mean() > 0.2  # trained: chance is 0.1

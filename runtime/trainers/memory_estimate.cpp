@@ -59,6 +59,23 @@ double optimizer_copies(const EnsembleTrainerOptions& o) {
   return 2;
 }
 
+// The shortest 1-D sample the cnn options' blocks take: every convolution's output at
+// least 2 before its pool (PackedCNNOptions::validate); a power of two.
+int64_t smallest_cnn_length(const EnsembleTrainerOptions& o) {
+  ensemble::PackedCNNOptions c({1, 1}, 1);
+  c.kernel_size(o.kernel()).stride(o.stride()).padding(o.padding());
+  const auto fits = [&](int64_t n) {
+    for (size_t b = 0; b < o.channels().size(); ++b) {
+      if (n + 2 * c.conv_padding() < c.kernel_size() || c.conv_output(n) < 2) return false;
+      n = c.conv_output(n) / 2;
+    }
+    return true;
+  };
+  int64_t n = 1;
+  while (n < (int64_t{1} << 61) && !fits(n)) n *= 2;
+  return n;
+}
+
 // The architecture's own count (ensemble/architectures.h), for sizes as doubles.
 double parameters_per_member(const EnsembleTrainerOptions& o, double I, double O) {
   ensemble::PackSpec spec;
@@ -70,13 +87,15 @@ double parameters_per_member(const EnsembleTrainerOptions& o, double I, double O
   spec.input_shape = o.input_shape();
   spec.channels = o.channels();
   spec.kernel_size = o.kernel();
+  spec.stride = o.stride();
+  spec.padding = o.padding();
   spec.pool = o.pool();
   spec.norm_groups = o.norm_groups();
   if (o.architecture() == "cnn") {
     // A cnn's rows hold its sample shape's values. Before the data gives the shape (a
     // sweep's check of the least any data needs): the smallest a cnn takes, one channel
-    // of 2^blocks values, each block pooling by 2 — its fewest parameters.
-    if (spec.input_shape.empty()) spec.input_shape = {1, int64_t{1} << std::min<size_t>(spec.channels.size(), 62)};
+    // of the fewest values its blocks take — its fewest parameters.
+    if (spec.input_shape.empty()) spec.input_shape = {1, smallest_cnn_length(o)};
     spec.in_features = 1;
     for (const int64_t s : spec.input_shape) spec.in_features *= s;
   }

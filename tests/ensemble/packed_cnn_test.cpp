@@ -66,13 +66,32 @@ TEST(PackedCnn, AMissingOrIncompatibleInputShapeIsAUserErrorSayingWhatToPass) {
 
   PackSpec too_small = image_spec();
   too_small.channels = {4, 4, 4, 4};  // 8 -> 4 -> 2 -> 1 -> nothing to pool
-  EXPECT_THAT(make_cnn(too_small), ThrowsMessage<UserError>(HasSubstr(
-                                       "has no room for 4 pooling blocks (channels [4, 4, 4, 4]): block 3 would pool "
-                                       "a size-1 dimension; pass fewer channels")));
+  EXPECT_THAT(make_cnn(too_small),
+              ThrowsMessage<UserError>(HasSubstr(
+                  "has no room for 4 blocks (channels [4, 4, 4, 4], kernel 3, stride 1, padding 1): block 3 would "
+                  "pool a size-1 dimension (its convolution's output); pass fewer channels, a smaller stride")));
+
+  PackSpec strided = image_spec();
+  strided.channels = {4, 4};
+  strided.stride = 2;  // 8 -> conv 4 -> pool 2 -> conv 1: nothing to pool
+  EXPECT_THAT(make_cnn(strided),
+              ThrowsMessage<UserError>(HasSubstr("stride 2, padding 1): block 1 would pool a size-1")));
+  strided.padding = 3;  // 8 -> conv 6 -> pool 3 -> conv 4 -> pool 2: room
+  EXPECT_NO_THROW(make_cnn(strided)());
 
   PackSpec even = image_spec();
   even.kernel_size = 4;
-  EXPECT_THAT(make_cnn(even), ThrowsMessage<UserError>(HasSubstr("kernel size must be odd and positive")));
+  EXPECT_THAT(make_cnn(even), ThrowsMessage<UserError>(HasSubstr(
+                                  "kernel size must be odd for \"same\" padding k/2, got 4: pass an odd kernel, or an "
+                                  "explicit padding")));
+  even.padding = 1;
+  EXPECT_NO_THROW(make_cnn(even)()) << "an even kernel with an explicit padding";
+  PackSpec bad = image_spec();
+  bad.stride = 0;
+  EXPECT_THAT(make_cnn(bad), ThrowsMessage<UserError>(HasSubstr("cnn stride must be at least 1, got 0")));
+  bad = image_spec();
+  bad.padding = -2;
+  EXPECT_THAT(make_cnn(bad), ThrowsMessage<UserError>(HasSubstr("cnn padding must be >= 0 (or \"same\"), got -2")));
 
   PackSpec zero_channels = image_spec();
   zero_channels.channels = {4, 0};

@@ -84,6 +84,14 @@ PackedCNNOptions cnn_2d_layers(c10::Device d, uint64_t seed) {
   return cnn_2d(d, seed).channels({4, 6}).norm_groups(2).pool(Pool::kAvg).depth(2).member_dropout({0.0, 0.2, 0.5, 0.3});
 }
 PackedCNNOptions cnn_1d_layers(c10::Device d, uint64_t seed) { return cnn_1d(d, seed).norm_groups(1).dropout(0.25); }
+// Strided convolutions with explicit padding and an even kernel: 2-D 4x4 -> conv (k 2,
+// s 2, p 1) 3x3 -> pool 1x1; 1-D 6 -> conv (k 3, s 2, p 0) 2 -> pool 1.
+PackedCNNOptions cnn_2d_strided(c10::Device d, uint64_t seed) {
+  return cnn_2d(d, seed).channels({3}).kernel_size(2).stride(2).padding(1);
+}
+PackedCNNOptions cnn_1d_strided(c10::Device d, uint64_t seed) {
+  return cnn_1d(d, seed).stride(2).padding(0).kernel_size(3);
+}
 
 // Member k standalone (make_standalone_cnn: torch::nn::Dropout after each hidden
 // ReLU where the member drops units) whose Dropout modules, in training, apply the
@@ -170,6 +178,11 @@ const std::vector<Architecture>& architectures() {
       {"cnn_1d_norm_dropout",
        [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d_layers(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return cnn_with_pack_masks(cnn_1d_layers(d, seed), k); }, 12},
+      {"cnn_strided", [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d_strided(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_2d_strided(d, seed), k); }, 32},
+      {"cnn_1d_strided",
+       [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d_strided(d, seed)); },
+       [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d_strided(d, seed), k); }, 12},
   };
   return all;
 }

@@ -19,7 +19,10 @@ namespace {
 TEST(UserError, DataErrorAndTheLibrarysBadInputAreUserErrors) {
   EXPECT_THROW(throw runtime::DataError("bad.csv:3:2: 'x5' is not a number"), UserError);
   // Bad input found deeper in the library (was std::invalid_argument: "internal error").
-  EXPECT_THROW(runtime::sweep_options(runtime::EnsembleTrainerOptions(), runtime::SweepGrid{{}, {0.0}, 2}), UserError);
+  runtime::SweepGrid no_rates;  // an empty learning-rate axis
+  no_rates.weight_decay = {0.0};
+  no_rates.seeds = 2;
+  EXPECT_THROW(runtime::sweep_options(runtime::EnsembleTrainerOptions(), no_rates), UserError);
   EXPECT_THROW(runtime::best_configuration({}), UserError);
 }
 

@@ -116,6 +116,8 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   spec.input_shape = options_.input_shape();
   spec.channels = options_.channels();
   spec.kernel_size = options_.kernel();
+  spec.stride = options_.stride();
+  spec.padding = options_.padding();
   spec.pool = options_.pool();
   spec.norm_groups = options_.norm_groups();
   spec.seed = options_.seed();
@@ -349,9 +351,20 @@ void EnsembleTrainer::set_training_rows(const at::Tensor& rows) {
   steps_->batcher().set_active_rows(rows);
 }
 
-void EnsembleTrainer::reinitialize(uint64_t seed) {
+void EnsembleTrainer::reinitialize(uint64_t seed, int64_t repeat_every) {
   TORCH_CHECK(prepared(), "reinitialize: call prepare() first");
+  const int64_t K = options_.members();
+  TORCH_CHECK(repeat_every >= 0 && (repeat_every == 0 || K % repeat_every == 0), "reinitialize: repeat_every ",
+              repeat_every, " does not divide the ", K, " members");
   steps_->reinitialize(seed);
+  if (repeat_every > 0) {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& p : model_->parameters().tensors()) {  // (K, ...) views of the flat buffer
+      for (int64_t first = repeat_every; first < K; first += repeat_every) {
+        p.narrow(0, first, repeat_every).copy_(p.narrow(0, 0, repeat_every));
+      }
+    }
+  }
   steps_->reseed_order(seed ^ 0x5DEECE66Dull);
   optimizer_->set_mask(at::ones({options_.members()}, at::kBool));
   members_.assign(options_.members(), MemberState{});

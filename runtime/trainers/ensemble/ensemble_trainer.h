@@ -101,8 +101,11 @@ class EnsembleTrainer {
   // per member (per-member or bootstrap order).
   void set_training_rows(const at::Tensor& rows);
   // Every member re-initialized in place from `seed`: weights, optimizer state,
-  // early stopping, epoch count. Captured graphs are kept (no re-capture).
-  void reinitialize(uint64_t seed);
+  // early stopping, epoch count. Captured graphs are kept (no re-capture). With
+  // `repeat_every` P > 0 (dividing K), member k starts as member k mod P: runs that
+  // differ only in their rows (active learning's acquired and random halves) start
+  // from the same weights.
+  void reinitialize(uint64_t seed, int64_t repeat_every = 0);
   // Keeps members [first, first + count) — a sweep's chosen configuration — and
   // deselects the rest: frozen, left out of predictions, metrics and the ensemble a
   // checkpoint loads as (their weights stay in it).

@@ -48,10 +48,20 @@ void describe_model(Schema& s) {
       .above(0)
       .added_in(3, ensemble::kDefaultCnnChannels);
   s.option(PACKTRAIN_OPTION(kernel))
-      .help_text("cnn: kernel size of each convolution, odd (stride 1, \"same\" padding kernel/2)")
+      .help_text("cnn: kernel size of each convolution (odd with the default \"same\" padding)")
       .in_group("Model")
       .above(0)
       .added_in(4, 3);
+  s.option(PACKTRAIN_OPTION(stride))
+      .help_text("cnn: stride of each convolution (each block still pools by 2 after it)")
+      .in_group("Model")
+      .above(0)
+      .added_in(5, 1);
+  s.option(PACKTRAIN_OPTION(padding))
+      .help_text("cnn: zero padding on each side of each convolution's input; -1: \"same\", kernel/2")
+      .in_group("Model")
+      .at_least(ensemble::kSamePadding)
+      .added_in(5, ensemble::kSamePadding);
   s.choice(PACKTRAIN_OPTION(pool), ensemble::kPoolNames)
       .help_text("cnn: each block's pooling, kernel and stride 2: max, or avg (average)")
       .in_group("Model")

@@ -83,9 +83,12 @@ struct EnsembleTrainerOptions {
   // (set from the data: EnsembleTrainer::set_input_shape; empty for a table).
   TORCH_ARG(std::vector<int64_t>, channels) = ensemble::kDefaultCnnChannels;
   TORCH_ARG(std::vector<int64_t>, input_shape) = {};
-  // cnn: each convolution's (odd) kernel size, each block's pooling, and the group
-  // count of the GroupNorm after each convolution (0: none; PackedCNNOptions).
+  // cnn: each convolution's kernel size, stride and zero padding (-1: "same",
+  // kernel / 2, for an odd kernel), each block's pooling, and the group count of the
+  // GroupNorm after each convolution (0: none; PackedCNNOptions).
   TORCH_ARG(int64_t, kernel) = 3;
+  TORCH_ARG(int64_t, stride) = 1;
+  TORCH_ARG(int64_t, padding) = ensemble::kSamePadding;
   TORCH_ARG(ensemble::Pool, pool) = ensemble::Pool::kMax;
   TORCH_ARG(int64_t, norm_groups) = 0;
   TORCH_ARG(ensemble::Activation, activation) = ensemble::Activation::kReLU;
@@ -157,8 +160,9 @@ const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema();
 // Version 2 added format_version itself; version 1 payloads (checkpoints before it)
 // may lack the keys their field's added_in names and read as they meant then.
 // Version 3 added channels and input_shape (the cnn architecture's); version 4
-// member_hidden (packs of different widths) and the cnn's kernel, pool and norm_groups.
-inline constexpr int kTrainerOptionsFormat = 4;
+// member_hidden (packs of different widths) and the cnn's kernel, pool and norm_groups;
+// version 5 the cnn's stride and padding.
+inline constexpr int kTrainerOptionsFormat = 5;
 
 // Every field but `log`, and format_version, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);

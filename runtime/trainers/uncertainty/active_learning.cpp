@@ -274,7 +274,10 @@ at::Tensor ActiveLearningLoop::member_rows() const {
 
 void ActiveLearningLoop::train_round() {
   const auto start = std::chrono::steady_clock::now();
-  trainer_->reinitialize(round_seed());
+  // The random runs start each round from their acquired twin's weights (runs
+  // [G, 2G) from [0, G)): the two curves differ only in which rows were labelled.
+  const int64_t paired = options_.random_baseline() ? options_.ensembles() * members_per_run_ : 0;
+  trainer_->reinitialize(round_seed(), paired);
   trainer_->set_training_rows(member_rows());
   trainer_->train();
   train_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -215,6 +215,31 @@ TEST_P(ActiveLearningDevice, ReinitializeKeepsTheStepsAndTheirGraphs) {
   }
 }
 
+// Paired runs: reinitialize(seed, P) starts member k as member k mod P (the loop
+// passes P = G * M, so each random run starts from its acquired twin's weights);
+// members within a period still differ, and a P that does not divide K is refused.
+TEST_P(ActiveLearningDevice, RandomRunsStartFromTheirAcquiredTwinsWeights) {
+  const PoolAndTest d = load("yacht", 0);
+  ActiveLearningLoop loop(small_trainer(device()), d.pool_x, d.pool_y, d.test_x, d.test_y, small_loop());
+  EnsembleTrainer& trainer = loop.trainer();
+  const int64_t K = trainer.options().members(), P = K / 2;
+  const auto member = [&](int64_t k) {
+    std::vector<at::Tensor> pieces;
+    for (const at::Tensor& p : trainer.model().parameters().tensors()) pieces.push_back(p[k].reshape({-1}).cpu());
+    return at::cat(pieces);
+  };
+  trainer.reinitialize(7, P);
+  for (int64_t k = 0; k < P; ++k) {
+    EXPECT_TRUE(at::equal(member(k), member(k + P))) << "member " << k + P << " is not member " << k;
+    if (k > 0) {
+      EXPECT_FALSE(at::equal(member(k), member(0))) << "members within a period are equal";
+    }
+  }
+  trainer.reinitialize(7);
+  EXPECT_FALSE(at::equal(member(0), member(P))) << "unpaired members started equal";
+  EXPECT_THROW(trainer.reinitialize(7, 3), c10::Error);
+}
+
 std::string data_error(const EnsembleTrainerOptions& t, const ActiveLearningOptions& o) {
   const PoolAndTest d = load("yacht", 0);
   try {
