@@ -95,7 +95,7 @@ void PackedCNNOptions::validate() const {
   std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
   for (size_t b = 0; b < channels().size(); ++b) {
     for (int64_t& s : spatial) {
-      const int64_t convolved = s + 2 * conv_padding() >= kernel_size() ? conv_output(s) : 0;
+      const int64_t convolved = conv_output(s);
       if (convolved < 2) {
         throw UserError("cnn input shape " + shape + " has no room for " + std::to_string(channels().size()) +
                         " blocks (channels " + shape_text(channels()) + ", kernel " + std::to_string(kernel_size()) +
@@ -112,7 +112,8 @@ void PackedCNNOptions::validate() const {
 int64_t PackedCNNOptions::conv_padding() const { return padding() == kSamePadding ? kernel_size() / 2 : padding(); }
 
 int64_t PackedCNNOptions::conv_output(int64_t n) const {
-  return (n + 2 * conv_padding() - kernel_size()) / stride() + 1;
+  const int64_t padded = n + 2 * conv_padding();
+  return padded < kernel_size() ? 0 : (padded - kernel_size()) / stride() + 1;
 }
 
 bool PackedCNNOptions::has_dropout() const { return drops_units(dropout(), member_dropout()); }

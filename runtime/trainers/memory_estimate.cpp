@@ -66,7 +66,7 @@ int64_t smallest_cnn_length(const EnsembleTrainerOptions& o) {
   c.kernel_size(o.kernel()).stride(o.stride()).padding(o.padding());
   const auto fits = [&](int64_t n) {
     for (size_t b = 0; b < o.channels().size(); ++b) {
-      if (n + 2 * c.conv_padding() < c.kernel_size() || c.conv_output(n) < 2) return false;
+      if (c.conv_output(n) < 2) return false;
       n = c.conv_output(n) / 2;
     }
     return true;
