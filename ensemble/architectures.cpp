@@ -18,7 +18,17 @@ Options with_common(Options o, const PackSpec& s) {
   return o;
 }
 
+// Members of different channel counts are a cnn's: another architecture refuses them.
+void refuse_member_channels(const PackSpec& s, const std::string& name) {
+  if (!s.member_channels.empty()) {
+    throw UserError("the " + name +
+                    " architecture has no convolution channels to differ in (several --channels lists): use "
+                    "--architecture cnn for them");
+  }
+}
+
 std::unique_ptr<PackedModel> make_mlp(const PackSpec& s) {
+  refuse_member_channels(s, "mlp");
   return std::make_unique<PackedMLP>(with_common(PackedMLPOptions(s.in_features, s.out_features), s)
                                          .depth(s.depth)
                                          .activation(s.activation)
@@ -61,6 +71,7 @@ void refuse_beyond_relu_layers(const PackSpec& s, const std::string& name, const
 }
 
 std::unique_ptr<PackedModel> make_residual_mlp(const PackSpec& s) {
+  refuse_member_channels(s, "residual-mlp");
   refuse_beyond_relu_layers(s, "residual-mlp", "input, blocks of h + fc2(relu(fc1(h))), relu, output");
   return std::make_unique<ResidualMLP>(
       with_common(ResidualMLPOptions(s.in_features, s.out_features), s).blocks(s.depth));
@@ -92,7 +103,8 @@ PackedCNNOptions cnn_options(const PackSpec& s) {
                            .norm_groups(s.norm_groups)
                            .dropout(s.dropout)
                            .member_dropout(s.member_dropout)
-                           .member_hidden(s.member_hidden);
+                           .member_hidden(s.member_hidden)
+                           .member_channels(s.member_channels);
   if (!s.channels.empty()) o.channels(s.channels);
   if (s.kernel_size != 0) o.kernel_size(s.kernel_size);
   o.validate();

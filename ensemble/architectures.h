@@ -42,6 +42,9 @@ struct PackSpec {
   // the GroupNorm after each convolution (0: none).
   std::vector<int64_t> input_shape;
   std::vector<int64_t> channels;
+  // Per-member channel lists (cnn; PackedCNNOptions::member_channels): empty, or one list
+  // per member, padded to `channels`, the widest in each block.
+  std::vector<std::vector<int64_t>> member_channels;
   int64_t kernel_size = 0;
   int64_t stride = 1;
   int64_t padding = kSamePadding;  // each convolution's zero padding (kSamePadding: kernel / 2)

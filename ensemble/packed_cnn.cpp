@@ -92,6 +92,29 @@ void PackedCNNOptions::validate() const {
                       std::to_string(w));
     }
   }
+  if (!member_channels().empty()) {
+    if (static_cast<int64_t>(member_channels().size()) != members()) {
+      throw UserError("cnn per-member channels: expected one channel list per member (" + std::to_string(members()) +
+                      "), got " + std::to_string(member_channels().size()));
+    }
+    for (size_t m = 0; m < member_channels().size(); ++m) {
+      const std::vector<int64_t>& own = member_channels()[m];
+      bool fits = own.size() == channels().size();
+      for (size_t b = 0; fits && b < own.size(); ++b) fits = own[b] >= 1 && own[b] <= channels()[b];
+      if (!fits) {
+        throw UserError("cnn member " + std::to_string(m) + "'s channels " + shape_text(own) +
+                        " do not fit the pack's " + shape_text(channels()) +
+                        ": give one count per block, each from 1 to the pack's");
+      }
+      if (norm_groups() > 0 && own != channels()) {
+        throw UserError(
+            "cnn members of different channel counts cannot have GroupNorm (norm groups " +
+            std::to_string(norm_groups()) +
+            "): a group would count a narrower member's padding channels in its statistics; give one channel list, "
+            "or norm groups 0");
+      }
+    }
+  }
   std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
   for (size_t b = 0; b < channels().size(); ++b) {
     for (int64_t& s : spatial) {
@@ -126,6 +149,22 @@ int64_t PackedCNNOptions::in_features() const {
 
 int64_t PackedCNNOptions::member_width(int64_t member) const {
   return member_hidden().empty() ? hidden() : member_hidden().at(static_cast<size_t>(member));
+}
+
+const std::vector<int64_t>& PackedCNNOptions::member_channel_counts(int64_t member) const {
+  return member_channels().empty() ? channels() : member_channels().at(static_cast<size_t>(member));
+}
+
+PackedCNNOptions PackedCNNOptions::member_options(int64_t member) const {
+  PackedCNNOptions one = *this;
+  one.members(1)
+      .channels(member_channel_counts(member))
+      .member_channels({})
+      .hidden(member_width(member))
+      .member_hidden({})
+      .first_member(first_member() + member);
+  if (!member_dropout().empty()) one.member_dropout({member_dropout().at(static_cast<size_t>(member))});
+  return one;
 }
 
 int64_t PackedCNNOptions::spatial_dims() const { return static_cast<int64_t>(input_shape().size()) - 1; }
@@ -217,13 +256,9 @@ at::Tensor pool(const at::Tensor& h, Pool kind) {
 // torch::nn::GroupNorm's epsilon.
 constexpr double kNormEps = 1e-5;
 
-// Member `member`'s dropout rate.
-double member_rate(const PackedCNNOptions& o, int64_t member) {
-  return o.member_dropout().empty() ? o.dropout() : o.member_dropout()[static_cast<size_t>(member)];
-}
-
-// Member `member`'s network (its dropout rate is its own).
-torch::nn::Sequential make_member_module(const PackedCNNOptions& o, int64_t member) {
+// Member k's network from its own options (PackedCNNOptions::member_options: one
+// member, its channels, head width and dropout rate).
+torch::nn::Sequential make_member_module(const PackedCNNOptions& o) {
   torch::nn::Sequential seq;
   seq->push_back(torch::nn::Unflatten(torch::nn::UnflattenOptions(1, o.input_shape())));
   int64_t in = o.input_shape().front();
@@ -249,16 +284,22 @@ torch::nn::Sequential make_member_module(const PackedCNNOptions& o, int64_t memb
   }
   seq->push_back(torch::nn::Flatten());
   int64_t width = o.flat_features();
-  const double rate = member_rate(o, member);
-  const int64_t hidden = o.member_width(member);
+  const double rate = o.member_dropout().empty() ? o.dropout() : o.member_dropout().front();
   for (int64_t l = 0; l < o.depth(); ++l) {
-    seq->push_back(torch::nn::Linear(width, hidden));
+    seq->push_back(torch::nn::Linear(width, o.hidden()));
     seq->push_back(torch::nn::ReLU());
     if (rate > 0) seq->push_back(torch::nn::Dropout(rate));
-    width = hidden;
+    width = o.hidden();
   }
   seq->push_back(torch::nn::Linear(width, o.out_features()));
   return seq;
+}
+
+// The leading block of a padded parameter slot that a member's own parameter of
+// `shape` (pack layout) fills: all of it unless the member is narrower.
+at::Tensor leading_block(at::Tensor slot, const std::vector<int64_t>& shape) {
+  for (int64_t d = 0; d < slot.dim(); ++d) slot = slot.narrow(d, 0, shape[static_cast<size_t>(d)]);
+  return slot;
 }
 
 StandaloneMember as_member(torch::nn::Sequential seq) {
@@ -379,26 +420,21 @@ void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
   const std::vector<int64_t> selected = members_to_reinitialize(which, members());
   if (selected.empty()) return;
   if (!which.defined()) options_.seed(seed);
-  // Each member's draws in the standalone Sequential's construction order.
+  // Each member's draws in the standalone Sequential's construction order, each into
+  // the leading block of its slot that the member's own channels and width fill; the
+  // rest stays zero (member_channels, member_hidden).
   std::vector<at::Tensor> rows;
   for (const int64_t m : selected) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, options_.first_member() + m));
-    // A narrower head draws its own width's Linear layers into the leading block of
-    // each slot; the rest stays zero (member_hidden).
+    const std::vector<ParameterSpec> own = cnn_specs(options_.member_options(m));
     at::Tensor row = at::zeros({parameters_.per_member()}, at::kFloat);
     for (size_t i = 0; i < parameters_.size(); i += 2) {  // weight, bias of each layer
       const ParameterSpec& spec = parameters_.spec(i);
-      at::Tensor weight = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i)).view(spec.shape);
-      at::Tensor bias = row.narrow(0, parameters_.row_offset(i + 1), parameters_.numel(i + 1));
-      if (spec.name.starts_with("fc") || spec.name.starts_with("output")) {
-        const int64_t width = options_.member_width(m);
-        const bool first = spec.name.starts_with("fc0.");
-        const bool output = spec.name.starts_with("output");
-        const int64_t in = first || (output && options_.depth() == 0) ? spec.shape[0] : width;
-        const int64_t out = output ? spec.shape[1] : width;
-        weight = weight.narrow(0, 0, in).narrow(1, 0, out);
-        bias = bias.narrow(0, 0, out);
-      }
+      const auto slot = [&](size_t j) {
+        return row.narrow(0, parameters_.row_offset(j), parameters_.numel(j)).view(parameters_.spec(j).shape);
+      };
+      const at::Tensor weight = leading_block(slot(i), own[i].shape);
+      const at::Tensor bias = leading_block(slot(i + 1), own[i + 1].shape);
       if (is_norm(spec)) {  // GroupNorm starts at ones and zeros and draws nothing
         weight.fill_(1.0);
         bias.fill_(0.0);
@@ -416,21 +452,19 @@ void PackedCNN::reinitialize(uint64_t seed, const at::Tensor& which) {
 StandaloneMember PackedCNN::standalone_member(int64_t member) const {
   TORCH_CHECK(member >= 0 && member < members(), "standalone_member: member ", member, " out of range for a pack of ",
               members(), " members");
-  torch::nn::Sequential seq = make_member_module(options_, member);
+  const PackedCNNOptions own = options_.member_options(member);
+  torch::nn::Sequential seq = make_member_module(own);
   seq->to(options_.device(), options_.dtype());
   torch::NoGradGuard no_grad;
   const std::vector<at::Tensor> params = seq->parameters();
+  const std::vector<ParameterSpec> own_specs = cnn_specs(own);
   TORCH_INTERNAL_ASSERT(params.size() == parameters_.size(), "cnn member module has ", params.size(),
                         " parameters, the pack ", parameters_.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& packed = parameters_[i][member];
     const ParameterSpec& spec = parameters_.spec(i);
+    const at::Tensor block = leading_block(parameters_[i][member], own_specs[i].shape);
     const bool linear_weight = !is_conv(spec) && !is_norm(spec) && spec.name.ends_with(".weight");
-    if (linear_weight) {  // (in, out) -> (out, in); a narrower head: its leading block
-      params[i].copy_(packed.narrow(0, 0, params[i].size(1)).narrow(1, 0, params[i].size(0)).t());
-    } else {
-      params[i].copy_(packed.reshape(-1).narrow(0, 0, params[i].numel()).view(params[i].sizes()));
-    }
+    params[i].copy_(linear_weight ? block.t() : block.reshape(params[i].sizes()));  // Linear: (in, out) -> (out, in)
   }
   seq->train(training_);
   return as_member(seq);
@@ -439,8 +473,9 @@ StandaloneMember PackedCNN::standalone_member(int64_t member) const {
 StandaloneMember make_standalone_cnn(const PackedCNNOptions& options, int64_t member) {
   options.validate();
   TORCH_CHECK(member >= 0, "member index must be >= 0, got ", member);
+  TORCH_CHECK(member < options.members(), "member ", member, " out of range for ", options.members(), " members");
   torch::manual_seed(member_seed(options.seed(), options.first_member() + member));
-  torch::nn::Sequential seq = make_member_module(options, member);
+  torch::nn::Sequential seq = make_member_module(options.member_options(member));
   seq->to(options.device(), options.dtype());
   return as_member(seq);
 }

@@ -92,6 +92,15 @@ struct PackedCNNOptions {
   // different widths padded to `hidden`, as PackedMLP's member_hidden (packed_mlp.h:
   // zero padding stays zero, so member k is the network of its own width).
   TORCH_ARG(std::vector<int64_t>, member_hidden) = {};
+  // Per-member convolution channels (members() lists of channels().size() counts, block
+  // b's in [1, channels()[b]], or empty): members of different channel widths padded to
+  // `channels`, the widest in each block. A narrower member's extra channels have zero
+  // weights and biases, so they are zero after each convolution, ReLU passes no gradient
+  // back through them (its derivative at 0 is 0) and nothing updates them; its head's
+  // first layer reads only its leading Cout*H*W flattened features (channel-major). So
+  // member k is the network of its own channels. Refused with GroupNorm: a group would
+  // count a narrower member's zero channels in its statistics.
+  TORCH_ARG(std::vector<std::vector<int64_t>>, member_channels) = {};
   TORCH_ARG(int64_t, depth) = 1;     // the head's hidden layers (0: flatten -> output)
   TORCH_ARG(double, dropout) = 0.0;  // after each hidden activation of the head, in training mode
   // Per-member rates (members() values, or empty: every member uses dropout), as
@@ -107,10 +116,17 @@ struct PackedCNNOptions {
   // non-positive size, an even kernel with "same" padding, a stride below 1 or a
   // padding below 0, more blocks than the image has room for (every spatial
   // dimension must be at least 2 after each convolution, before its pool), a group
-  // count that does not divide a block's channels, a dropout rate outside [0, 1).
+  // count that does not divide a block's channels, a dropout rate outside [0, 1),
+  // per-member channel lists of the wrong count or size, wider than the pack, or with
+  // GroupNorm.
   void validate() const;
   bool has_dropout() const;                    // drops_units(dropout, member_dropout)
   int64_t member_width(int64_t member) const;  // member_hidden[member], or hidden
+  // member_channels[member], or channels
+  const std::vector<int64_t>& member_channel_counts(int64_t member) const;
+  // Member k's own network as a one-member pack's options (its channels, head width and
+  // dropout rate): what it equals, and the leading block of each parameter slot it fills.
+  PackedCNNOptions member_options(int64_t member) const;
   int64_t in_features() const;                 // I = prod(input_shape)
   int64_t spatial_dims() const;                // 2 for {C, H, W}, 1 for {C, L}
   int64_t conv_padding() const;                // padding, or kernel_size / 2 for kSamePadding

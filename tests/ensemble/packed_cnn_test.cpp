@@ -1,7 +1,8 @@
 // The cnn architecture through the registry: a spec without a sample shape, or with
 // one that does not fit the rows or the pooling, is a UserError saying what to pass;
 // what it cannot do (the MLP's layer norm flag, other activations), a group count not
-// dividing a block's channels and a dropout rate out of range are refused by name;
+// dividing a block's channels, a dropout rate out of range and per-member channel
+// lists that do not fit are refused by name; a narrower member's padding stays zero;
 // its parameter count is the pack's row; per-member and shared batches agree;
 // dropout acts in training only, and a data-parallel rank drops its rows' units.
 // (Standalone equivalence: packed_model_contract_test.cpp; learning through the
@@ -9,6 +10,8 @@
 #include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/ensemble/architectures.h"
+#include "packtrain/ensemble/optimizers/adam.h"
+#include "packtrain/ensemble/packed_step.h"
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -127,6 +130,78 @@ TEST(PackedCnn, WhatItCannotDoIsRefusedByName) {
   all.norm_groups = 4;
   all.pool = Pool::kAvg;
   EXPECT_NO_THROW(make_cnn(all)());
+}
+
+TEST(PackedCnn, PerMemberChannelListsThatDoNotFitAreRefusedByName) {
+  PackSpec count = image_spec();  // 3 members, channels {4, 8}
+  count.member_channels = {{4, 8}, {2, 4}};
+  EXPECT_THAT(make_cnn(count),
+              ThrowsMessage<UserError>(HasSubstr("expected one channel list per member (3), got 2")));
+  PackSpec blocks = image_spec();
+  blocks.member_channels = {{4, 8}, {2}, {4, 8}};
+  EXPECT_THAT(make_cnn(blocks), ThrowsMessage<UserError>(HasSubstr(
+                                    "cnn member 1's channels [2] do not fit the pack's [4, 8]: give one count per "
+                                    "block, each from 1 to the pack's")));
+  PackSpec wide = image_spec();
+  wide.member_channels = {{4, 8}, {2, 4}, {5, 8}};
+  EXPECT_THAT(make_cnn(wide), ThrowsMessage<UserError>(HasSubstr("cnn member 2's channels [5, 8] do not fit")));
+  wide.member_channels = {{4, 8}, {0, 4}, {4, 8}};
+  EXPECT_THAT(make_cnn(wide), ThrowsMessage<UserError>(HasSubstr("cnn member 1's channels [0, 4] do not fit")));
+  PackSpec norm = image_spec();
+  norm.norm_groups = 2;
+  norm.member_channels = {{4, 8}, {2, 4}, {4, 8}};
+  EXPECT_THAT(make_cnn(norm), ThrowsMessage<UserError>(HasSubstr(
+                                  "cnn members of different channel counts cannot have GroupNorm (norm groups 2): a "
+                                  "group would count a narrower member's padding channels")));
+  norm.member_channels = {{4, 8}, {4, 8}, {4, 8}};
+  EXPECT_NO_THROW(make_cnn(norm)()) << "GroupNorm with every member at the pack's channels";
+  PackSpec mlp = image_spec();
+  mlp.member_channels = {{4, 8}, {2, 4}, {4, 8}};
+  EXPECT_THAT([&] { architecture("mlp").make(mlp); },
+              ThrowsMessage<UserError>(HasSubstr("the mlp architecture has no convolution channels to differ in "
+                                                 "(several --channels lists): use --architecture cnn")));
+  EXPECT_NO_THROW(make_cnn(mlp)());
+}
+
+// A narrower member's padding (the channels beyond its own, the head rows that read
+// them) is zero at initialization and stays exactly zero through AdamW steps with
+// weight decay, while its own weights move: nothing leaks into or out of it.
+TEST(PackedCnn, ANarrowerMembersPaddingStaysZeroThroughTraining) {
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 8, 8}, std::vector<int64_t>{2, 16}}) {
+    PackedCNN pack(PackedCNNOptions(shape, 3)
+                       .members(2)
+                       .channels({4, 6})
+                       .member_channels({{2, 3}, {4, 6}})
+                       .hidden(8)
+                       .seed(5)
+                       .dtype(at::kDouble));
+    const PackedCNN own(pack.options().member_options(0));  // member 0's own parameter shapes
+    const auto padding_of_member0 = [&] {
+      double worst = 0;
+      for (size_t i = 0; i < pack.parameters().size(); ++i) {
+        const at::Tensor slot = pack.parameters()[i][0].clone();
+        // Zero the member's own leading block; what is left is its padding.
+        at::Tensor block = slot;
+        const std::vector<int64_t>& own_shape = own.parameters().spec(i).shape;
+        for (size_t d = 0; d < own_shape.size(); ++d) block = block.narrow(static_cast<int64_t>(d), 0, own_shape[d]);
+        block.zero_();
+        worst = std::max(worst, slot.abs().max().item<double>());
+      }
+      return worst;
+    };
+    EXPECT_EQ(padding_of_member0(), 0.0);
+    const at::Tensor before = pack.parameters().member_row(0).clone();
+    PackedAdam optimizer(pack.parameters(), AdamOptions().lr(1e-2).weight_decay(0.1).decoupled_weight_decay(true));
+    const int64_t I = pack.options().in_features();
+    for (int step = 0; step < 5; ++step) {
+      const at::Tensor x = at::randn({2, 16, I}, at::TensorOptions().dtype(at::kDouble));
+      const at::Tensor y = at::randn({2, 16, 3}, at::TensorOptions().dtype(at::kDouble));
+      packed_train_step(pack, optimizer, x, y, LossKind::kMSE);
+    }
+    EXPECT_EQ(padding_of_member0(), 0.0) << "padding moved, shape " << c10::IntArrayRef(shape);
+    EXPECT_GT(packtrain::testing::max_abs_diff(pack.parameters().member_row(0), before), 1e-3)
+        << "the member's own weights trained";
+  }
 }
 
 TEST(PackedCnn, ParametersPerMemberIsThePacksRowIn2DAnd1D) {
