@@ -127,9 +127,9 @@ struct PackedCNNOptions {
   // Member k's own network as a one-member pack's options (its channels, head width and
   // dropout rate): what it equals, and the leading block of each parameter slot it fills.
   PackedCNNOptions member_options(int64_t member) const;
-  int64_t in_features() const;                 // I = prod(input_shape)
-  int64_t spatial_dims() const;                // 2 for {C, H, W}, 1 for {C, L}
-  int64_t conv_padding() const;                // padding, or kernel_size / 2 for kSamePadding
+  int64_t in_features() const;   // I = prod(input_shape)
+  int64_t spatial_dims() const;  // 2 for {C, H, W}, 1 for {C, L}
+  int64_t conv_padding() const;  // padding, or kernel_size / 2 for kSamePadding
   // A convolution's output size along one dimension of size n: (n + 2p - k) / s + 1,
   // or 0 where the kernel does not fit the padded input (n + 2p < k).
   int64_t conv_output(int64_t n) const;

@@ -135,8 +135,7 @@ TEST(PackedCnn, WhatItCannotDoIsRefusedByName) {
 TEST(PackedCnn, PerMemberChannelListsThatDoNotFitAreRefusedByName) {
   PackSpec count = image_spec();  // 3 members, channels {4, 8}
   count.member_channels = {{4, 8}, {2, 4}};
-  EXPECT_THAT(make_cnn(count),
-              ThrowsMessage<UserError>(HasSubstr("expected one channel list per member (3), got 2")));
+  EXPECT_THAT(make_cnn(count), ThrowsMessage<UserError>(HasSubstr("expected one channel list per member (3), got 2")));
   PackSpec blocks = image_spec();
   blocks.member_channels = {{4, 8}, {2}, {4, 8}};
   EXPECT_THAT(make_cnn(blocks), ThrowsMessage<UserError>(HasSubstr(

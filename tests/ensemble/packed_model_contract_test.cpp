@@ -249,7 +249,8 @@ TEST_P(PackedModelContract, EachMemberIsItsStandaloneModuleAtInitialization) {
     EXPECT_EQ(max_parameter_diff(pack->standalone_member(k), alone), 0.0) << "member " << k;
     // Bit-equal on the CPU; cuBLAS's batched and single GEMMs may sum in different
     // orders (measured on an H100: not bit-equal), so CUDA gets double rounding room.
-    EXPECT_LE(packtrain::testing::max_abs_diff(packed_out[k], alone.forward(x)), device().is_cpu() ? arch().cpu_forward_tolerance : 1e-12)
+    EXPECT_LE(packtrain::testing::max_abs_diff(packed_out[k], alone.forward(x)),
+              device().is_cpu() ? arch().cpu_forward_tolerance : 1e-12)
         << "member " << k;
   }
   // Members differ from one another (each draws from its own seed).
