@@ -72,7 +72,7 @@ struct OptionField {
   std::string group;
   std::string flag;              // "--members"; "" : no CLI flag
   bool flag_sets_false = false;  // a flag whose presence turns the option off (--eager)
-  bool sweep = false;            // the CLI takes a comma list of values to sweep
+  bool sweep = false;            // the CLI takes a comma list of values to sweep (lists: /-separated lists)
   bool optional = false;         // may be unset (JSON null): the run picks (unset_means says how)
   std::string unset_means;       // --help and docs for an unset optional ("50 with validation rows, else 0")
   bool python = true;            // a parameter of the Python estimators

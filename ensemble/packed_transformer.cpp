@@ -87,6 +87,7 @@ void PackedTransformerOptions::validate() const {
   TORCH_CHECK(max_length() >= 2, "transformer: max_length must be >= 2, got ", max_length());
   TORCH_CHECK(classes() >= 2, "transformer: classes must be >= 2, got ", classes());
   TORCH_CHECK(dtype() == at::kFloat || dtype() == at::kDouble, "transformer: dtype must be float32 or float64");
+  TORCH_CHECK(norm_eps() > 0 && std::isfinite(norm_eps()), "transformer: norm_eps must be positive, got ", norm_eps());
 }
 
 std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options, TransformerStage stage) {
@@ -183,12 +184,14 @@ void PackedTransformer::reinitialize(uint64_t seed) {
 // layer_norm, then one addcmul; baddbmm.
 at::Tensor PackedTransformer::norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
   const int64_t d = options_.width();
-  if (members() == 1) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), 1e-5);
-  return at::addcmul(bias, at::layer_norm(x, {d}, {}, {}, 1e-5), weight);
+  const double eps = options_.norm_eps();
+  if (members() == 1) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), eps);
+  return at::addcmul(bias, at::layer_norm(x, {d}, {}, {}, eps), weight);
 }
 
 at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, const Block& block) const {
-  return block.mlp_proj.forward_onto(x, at::gelu(block.mlp_fc.forward(norm(x, block.ln2_weight, block.ln2_bias))));
+  const at::Tensor fc = block.mlp_fc.forward(norm(x, block.ln2_weight, block.ln2_bias));
+  return block.mlp_proj.forward_onto(x, at::gelu(fc, options_.gelu_tanh() ? "tanh" : "none"));
 }
 
 at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {

@@ -51,7 +51,11 @@ struct PackedTransformerOptions {
   TORCH_ARG(int64_t, max_length) = 128;  // positions, and the KV cache's length
   TORCH_ARG(int64_t, classes) = 2;       // C of the classification head
   TORCH_ARG(bool, tie_lm_head) = true;   // LM logits = hidden @ token_embedding^T (no LM weights)
-  TORCH_ARG(uint64_t, seed) = 0;         // member i draws from member_seed(seed, i)
+  // The MLP's GELU: the exact erf form, or its tanh approximation (GPT-2's "gelu_new";
+  // a loaded GPT-2 checkpoint sets it: runtime/trainers/multitask/pretrained_trunk.h).
+  TORCH_ARG(bool, gelu_tanh) = false;
+  TORCH_ARG(double, norm_eps) = 1e-5;  // every LayerNorm's epsilon
+  TORCH_ARG(uint64_t, seed) = 0;       // member i draws from member_seed(seed, i)
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
 

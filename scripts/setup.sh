@@ -72,9 +72,10 @@ fi
 # adapters are tested against the real libraries), properscoring,
 # uncertainty-toolbox and torchmetrics (the calibration metrics' references),
 # scikit-build-core to build the package (pip install --no-build-isolation,
-# against this torch).
-py_tools=(pytest scikit-learn scikit-build-core botorch baal properscoring uncertainty-toolbox torchmetrics)
-if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal, properscoring, uncertainty_toolbox, torchmetrics" 2>/dev/null; then
+# against this torch), and transformers with safetensors (the pretrained trunk's
+# reference: tests build small random GPT-2 models with it; nothing is downloaded).
+py_tools=(pytest scikit-learn scikit-build-core botorch baal properscoring uncertainty-toolbox torchmetrics transformers safetensors)
+if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal, properscoring, uncertainty_toolbox, torchmetrics, transformers, safetensors" 2>/dev/null; then
   step "setup: installing ${py_tools[*]} into $venv" "a minute or two" \
     "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}" "torch==$TORCH_VERSION"
 else

@@ -17,6 +17,7 @@
 #include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/multitask/multitask_resume.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/pretrained_trunk.h"
 #include "packtrain/runtime/trainers/uncertainty/acquisition.h"
 #include "packtrain/runtime/trainers/uncertainty/active_learning.h"
 #include "packtrain/runtime/trainers/uncertainty/calibration.h"
@@ -24,6 +25,7 @@
 #include "packtrain/runtime/trainers/uncertainty/variance_calibration.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
@@ -51,9 +53,9 @@ void to_python_logging(const std::string& message) {
 // options_from_json, values by validate()), over `packtrain train`'s defaults; a bad
 // value is a ValueError, as scikit-learn's estimators raise for invalid parameters.
 // The swept options (hidden, lr, weight_decay, dropout) may be lists, as the CLI's comma
-// lists: more than one value is a sweep of their cross product, `members` seeds
-// each, in one pack (runtime/trainers/ensemble/hyperparameter_sweep.h); `grid` gets the
-// lists and the options their first values.
+// lists, and channels a list of lists (the CLI's /-separated lists): more than one value is a sweep of their cross
+// product, `members` seeds each, in one pack (runtime/trainers/ensemble/hyperparameter_sweep.h); `grid` gets the lists
+// and the options their first values.
 packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& overrides_json,
                                                           packtrain::runtime::SweepGrid& grid) {
   nlohmann::json merged =
@@ -69,6 +71,13 @@ packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& ove
       if (value.empty()) throw py::value_error("hidden: an empty list; give one width, or several to sweep them");
       grid.hidden = value.get<std::vector<int64_t>>();
       merged[key] = grid.hidden.front();
+      continue;
+    }
+    // cnn channel lists: a list of lists (the estimators checked each count) sweeps them.
+    if (key == "channels" && value.is_array() && !value.empty() && value.front().is_array()) {
+      grid.channels = value.get<std::vector<std::vector<int64_t>>>();
+      merged[key] = grid.channels.front();
+      if (grid.channels.size() == 1) grid.channels.clear();
       continue;
     }
     std::vector<double>* list = key == "lr"             ? &grid.lr
@@ -127,6 +136,11 @@ void check_fit_memory(const std::string& overrides_json, int64_t rows, int64_t f
                           " swept configurations is more members than a pack can count: lower members");
   }
   options.members(static_cast<int64_t>(members));
+  for (const std::vector<int64_t>& list : grid.channels) {  // the pack is the widest in each block
+    std::vector<int64_t> widest = options.channels();
+    for (size_t b = 0; b < std::min(widest.size(), list.size()); ++b) widest[b] = std::max(widest[b], list[b]);
+    options.channels(widest);
+  }
   packtrain::runtime::EnsembleRunSizes sizes;
   sizes.features = features;
   sizes.classes = classes;
@@ -658,6 +672,73 @@ void add_multitask(py::module_& m) {
 }
 
 // What a trainer reports: its options, progress, losses and members.
+// A Hugging Face GPT-2 checkpoint folder loaded as the multi-task trunk (one member,
+// runtime/trainers/multitask/pretrained_trunk.h): its LM logits for token ids, the
+// next-token loss and its gradients under transformers' names, and saving it back.
+// What the tests compare against transformers itself.
+void add_pretrained(py::module_& m) {
+  using packtrain::ensemble::PackedTransformer;
+  const auto named_dict = [](const std::vector<std::pair<std::string, at::Tensor>>& named) {
+    py::dict out;
+    for (const auto& [name, value] : named) out[py::str(name)] = value;
+    return out;
+  };
+  py::class_<PackedTransformer>(m, "PretrainedTrunk")
+      .def(py::init([](const std::string& dir, int64_t classes, uint64_t seed, const std::string& device) {
+             return packtrain::runtime::load_pretrained_trunk(dir, classes, seed, c10::Device(device));
+           }),
+           py::arg("dir"), py::arg("classes") = 2, py::arg("seed") = 0, py::arg("device") = "cpu")
+      .def_property_readonly("options",
+                             [](const PackedTransformer& t) {
+                               const auto& o = t.options();
+                               py::dict d;
+                               d["vocab"] = o.vocab();
+                               d["width"] = o.width();
+                               d["layers"] = o.layers();
+                               d["heads"] = o.heads();
+                               d["mlp_ratio"] = o.mlp_ratio();
+                               d["max_length"] = o.max_length();
+                               d["classes"] = o.classes();
+                               d["gelu_tanh"] = o.gelu_tanh();
+                               d["norm_eps"] = o.norm_eps();
+                               return d;
+                             })
+      // tokens (B, T) int64 -> next-token logits (B, T, V)
+      .def(
+          "lm_logits",
+          [](const PackedTransformer& t, const at::Tensor& tokens) {
+            at::NoGradGuard no_grad;
+            return t.lm_logits(t.trunk(tokens))[0];
+          },
+          py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
+      // The mean cross-entropy of each next token (positions 1..T-1) and its gradients.
+      .def(
+          "lm_loss_and_gradients",
+          [named_dict](PackedTransformer& t, const at::Tensor& tokens) {
+            t.parameters().zero_grad();
+            at::Tensor loss;
+            {
+              py::gil_scoped_release release;
+              const at::Tensor logits = t.lm_logits(t.trunk(tokens))[0];
+              const int64_t T = tokens.size(1), V = logits.size(-1);
+              loss = at::cross_entropy_loss(logits.narrow(1, 0, T - 1).reshape({-1, V}),
+                                            tokens.narrow(1, 1, T - 1).reshape({-1}));
+              loss.backward();
+            }
+            return py::make_tuple(loss.item<double>(),
+                                  named_dict(packtrain::runtime::pretrained_named_tensors(t, 0, true)));
+          },
+          py::arg("tokens"))
+      .def("named_tensors",
+           [named_dict](const PackedTransformer& t) {
+             return named_dict(packtrain::runtime::pretrained_named_tensors(t, 0, false));
+           })
+      .def(
+          "save",
+          [](const PackedTransformer& t, const std::string& dir) { packtrain::runtime::save_pretrained_trunk(t, dir); },
+          py::arg("dir"), py::call_guard<py::gil_scoped_release>());
+}
+
 void add_trainer_state(py::class_<EnsembleTrainer>& trainer) {
   trainer
       .def_property_readonly("options_json",
@@ -741,6 +822,7 @@ void add_trainer(py::module_& m) {
             for (const auto& r : reports) {
               py::dict d;
               d["hidden"] = r.configuration.hidden;
+              if (!r.configuration.channels.empty()) d["channels"] = r.configuration.channels;
               d["lr"] = r.configuration.lr;
               d["weight_decay"] = r.configuration.weight_decay;
               d["dropout"] = r.configuration.dropout;
@@ -791,5 +873,6 @@ PYBIND11_MODULE(_core, m) {
   add_checkpoints(m);
   add_resume(m);
   add_multitask(m);
+  add_pretrained(m);
   add_trainer(m);
 }

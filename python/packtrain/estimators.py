@@ -109,6 +109,14 @@ def _checked_trainer_option(name, value):
         values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
         if not values:
             raise TypeError(f"{name} must be a non-empty list of integers, got {value!r}")
+        if name in _SWEPT and all(isinstance(v, (list, tuple, np.ndarray)) for v in values):
+            # channels=[[8, 16], [16, 32]]: members of each list in one pack (the CLI's 8,16/16,32)
+            lists = []
+            for i, v in enumerate(values):
+                if len(v) == 0:
+                    raise TypeError(f"{name}[{i}] must be a non-empty list of integers, got {v!r}")
+                lists.append([_checked_integer(f"{name}[{i}][{j}]", c, 1, _INT64_MAX) for j, c in enumerate(v)])
+            return lists
         return [_checked_integer(f"{name}[{i}]", v, 1, _INT64_MAX) for i, v in enumerate(values)]
     if kind == "number":
         if name in _SWEPT and isinstance(value, (list, tuple, np.ndarray)):
@@ -122,7 +130,14 @@ def _checked_trainer_option(name, value):
 
 
 def _is_sweep(params):
-    return any(isinstance(params[n], list) and len(params[n]) > 1 for n in _SWEPT)
+    """Whether the checked parameters sweep: a swept number with several values, or
+    several channel lists (a list of lists; one list of integers is one network)."""
+    def several(name):
+        value = params[name]
+        if not isinstance(value, list) or len(value) < 2:
+            return False
+        return _SCHEMA[name]["kind"] != "integers" or isinstance(value[0], list)
+    return any(several(n) for n in _SWEPT)
 
 
 class _ParamsProtocol:

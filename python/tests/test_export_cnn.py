@@ -119,3 +119,31 @@ def test_strided_padded_convolutions_train_and_export(tmp_path):
     conv = torch.load(tmp_path / "cnn.pt")["architecture"]["member_layers"][0][1]["args"]
     assert conv["kernel_size"] == [2, 2] and conv["stride"] == [2, 2] and conv["padding"] == [0, 0]
     assert (result["label"] == y[1500:1600]).mean() > 0.2  # trained: chance is 0.1
+
+
+def test_members_of_different_channels_sweep_in_one_pack_and_export_at_their_own(tmp_path):
+    """channels=[[2, 4], [4, 8]] (the CLI's --channels 2,4/4,8): one pack padded to the
+    widest channels, a configuration per list, select="best" keeps one; the export
+    rebuilds every member at its own channels and predicts as the estimator's members."""
+    x = np.load(DATA / "optdigits" / "features.npy") / 16.0
+    y = np.load(DATA / "optdigits" / "labels.npy")
+    params = dict(SMALL, members=2, val_fraction=0.2)
+    model = packtrain.EnsembleClassifier(**params, channels=[[2, 4], [4, 8]]).fit(x[:500], y[:500])
+    assert [(c["channels"], c["members"]) for c in model.configurations_] == [([2, 4], 2), ([4, 8], 2)]
+    assert model.predict_member_proba(x[:5]).shape[-1] == 4  # (N, C, K): 2 lists x 2 members
+    losses = [c["val_loss"] for c in model.configurations_]
+    assert losses[0] != losses[1]
+    model.save(tmp_path / "cnn.ckpt")
+    cli("export", tmp_path / "cnn.ckpt", tmp_path / "cnn.pt")
+    layers = torch.load(tmp_path / "cnn.pt")["architecture"]["member_layers"]
+    assert [[m[1]["args"]["out_channels"], m[4]["args"]["out_channels"]] for m in layers] == [[2, 4]] * 2 + [[4, 8]] * 2
+    assert [m[8]["args"]["in_features"] for m in layers] == [4 * 2 * 2] * 2 + [8 * 2 * 2] * 2
+    test = x[1500:1600]
+    expected = np.transpose(model.predict_member_proba(test), (2, 0, 1))
+    np.testing.assert_allclose(lpe.predict(tmp_path / "cnn.pt", test)["member_means"], expected, rtol=0, atol=1e-5)
+    best = packtrain.EnsembleClassifier(**params, channels=[[2, 4], [4, 8]], select="best").fit(x[:500], y[:500])
+    assert best.member_status_.count("deselected") == 2
+    with pytest.raises(ValueError, match="repeat"):
+        packtrain.EnsembleClassifier(**params, channels=[[2, 4], [2, 4]]).fit(x[:100], y[:100])
+    with pytest.raises(TypeError, match=r"channels\[1\]\[0\]"):
+        packtrain.EnsembleClassifier(**params, channels=[[2, 4], [2.5, 4]]).fit(x[:100], y[:100])

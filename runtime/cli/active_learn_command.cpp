@@ -90,7 +90,8 @@ int run_active_learn(ActiveLearnCommand c) {
   check_outputs({{"--csv", c.csv}, {"--plot", c.plot}}, data_inputs(c.data));
   std::vector<std::string> log_lines;
   if (c.trainer.sweep()) {
-    throw UsageError("a sweep (--hidden, --lr, --weight-decay or --dropout with several values) is for `train`");
+    throw UsageError(
+        "a sweep (--hidden, --lr, --weight-decay, --dropout or --channels with several values) is for `train`");
   }
   runtime::EnsembleTrainerOptions options = trainer_options(c.trainer);
   const bool cls = options.head() == runtime::Head::kClassification;

@@ -3,7 +3,9 @@
 #include "packtrain/runtime/io/svg_plot.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace packtrain::cli {
@@ -189,6 +191,7 @@ nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& repor
                      {"members", c.members},
                      {"usable", r.usable},
                      {"val_loss", number(r.val_loss)}};
+    if (!c.channels.empty()) j["channels"] = c.channels;
     if (!r.test.members.empty()) j["test"] = gathered_metrics_json(r.test, head)["ensemble"];
     out.push_back(j);
   }
@@ -198,17 +201,27 @@ nlohmann::json sweep_json(const std::vector<runtime::ConfigurationReport>& repor
 void print_sweep(const std::vector<runtime::ConfigurationReport>& reports, runtime::Head head,
                  const runtime::EnsembleTrainer& trainer) {
   const bool cls = head == runtime::Head::kClassification;
+  // A channels column when the configurations differ in their cnn channels.
+  const bool channels = !reports.front().configuration.channels.empty();
+  size_t width = 8;
+  for (const runtime::ConfigurationReport& r : reports) {
+    width = std::max(width, fmt::format("{}", fmt::join(r.configuration.channels, ",")).size());
+  }
+  const std::string channels_header = channels ? fmt::format("  {:>{}}", "channels", width) : "";
   fmt::print(
       "\nSweep: {} configurations x {} members (validation loss: mean member {} on the validation rows; "
-      "test: each configuration's members as one ensemble)\n  {:>6}  {:>10}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}\n",
-      reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL", "hidden",
-      "lr", "weight decay", "dropout", "val loss", cls ? "test acc" : "test RMSE", "test NLL");
+      "test: each configuration's members as one ensemble)\n{}  {:>6}  {:>10}  {:>12}  {:>8}  {:>10}  {:>10}  {:>10}\n",
+      reports.size(), reports.front().configuration.members, head == runtime::Head::kMean ? "RMSE" : "NLL",
+      channels_header, "hidden", "lr", "weight decay", "dropout", "val loss", cls ? "test acc" : "test RMSE",
+      "test NLL");
   for (const runtime::ConfigurationReport& r : reports) {
     const runtime::SweepConfiguration& c = r.configuration;
     const bool kept =
         trainer.member_states()[static_cast<size_t>(c.first_member)].status != runtime::MemberStatus::kDeselected;
-    fmt::print("  {:>6}  {:>10g}  {:>12g}  {:>8g}  {:>10}  {:>10}  {:>10}  {}\n", c.hidden, c.lr, c.weight_decay,
-               c.dropout, cell(r.val_loss), cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse),
+    const std::string channels_cell =
+        channels ? fmt::format("  {:>{}}", fmt::format("{}", fmt::join(c.channels, ",")), width) : "";
+    fmt::print("{}  {:>6}  {:>10g}  {:>12g}  {:>8g}  {:>10}  {:>10}  {:>10}  {}\n", channels_cell, c.hidden, c.lr,
+               c.weight_decay, c.dropout, cell(r.val_loss), cell(cls ? r.test.ensemble.accuracy : r.test.ensemble.rmse),
                cell(r.test.ensemble.nll), kept ? "" : "(deselected)");
   }
 }

@@ -2,7 +2,8 @@
 // one flag per field that has one, bound to the options struct, with the schema's
 // help, group, range check ("--members: must be > 0, got 0") and default, so a
 // field described once appears here, in --help and in config files with no edit.
-// A sweepable number takes a comma list (`--lr 1e-3,3e-3`) into `sweeps`.
+// A sweepable number takes a comma list (`--lr 1e-3,3e-3`) into `sweeps`, a sweepable
+// integer list /-separated lists (`--channels 8,16/16,32`) into `list_sweeps`.
 #pragma once
 
 #include "packtrain/base/number_text.h"
@@ -12,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,6 +58,51 @@ inline CLI::Option* add_number_list(CLI::App* app, const std::string& flag, std:
   return option;
 }
 
+// A sweep of integer lists: `--channels 8,16/16,32` (/ between the lists), the flag
+// repeated, or a config file's `channels = [8, 16]` (one list) or
+// `channels = "8,16/16,32"`. Each count must meet the field's bounds and be whole;
+// the lists must be distinct. The first list is the options' own value.
+template <typename O>
+CLI::Option* add_integer_lists(CLI::App* app, const OptionField<O>& f, O& options,
+                               std::vector<std::vector<int64_t>>& lists) {
+  CLI::Option* option = app->add_option_function<std::vector<std::string>>(
+      f.flag,
+      [&options, &lists, &f](const std::vector<std::string>& texts) {
+        std::string joined;
+        for (size_t i = 0; i < texts.size(); ++i) joined += (i == 0 ? "" : ",") + texts[i];
+        try {
+          std::vector<std::vector<int64_t>> parsed;
+          size_t begin = 0;
+          for (;;) {
+            const size_t slash = joined.find('/', begin);
+            const std::string part = joined.substr(begin, slash == std::string::npos ? slash : slash - begin);
+            std::vector<int64_t> list;
+            for (const double v : parse_number_list(part, f.flag)) {
+              if (!(v == std::floor(v) && std::abs(v) <= 1e15) || !f.accepts(v)) {
+                throw UserError(f.flag + ": each count must be a whole number " + f.rule() + ", got " + number_text(v) +
+                                " in '" + joined + "'");
+              }
+              list.push_back(static_cast<int64_t>(v));
+            }
+            if (std::find(parsed.begin(), parsed.end(), list) != parsed.end()) {
+              throw UserError(f.flag + ": the list '" + part + "' is given twice in '" + joined + "'");
+            }
+            parsed.push_back(std::move(list));
+            if (slash == std::string::npos) break;
+            begin = slash + 1;
+          }
+          f.set(options, nlohmann::json(parsed.front()));
+          lists = std::move(parsed);
+        } catch (const UserError& e) {
+          throw CLI::ValidationError(e.what());
+        }
+      },
+      f.help);
+  // Not "INT...": make_integer_options_exact would read the lists as one integer.
+  option->type_name("N,N[/N,N...]")->default_str(f.shown(options));
+  return option;
+}
+
 template <typename T, typename O>
 CLI::Option* add_typed(CLI::App* app, const OptionField<O>& f, O& options, const std::string& help) {
   return app->add_option_function<T>(
@@ -67,13 +114,21 @@ CLI::Option* add_typed(CLI::App* app, const OptionField<O>& f, O& options, const
 // Adds the flags of `schema`'s fields to `app`. `sweeps` receives each sweepable
 // field's values (its default first; a schema with sweepable fields needs it);
 // `options` and `sweeps` must outlive parsing.
+// A sweepable integer list (channels) puts its lists into `list_sweeps` (its
+// default, one list, first).
 template <typename O>
 void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
-                      std::map<std::string, std::vector<double>>* sweeps = nullptr) {
+                      std::map<std::string, std::vector<double>>* sweeps = nullptr,
+                      std::map<std::string, std::vector<std::vector<int64_t>>>* list_sweeps = nullptr) {
   for (const OptionField<O>& f : schema.fields()) {
     if (f.flag.empty()) continue;
     CLI::Option* option = nullptr;
-    if (f.sweep) {
+    if (f.sweep && f.kind == OptionKind::kIntegers) {
+      TORCH_CHECK(list_sweeps != nullptr, f.name, " is a sweepable list: add_schema_flags needs somewhere to put them");
+      std::vector<std::vector<int64_t>>& lists = (*list_sweeps)[f.name];
+      lists = {f.get(options).template get<std::vector<int64_t>>()};
+      option = detail::add_integer_lists(app, f, options, lists);
+    } else if (f.sweep) {
       TORCH_CHECK(sweeps != nullptr, f.name, " is sweepable: add_schema_flags needs somewhere to put its values");
       std::vector<double>& values = (*sweeps)[f.name];
       values = {f.get(options).template get<double>()};

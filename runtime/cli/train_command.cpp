@@ -26,8 +26,10 @@
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -131,6 +133,18 @@ std::string widths_text(const std::vector<runtime::SweepConfiguration>& configur
   return "{" + text + "}";
 }
 
+// A cnn's channels: "channels 8,16", or a sweep's distinct lists "channels {8,16/16,32}".
+std::string channels_text(const runtime::EnsembleTrainerOptions& o,
+                          const std::vector<runtime::SweepConfiguration>& configurations) {
+  if (o.member_channels().empty()) return fmt::format(" (channels {})", fmt::join(o.channels(), ","));
+  std::vector<std::string> lists;
+  for (const runtime::SweepConfiguration& c : configurations) {
+    const std::string list = fmt::format("{}", fmt::join(c.channels, ","));
+    if (std::find(lists.begin(), lists.end(), list) == lists.end()) lists.push_back(list);
+  }
+  return fmt::format(" (channels {{{}}})", fmt::join(lists, "/"));
+}
+
 void describe(const Session& s, RunDriver& driver) {
   const runtime::EnsembleTrainerOptions& o = s.trainer.options();
   const runtime::distributed::ProcessGroup* group = s.dist.group;
@@ -150,17 +164,19 @@ void describe(const Session& s, RunDriver& driver) {
   const auto configurations = runtime::sweep_configurations(o);
   if (configurations.size() > 1) {
     driver.note(fmt::format(
-        "sweep: {} configurations (hidden width x learning rate x weight decay x dropout) x {} members in one "
+        "sweep: {} configurations ({}hidden width x learning rate x weight decay x dropout) x {} members in one "
         "pack",
-        configurations.size(), configurations.front().members));
+        configurations.size(), o.member_channels().empty() ? "" : "channels x ", configurations.front().members));
   }
   driver.note(fmt::format(
       "packtrain {}: {} on {}; {} members, {} head, {}x{} {}, {} epochs, batch {}, {} order{}", s.command,
       s.data.description, o.device().str(), o.members(), runtime::to_string(o.head()), o.depth(),
       // Members of different widths: each width, in sweep order (the pack is the widest).
       o.member_hidden().empty() ? std::to_string(o.hidden()) : widths_text(configurations),
-      o.architecture() == "mlp" ? std::string(ensemble::to_string(o.activation())) : o.architecture(), o.epochs(),
-      s.trainer.batch_size(), graphs::to_string(o.order()),
+      o.architecture() == "mlp"   ? std::string(ensemble::to_string(o.activation()))
+      : o.architecture() == "cnn" ? o.architecture() + channels_text(o, configurations)
+                                  : o.architecture(),
+      o.epochs(), s.trainer.batch_size(), graphs::to_string(o.order()),
       s.trainer.patience() > 0
           ? fmt::format(", early stopping on {} validation loss (patience {})",
                         o.early_stopping() == runtime::EarlyStopping::kEnsemble ? "the ensemble's" : "each member's",
@@ -296,11 +312,11 @@ void select_configuration(const Session& s, RunDriver& driver,
   const runtime::ConfigurationReport& best = reports[runtime::best_configuration(reports)];
   const runtime::SweepConfiguration& c = best.configuration;
   s.trainer.keep_members(c.first_member, c.members);
-  driver.note(
-      fmt::format("sweep: kept hidden {}, lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean "
-                  "validation loss {:.4f}); the other {} configurations' members are deselected",
-                  c.hidden, c.lr, c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1,
-                  best.val_loss, reports.size() - 1));
+  driver.note(fmt::format(
+      "sweep: kept {}hidden {}, lr {:g}, weight decay {:g}, dropout {:g} (members {}..{}; mean "
+      "validation loss {:.4f}); the other {} configurations' members are deselected",
+      c.channels.empty() ? "" : fmt::format("channels {}, ", fmt::join(c.channels, ",")), c.hidden, c.lr,
+      c.weight_decay, c.dropout, c.first_member, c.first_member + c.members - 1, best.val_loss, reports.size() - 1));
 }
 
 // One process or data parallel: rank 0 exports and reports the test metrics
@@ -490,7 +506,8 @@ int run_member_parallel(const TrainCommand& c) {
   }
   if (c.trainer.sweep()) {
     throw UsageError(
-        "a sweep (--hidden, --lr, --weight-decay or --dropout lists) is not available with --member-parallel");
+        "a sweep (--hidden, --lr, --weight-decay, --dropout or --channels lists) is not available with "
+        "--member-parallel");
   }
   runtime::EnsembleTrainerOptions options = train_options(c);
   const int64_t K = options.members(), W = rank.world_size;

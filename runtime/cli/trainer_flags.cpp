@@ -14,7 +14,7 @@
 namespace packtrain::cli {
 
 void add_trainer_options(CLI::App* app, TrainerFlags& f) {
-  add_schema_flags(app, runtime::trainer_option_schema(), f.options, &f.sweeps);
+  add_schema_flags(app, runtime::trainer_option_schema(), f.options, &f.sweeps, &f.list_sweeps);
   app->add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->group("Training");
 }
 
@@ -76,9 +76,12 @@ runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   try {
     o.validate();
     if (f.sweep()) {
-      const runtime::SweepGrid grid{lr, weight_decay, o.members(), dropout, hidden};
+      const std::vector<std::vector<int64_t>>& channels = f.list_sweeps.at("channels");
+      const runtime::SweepGrid grid{lr,          weight_decay,
+                                    o.members(), dropout,
+                                    hidden,      channels.size() > 1 ? channels : std::vector<std::vector<int64_t>>{}};
       o = within_memory(fmt::format("a sweep of {} configurations x --members {}", grid.configurations(), o.members()),
-                        "lower --members or give fewer --hidden, --lr, --weight-decay or --dropout values",
+                        "lower --members or give fewer --hidden, --lr, --weight-decay, --dropout or --channels values",
                         [&] { return runtime::sweep_options(o, grid); });
     }
     o.validate();

@@ -115,6 +115,7 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   spec.member_hidden = options_.member_hidden();
   spec.input_shape = options_.input_shape();
   spec.channels = options_.channels();
+  spec.member_channels = options_.member_channel_lists();
   spec.kernel_size = options_.kernel();
   spec.stride = options_.stride();
   spec.padding = options_.padding();

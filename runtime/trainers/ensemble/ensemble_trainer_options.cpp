@@ -43,9 +43,13 @@ void describe_model(Schema& s) {
       .in_group("Model")
       .at_least(0);
   s.option(PACKTRAIN_OPTION(channels))
-      .help_text("cnn: output channels of each convolution block (convolution, norm, relu, pool 2), comma-separated")
+      .help_text(
+          "cnn: output channels of each convolution block (convolution, norm, relu, pool 2), comma-separated; "
+          "several lists separated by / (8,16/16,32) train members of each in one pack, padded to the widest, swept "
+          "as --lr")
       .in_group("Model")
       .above(0)
+      .sweepable()
       .added_in(3, ensemble::kDefaultCnnChannels);
   s.option(PACKTRAIN_OPTION(kernel))
       .help_text("cnn: kernel size of each convolution (odd with the default \"same\" padding)")
@@ -123,6 +127,7 @@ void describe_optimizer(Schema& s) {
       .added_in(2, nlohmann::json::array());
   s.option(PACKTRAIN_OPTION(member_dropout)).internal().at_least(0).below(1).added_in(2, nlohmann::json::array());
   s.option(PACKTRAIN_OPTION(member_hidden)).internal().above(0).added_in(4, nlohmann::json::array());
+  s.option(PACKTRAIN_OPTION(member_channels)).internal().above(0).added_in(6, nlohmann::json::array());
   s.choice(PACKTRAIN_OPTION(schedule), ensemble::kLrScheduleKindNames)
       .help_text("Learning-rate schedule")
       .in_group("Optimizer");
@@ -221,11 +226,35 @@ void EnsembleTrainerOptions::validate() const {
                       std::to_string(hidden()) + ")");
     }
   }
+  if (!member_channels().empty()) {
+    const size_t blocks = channels().size();
+    if (member_channels().size() != static_cast<size_t>(members()) * blocks) {
+      throw UserError("per-member channels: expected " + std::to_string(members()) + " members x " +
+                      std::to_string(blocks) + " blocks = " + std::to_string(static_cast<size_t>(members()) * blocks) +
+                      " counts, got " + std::to_string(member_channels().size()));
+    }
+    for (size_t i = 0; i < member_channels().size(); ++i) {
+      if (member_channels()[i] > channels()[i % blocks]) {
+        throw UserError("member " + std::to_string(i / blocks) + "'s block " + std::to_string(i % blocks) + " has " +
+                        std::to_string(member_channels()[i]) + " channels, more than the pack's " +
+                        std::to_string(channels()[i % blocks]));
+      }
+    }
+  }
   if (layer_norm() && !member_hidden().empty()) {
     throw UserError(
         "--layer-norm with several --hidden widths: LayerNorm would count a narrower member's padding in its "
         "statistics; give one width, or leave out --layer-norm");
   }
+}
+
+std::vector<std::vector<int64_t>> EnsembleTrainerOptions::member_channel_lists() const {
+  std::vector<std::vector<int64_t>> lists;
+  const auto blocks = static_cast<std::ptrdiff_t>(channels().size());
+  for (auto it = member_channels().begin(); blocks > 0 && member_channels().end() - it >= blocks; it += blocks) {
+    lists.emplace_back(it, it + blocks);
+  }
+  return lists;
 }
 
 int64_t resolved_patience(const EnsembleTrainerOptions& o, bool has_validation) {

@@ -111,6 +111,10 @@ struct EnsembleTrainerOptions {
   // Per-member hidden widths (PackedMLPOptions::member_hidden; hidden is then the
   // widest): members of different widths padded to one pack, a sweep over widths.
   TORCH_ARG(std::vector<int64_t>, member_hidden) = {};
+  // Per-member convolution channels (cnn; PackedCNNOptions::member_channels; channels is
+  // then the widest in each block), flat and member-major: members() x channels().size()
+  // counts, or empty. A sweep over --channels lists trains this way.
+  TORCH_ARG(std::vector<int64_t>, member_channels) = {};
   TORCH_ARG(ensemble::LrScheduleKind, schedule) = ensemble::LrScheduleKind::kConstant;
   TORCH_ARG(int64_t, warmup_steps) = 0;
   TORCH_ARG(double, min_lr_factor) = 0.0;  // cosine: the final fraction of lr (decays over all epochs)
@@ -142,6 +146,8 @@ struct EnsembleTrainerOptions {
  public:
   // UserError naming the offending field and value.
   void validate() const;
+  // member_channels as one list per member (empty without per-member channels).
+  std::vector<std::vector<int64_t>> member_channel_lists() const;
 };
 
 // The struct's defaults are `packtrain train`'s and the Python estimators': early
@@ -161,8 +167,9 @@ const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema();
 // may lack the keys their field's added_in names and read as they meant then.
 // Version 3 added channels and input_shape (the cnn architecture's); version 4
 // member_hidden (packs of different widths) and the cnn's kernel, pool and norm_groups;
-// version 5 the cnn's stride and padding.
-inline constexpr int kTrainerOptionsFormat = 5;
+// version 5 the cnn's stride and padding; version 6 member_channels (cnn members of
+// different channel counts).
+inline constexpr int kTrainerOptionsFormat = 6;
 
 // Every field but `log`, and format_version, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);

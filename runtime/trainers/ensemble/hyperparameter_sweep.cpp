@@ -24,8 +24,41 @@ void check_axis(const std::vector<double>& values, const char* name) {
 }  // namespace
 
 size_t SweepGrid::configurations() const {
-  return lr.size() * weight_decay.size() * std::max<size_t>(dropout.size(), 1) * std::max<size_t>(hidden.size(), 1);
+  return lr.size() * weight_decay.size() * std::max<size_t>(dropout.size(), 1) * std::max<size_t>(hidden.size(), 1) *
+         std::max<size_t>(channels.size(), 1);
 }
+
+namespace {
+// "[8, 16]"
+std::string list_text(const std::vector<int64_t>& values) {
+  std::string text;
+  for (const int64_t v : values) text += (text.empty() ? "" : ", ") + std::to_string(v);
+  return "[" + text + "]";
+}
+
+// The channel lists of a sweep: non-empty, positive, distinct, one count per block
+// each (the pack's blocks are one depth); the widest count of each block.
+std::vector<int64_t> check_channel_lists(const std::vector<std::vector<int64_t>>& lists) {
+  std::vector<int64_t> widest(lists.front().size(), 0);
+  for (size_t i = 0; i < lists.size(); ++i) {
+    const std::vector<int64_t>& list = lists[i];
+    if (list.empty()) throw UserError("a sweep's channel lists must each give at least one block's channels");
+    if (list.size() != widest.size()) {
+      throw UserError("a sweep's channel lists differ in their number of blocks (" + list_text(lists.front()) +
+                      " and " + list_text(list) + "): members of one pack have the same depth; give every list " +
+                      std::to_string(widest.size()) + " counts");
+    }
+    for (size_t b = 0; b < list.size(); ++b) {
+      if (list[b] < 1) throw UserError("a sweep's channels must be positive, got " + list_text(list));
+      widest[b] = std::max(widest[b], list[b]);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (lists[j] == list) throw UserError("a sweep's channel lists repeat " + list_text(list));
+    }
+  }
+  return widest;
+}
+}  // namespace
 
 EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGrid& grid) {
   check_axis(grid.lr, "learning rate");
@@ -38,6 +71,9 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
   for (const int64_t w : widths) {
     if (w < 1) throw UserError("a sweep's hidden widths must be positive, got " + std::to_string(w));
   }
+  const std::vector<std::vector<int64_t>> channel_lists =
+      grid.channels.empty() ? std::vector<std::vector<int64_t>>{base.channels()} : grid.channels;
+  const std::vector<int64_t> widest_channels = check_channel_lists(channel_lists);
   if (grid.seeds < 1) throw UserError("a sweep needs at least one member per configuration");
   const auto configurations = static_cast<int64_t>(grid.configurations());
   if (grid.seeds > std::numeric_limits<int64_t>::max() / configurations) {
@@ -49,24 +85,29 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
   // Before any per-member value exists (four numbers a member, copied with the
   // options): the least a pack of this many members needs, whatever its data (one
   // feature, no rows), must be available.
-  check_memory(estimate_ensemble_run(EnsembleTrainerOptions(base).members(members).hidden(widest), EnsembleRunSizes{}),
-               "sweep fewer values, or lower --members (members per configuration), --hidden or --depth (or run "
-               "where more memory is free)");
+  check_memory(
+      estimate_ensemble_run(EnsembleTrainerOptions(base).members(members).hidden(widest).channels(widest_channels),
+                            EnsembleRunSizes{}),
+      "sweep fewer values, or lower --members (members per configuration), --hidden or --depth (or run "
+      "where more memory is free)");
   std::vector<double> lr, wd, dropout;
-  std::vector<int64_t> hidden;
+  std::vector<int64_t> hidden, channels;
   lr.reserve(static_cast<size_t>(members));
   wd.reserve(static_cast<size_t>(members));
   dropout.reserve(static_cast<size_t>(members));
   hidden.reserve(static_cast<size_t>(members));
-  for (const int64_t h : widths) {
-    for (const double l : grid.lr) {
-      for (const double w : grid.weight_decay) {
-        for (const double p : rates) {
-          for (int64_t s = 0; s < grid.seeds; ++s) {
-            hidden.push_back(h);
-            lr.push_back(l);
-            wd.push_back(w);
-            dropout.push_back(p);
+  for (const std::vector<int64_t>& c : channel_lists) {
+    for (const int64_t h : widths) {
+      for (const double l : grid.lr) {
+        for (const double w : grid.weight_decay) {
+          for (const double p : rates) {
+            for (int64_t s = 0; s < grid.seeds; ++s) {
+              channels.insert(channels.end(), c.begin(), c.end());
+              hidden.push_back(h);
+              lr.push_back(l);
+              wd.push_back(w);
+              dropout.push_back(p);
+            }
           }
         }
       }
@@ -77,6 +118,7 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
   // pack's own (no padding).
   if (rates.size() > 1) base.member_dropout(dropout);
   if (widths.size() > 1) base.hidden(widest).member_hidden(hidden);
+  if (channel_lists.size() > 1) base.channels(widest_channels).member_channels(channels);
   return base;
 }
 
@@ -92,11 +134,15 @@ std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOption
   const auto hidden = [&](int64_t k) {
     return o.member_hidden().empty() ? o.hidden() : o.member_hidden()[static_cast<size_t>(k)];
   };
+  const std::vector<std::vector<int64_t>> member_channels = o.member_channel_lists();
+  const auto channels = [&](int64_t k) {
+    return member_channels.empty() ? std::vector<int64_t>{} : member_channels[static_cast<size_t>(k)];
+  };
   std::vector<SweepConfiguration> out;
   for (int64_t k = 0; k < K; ++k) {
     if (out.empty() || out.back().lr != lr(k) || out.back().weight_decay != wd(k) || out.back().dropout != dropout(k) ||
-        out.back().hidden != hidden(k)) {
-      out.push_back({lr(k), wd(k), dropout(k), hidden(k), k, 0});
+        out.back().hidden != hidden(k) || out.back().channels != channels(k)) {
+      out.push_back({lr(k), wd(k), dropout(k), hidden(k), channels(k), k, 0});
     }
     ++out.back().members;
   }

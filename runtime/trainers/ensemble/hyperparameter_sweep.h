@@ -1,9 +1,10 @@
 // A hyperparameter sweep trained as one pack: every configuration of a grid of
-// hidden widths x learning rates x weight decays x dropout rates, each with `seeds`
-// members, in one EnsembleTrainer (per-member values in EnsembleTrainerOptions::
-// member_hidden / member_lr / member_weight_decay / member_dropout, one captured step
-// for all; members of different widths are padded to the widest, packed_mlp.h).
-// Member k belongs to configuration k / seeds, widths outermost, dropout innermost.
+// cnn channel lists x hidden widths x learning rates x weight decays x dropout rates,
+// each with `seeds` members, in one EnsembleTrainer (per-member values in
+// EnsembleTrainerOptions::member_channels / member_hidden / member_lr /
+// member_weight_decay / member_dropout, one captured step for all; members of
+// different widths or channels are padded to the widest, packed_mlp.h, packed_cnn.h).
+// Member k belongs to configuration k / seeds, channels outermost, dropout innermost.
 // (Schedules and Adam's betas are not swept: they are scalars of the fused update
 // kernels, CPU and CUDA, not per-member tensors.) The configurations are read back
 // from the options, so a resumed run reports them too; each is scored as its own
@@ -29,6 +30,8 @@ struct SweepGrid {
   int64_t seeds = 1;                     // members per configuration
   std::vector<double> dropout;           // empty: the options' own rate
   std::vector<int64_t> hidden;           // empty: the options' own width
+  // cnn channel lists, each one count per block (empty: the options' own channels).
+  std::vector<std::vector<int64_t>> channels;
   // Configurations in the grid (an empty axis counts once); whether there are several.
   size_t configurations() const;
   bool sweeps() const { return configurations() > 1; }
@@ -44,11 +47,12 @@ EnsembleTrainerOptions sweep_options(EnsembleTrainerOptions base, const SweepGri
 struct SweepConfiguration {
   double lr = 0, weight_decay = 0, dropout = 0;
   int64_t hidden = 0;
+  std::vector<int64_t> channels;  // its cnn channels; empty when the pack's members share theirs
   int64_t first_member = 0, members = 0;
 };
 // The configurations the options train: runs of consecutive members with the same
-// (hidden, lr, weight decay, dropout); one configuration (every member) without
-// per-member values.
+// (channels, hidden, lr, weight decay, dropout); one configuration (every member)
+// without per-member values.
 std::vector<SweepConfiguration> sweep_configurations(const EnsembleTrainerOptions& options);
 
 struct ConfigurationReport {

@@ -1,7 +1,8 @@
 // Architecture sweeps in one pack: `--hidden 8,32` trains members of both widths as
 // one pack padded to the widest (packed_mlp.h), reported and selected as a sweep over
 // learning rates is; the checkpoint keeps each member's width, so evaluate, predict
-// and the export (each member at its own width in plain PyTorch) read it back.
+// and the export (each member at its own width in plain PyTorch) read it back. A
+// cnn's channel lists (`--channels 2,4/4,8`) sweep the same way.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -62,12 +63,45 @@ TEST_F(Cli, ACnnHeadOfDifferentWidthsIsASweepInOnePack) {
   EXPECT_NE(j["configurations"][0]["val_loss"], j["configurations"][1]["val_loss"]);
 }
 
+// cnn members of different channel counts: `--channels 2,4/4,8` is one pack padded
+// to the widest channels of each block, a row per list, the best kept; the
+// checkpoint keeps each member's channels, so evaluate reads the same ensemble back.
+TEST_F(Cli, ACnnOfDifferentChannelsIsASweepInOnePack) {
+  const std::string ckpt = path("channels.ckpt");
+  const nlohmann::json j = run_json(
+      "train --data optdigits --head classification --architecture cnn --channels 2,4/4,8 --hidden 16 --members 2 "
+      "--epochs 3 --device cpu --json --select best --checkpoint " +
+      ckpt);
+  EXPECT_EQ(j["options"]["channels"], nlohmann::json({4, 8})) << "the pack is as wide as its widest member";
+  EXPECT_EQ(j["options"]["member_channels"], nlohmann::json({2, 4, 2, 4, 4, 8, 4, 8}));
+  ASSERT_EQ(j["configurations"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["configurations"][0]["channels"], nlohmann::json({2, 4}));
+  EXPECT_EQ(j["configurations"][1]["channels"], nlohmann::json({4, 8}));
+  for (const auto& c : j["configurations"]) EXPECT_GT(c["test"]["accuracy"].get<double>(), 0.3) << c.dump();
+  EXPECT_NE(j["configurations"][0]["val_loss"], j["configurations"][1]["val_loss"]);
+  EXPECT_DOUBLE_EQ(run_json("evaluate " + ckpt + " --json --device cpu")["ensemble"]["accuracy"].get<double>(),
+                   j["ensemble"]["accuracy"].get<double>());
+  const Result text =
+      run("train --data optdigits --head classification --architecture cnn --channels 2,4/4,8 --hidden 16 --members 1 "
+          "--epochs 1 --device cpu");
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("(channels x hidden width x learning rate"));
+  EXPECT_THAT(text.out, HasSubstr("cnn (channels {2,4/4,8})"));
+  EXPECT_THAT(text.out, HasSubstr("channels  hidden"));
+}
+
 TEST_F(Cli, WidthsThatCannotBePackedAreUsageErrors) {
   const std::vector<std::pair<std::string, std::string>> refused{
       {"--hidden 8,16 --layer-norm", "--layer-norm with several --hidden widths"},
       {"--hidden 8.5", "--hidden: widths must be positive integers, got 8.5"},
       {"--hidden 8,8", "given twice"},
       {"--hidden 8,16 --architecture residual-mlp", "no members of different widths"},
+      {"--channels 2,4/2,4 --architecture cnn --data optdigits", "the list '2,4' is given twice"},
+      {"--channels 2,4/4 --architecture cnn --data optdigits", "differ in their number of blocks"},
+      {"--channels 2,4/4,8 --architecture cnn --data optdigits --norm-groups 2", "cannot have GroupNorm"},
+      {"--channels 2,4/4,8", "the mlp architecture has no convolution channels to differ in"},
+      {"--channels 2.5 --architecture cnn --data optdigits", "each count must be a whole number > 0, got 2.5"},
+      {"--channels 4/0 --architecture cnn --data optdigits", "each count must be a whole number > 0, got 0"},
   };
   for (const auto& [flags, message] : refused) {
     const Result r = run("train " + flags + " --epochs 1 --device cpu");

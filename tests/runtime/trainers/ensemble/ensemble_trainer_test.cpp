@@ -520,6 +520,53 @@ TEST_P(EnsembleTrainerTest, AWidthSweepInOnePackTrainsEachWidthAsItsOwnRun) {
   EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_hidden({4, 4}).layer_norm(true)), UserError);
 }
 
+// A sweep over cnn channel lists in one pack (members padded to the widest channels
+// of each block, packed_cnn.h): each list's members train as a run of those channels
+// alone would, and the lists travel with the options.
+TEST_P(EnsembleTrainerTest, AChannelSweepInOnePackTrainsEachListAsItsOwnRun) {
+  const trainer_testing::BarImages train = trainer_testing::bar_images(160, 7),
+                                   val = trainer_testing::bar_images(40, 8);
+  const Data d{train.x, train.labels.to(at::kDouble).unsqueeze(1), val.x, val.labels.to(at::kDouble).unsqueeze(1)};
+  const EnsembleTrainerOptions base = small_options(device())
+                                          .architecture("cnn")
+                                          .head(Head::kClassification)
+                                          .input_shape({1, 8, 8})
+                                          .members(2)
+                                          .epochs(6);
+  EnsembleTrainer sweep(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {}, {{2, 4}, {4, 3}}}));
+  EXPECT_EQ(sweep.options().channels(), (std::vector<int64_t>{4, 4})) << "the widest of each block";
+  ASSERT_EQ(sweep.options().member_channels(), (std::vector<int64_t>{2, 4, 2, 4, 4, 3, 4, 3}));
+  sweep.fit(d.x, d.y, d.val_x, d.val_y);
+  const std::vector<SweepConfiguration> configurations = sweep_configurations(sweep.options());
+  ASSERT_EQ(configurations.size(), 2u);
+  EXPECT_EQ(configurations[0].channels, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(configurations[1].channels, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(configurations[1].first_member, 2);
+  const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);
+  for (const SweepConfiguration& c : configurations) {
+    EnsembleTrainer alone(
+        EnsembleTrainerOptions(base).channels(c.channels).lr(1e-2).weight_decay(1e-4).first_member(c.first_member));
+    alone.fit(d.x, d.y, d.val_x, d.val_y);
+    // Zero channels add exact zeros to each sum, but a convolution over more channels
+    // may group the sum differently: float32 rounding, not a different network.
+    const double gap = (all.member_probabilities.narrow(0, c.first_member, 2) -
+                        alone.predict_uncalibrated(d.val_x).member_probabilities)
+                           .abs()
+                           .max()
+                           .item<double>();
+    EXPECT_LT(gap, 1e-4) << "channels " << c10::IntArrayRef(c.channels);
+  }
+  EXPECT_GT((all.member_probabilities[0] - all.member_probabilities[2]).abs().max().item<double>(), 1e-3);
+  EXPECT_EQ(options_from_json(to_json(sweep.options())).member_channels(), sweep.options().member_channels());
+  // One list is no sweep axis; a repeated list, lists of other depths, or a count
+  // wider than the pack are refused.
+  EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {}, {{2, 4}}}).member_channels().empty());
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {}, {{2, 4}, {2, 4}}}), UserError);
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {}, {{2, 4}, {4}}}), UserError);
+  EXPECT_THROW(EnsembleTrainerOptions(base).channels({4, 4}).member_channels({2, 4, 5, 4}).validate(), UserError);
+  EXPECT_THROW(EnsembleTrainerOptions(base).channels({4, 4}).member_channels({2, 4, 4}).validate(), UserError);
+}
+
 // Dropout's masks follow from the run's seed, not from the process: two runs with
 // one seed train the same weights (bit for bit on CPU; on a GPU the captured
 // replays draw them too), another seed other weights; a run resumed from a

@@ -134,6 +134,8 @@ TEST(TrainerOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
   EnsembleTrainerOptions changed = every_field_changed(schema());
   // Through the public pair too (which validates: per-member lists as long as members).
   changed.members(2).first_member(0).device(c10::Device("cpu"));
+  changed.member_channels({5, 7, 3, 7});  // 2 members x the 2 blocks of channels {5, 7}
+  ASSERT_EQ(changed.channels(), (std::vector<int64_t>{5, 7}));
   // LayerNorm and members of different widths exclude each other: each round-trips
   // changed beside the other at its default.
   ASSERT_TRUE(changed.layer_norm());

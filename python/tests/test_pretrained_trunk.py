@@ -1,0 +1,146 @@
+"""Bring your own language model (issue 39): GPT-2 checkpoints saved by transformers
+(small random models built here; nothing is downloaded) load as packtrain's trunk
+with transformers' logits, next-token loss and gradients; sharded and bfloat16
+checkpoints load too; the trunk saved back loads in transformers with the same logits;
+what packtrain cannot load is refused by name.
+
+The reference is transformers itself (PyPI), not a copy of its formulas."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from packtrain import _core
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (scripts/setup.sh installs it)")
+
+
+def small_gpt2(tmp_path, name="gpt2", seed=0, dtype=None, shard=None, **overrides):
+    config = dict(vocab_size=97, n_positions=24, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                  attn_pdrop=0.0)
+    config.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
+    with torch.no_grad():  # transformers starts biases and norms at 0 and 1: move them off
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    if dtype is not None:
+        model = model.to(dtype)
+    path = tmp_path / name
+    model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
+    return model, path
+
+
+def tokens(batch=3, length=17, vocab=97, seed=1):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def relative_gap(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_gpt2_logits_loss_and_gradients_equal_transformers(tmp_path):
+    model, path = small_gpt2(tmp_path)
+    trunk = _core.PretrainedTrunk(str(path), classes=2)
+    assert trunk.options["gelu_tanh"] and trunk.options["layers"] == 2 and trunk.options["max_length"] == 24
+    x = tokens()
+    with torch.no_grad():
+        expected = model(x).logits
+    assert relative_gap(trunk.lm_logits(x), expected) <= 1e-5
+    # The next-token loss and every gradient of one step, under transformers' names.
+    out = model(x, labels=x)
+    out.loss.backward()
+    loss, grads = trunk.lm_loss_and_gradients(x)
+    assert loss == pytest.approx(out.loss.item(), rel=1e-6)
+    theirs = dict(model.named_parameters())
+    checked = 0
+    for name, grad in grads.items():
+        if name.startswith("score."):
+            continue  # packtrain's classifier: no transformers counterpart in an LM model
+        assert name in theirs, name
+        assert relative_gap(grad, theirs[name].grad) <= 1e-4, name
+        checked += 1
+    assert checked == len(theirs)  # every transformers parameter (lm_head is tied to wte)
+
+
+def test_exact_gelu_sharded_and_bfloat16_checkpoints_load(tmp_path):
+    x = tokens(seed=2)
+    model, path = small_gpt2(tmp_path, "exact", activation_function="gelu", n_inner=64, layer_norm_epsilon=1e-6)
+    trunk = _core.PretrainedTrunk(str(path))
+    assert not trunk.options["gelu_tanh"] and trunk.options["mlp_ratio"] == 2 and trunk.options["norm_eps"] == 1e-6
+    with torch.no_grad():
+        assert relative_gap(trunk.lm_logits(x), model(x).logits) <= 1e-5
+    model, path = small_gpt2(tmp_path, "sharded", shard="20KB")
+    assert (path / "model.safetensors.index.json").exists() and len(list(path.glob("*.safetensors"))) > 2
+    with torch.no_grad():
+        assert relative_gap(_core.PretrainedTrunk(str(path)).lm_logits(x), model(x).logits) <= 1e-5
+    model, path = small_gpt2(tmp_path, "bf16", dtype=torch.bfloat16)
+    with torch.no_grad():  # the bfloat16 weights, computed in float32 by both
+        expected = model.float()(x).logits
+    assert relative_gap(_core.PretrainedTrunk(str(path)).lm_logits(x), expected) <= 1e-5
+
+
+def test_a_saved_trunk_loads_in_transformers_with_the_same_logits(tmp_path):
+    _, path = small_gpt2(tmp_path)
+    trunk = _core.PretrainedTrunk(str(path), classes=3, seed=5)
+    x = tokens(seed=3)
+    trunk.save(str(tmp_path / "saved"))
+    again = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        assert relative_gap(trunk.lm_logits(x), again(x).logits) <= 1e-5
+    # The classifier travels as score.weight (transformers' GPT2ForSequenceClassification
+    # reads it) and score.bias; packtrain reads both back.
+    reloaded = _core.PretrainedTrunk(str(tmp_path / "saved"), classes=3, seed=9)
+    ours, back = trunk.named_tensors(), reloaded.named_tensors()
+    assert ours.keys() == back.keys()
+    for name in ours:
+        assert torch.equal(ours[name], back[name]), name
+    classifier = transformers.GPT2ForSequenceClassification.from_pretrained(tmp_path / "saved")
+    assert torch.equal(classifier.score.weight.detach(), ours["score.weight"])
+
+
+def write_config(path, **config):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_what_cannot_be_loaded_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="is not a folder"):
+        _core.PretrainedTrunk(str(tmp_path / "absent"))
+    write_config(tmp_path / "llama", model_type="llama")
+    with pytest.raises(ValueError, match="model_type 'llama' is not supported.*RMSNorm, rotary"):
+        _core.PretrainedTrunk(str(tmp_path / "llama"))
+    model, path = small_gpt2(tmp_path, "untied", tie_word_embeddings=False)
+    with pytest.raises(ValueError, match="untied LM head"):
+        _core.PretrainedTrunk(str(path))
+    _, path = small_gpt2(tmp_path, "good")
+    config = json.loads((path / "config.json").read_text())
+    config["n_embd"] = 48  # the weights no longer fit the config
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tensor 'transformer.wte.weight' in '.*' has shape \[97, 32\]"):
+        _core.PretrainedTrunk(str(path))
+    write_config(tmp_path / "noweights", **{**config, "n_embd": 32})
+    with pytest.raises(ValueError, match="neither model.safetensors nor model.safetensors.index.json"):
+        _core.PretrainedTrunk(str(tmp_path / "noweights"))
+    # A file longer than its header says, and one whose header is cut short.
+    _, path = small_gpt2(tmp_path, "long")
+    with open(path / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(ValueError, match="holds .* bytes of data, its header accounts for"):
+        _core.PretrainedTrunk(str(path))
+    _, path = small_gpt2(tmp_path, "cut")
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:40])
+    with pytest.raises(ValueError, match="header length .* runs past the file"):
+        _core.PretrainedTrunk(str(path))
+    # A shard the index names that does not hold the tensor.
+    _, path = small_gpt2(tmp_path, "shards", shard="20KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    first = sorted(index["weight_map"])[0]
+    other = next(f for f in sorted(set(index["weight_map"].values())) if f != index["weight_map"][first])
+    index["weight_map"][first] = other
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=f"puts tensor '{first}' in {other}, which does not hold it"):
+        _core.PretrainedTrunk(str(path))
+    assert np.isfinite(model.transformer.wte.weight.detach().numpy()).all()

@@ -1,0 +1,63 @@
+// Bring your own language model (issue 39): a Hugging Face checkpoint folder as the
+// multi-task trunk, and the trained trunk written back as one.
+//
+// A checkpoint folder holds config.json and model.safetensors, or
+// model.safetensors.index.json ({"weight_map": {tensor: shard file}}) and its shards
+// (runtime/io/safetensors_file.h reads each by memory-mapping it). Supported today:
+// the GPT-2 family (config model_type "gpt2": learned positions, pre-LayerNorm blocks,
+// GELU as its activation_function says — gelu_new/gelu_pytorch_tanh as the tanh form,
+// gelu exact —, the fused c_attn stored as Conv1D [in, out], which is the pack's own
+// (in, out) layout, and the LM head tied to wte), with float32, bfloat16 or float16
+// weights, loaded as float32. The PackedTransformer's blocks are GPT-2's: weights map
+// one to one (`transformer.h.{l}.attn.c_attn.weight` -> `block{l}.attn.qkv.weight`).
+// Refused, each a UserError naming it: another model_type (Llama's RMSNorm, rotary
+// positions, SwiGLU and grouped-query attention are not in the trunk yet), an untied LM
+// head, a missing or mis-shaped tensor, a malformed file.
+//
+// The classification head is the pack's own (cls: d -> classes, with bias): new,
+// drawn from the seed, unless the folder holds packtrain's own `score.weight` and
+// `score.bias` of that shape (what save_pretrained_trunk writes; transformers'
+// GPT2ForSequenceClassification reads score.weight and ignores the bias).
+#pragma once
+
+#include "packtrain/ensemble/packed_transformer.h"
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace packtrain::runtime {
+
+// The trunk's options a checkpoint folder's config.json describes (one member;
+// `classes` the classification head's), before any weight is read; UserError naming
+// the folder and the key for a missing folder, a config without model_type, an
+// unsupported architecture or an unusable value.
+ensemble::PackedTransformerOptions pretrained_trunk_options(const std::filesystem::path& dir, int64_t classes);
+
+// A one-member PackedTransformer of those options on `device`, its trunk and LM head
+// the checkpoint's weights (every one present, of its shape, or a UserError naming
+// the tensor and file), its classification head drawn from `seed` (or the folder's
+// score.weight and score.bias).
+std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const std::filesystem::path& dir, int64_t classes,
+                                                                   uint64_t seed = 0,
+                                                                   c10::Device device = c10::Device(c10::kCPU));
+
+// Member `member`'s parameters (gradients: their .grad()) under transformers' GPT-2
+// names and in its layouts (norms and biases as vectors, the classifier as score's
+// (C, d)), the LM head tied; what save_pretrained_trunk writes. A whole model.
+std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const ensemble::PackedTransformer& model,
+                                                                         int64_t member = 0, bool gradients = false);
+
+// Writes member `member` of `model` (a whole model, tied LM head) to `dir` as a GPT-2
+// checkpoint folder — config.json and model.safetensors in transformers' names, the
+// classifier as score.weight and score.bias — that transformers' GPT2LMHeadModel
+// loads with the same logits. Creates the folder; replaces the two files atomically.
+void save_pretrained_trunk(const ensemble::PackedTransformer& model, const std::filesystem::path& dir,
+                           int64_t member = 0);
+
+}  // namespace packtrain::runtime
