@@ -1,6 +1,7 @@
 """Bring your own language model (issue 39): GPT-2 checkpoints saved by transformers
 (small random models built here; nothing is downloaded) load as packtrain's trunk
-with transformers' logits, next-token loss and gradients; sharded and bfloat16
+with transformers' logits, next-token loss and gradients, and greedy KV-cached
+generation token for token; sharded and bfloat16
 checkpoints load too; the trunk saved back loads in transformers with the same logits;
 what packtrain cannot load is refused by name.
 
@@ -62,6 +63,17 @@ def test_gpt2_logits_loss_and_gradients_equal_transformers(tmp_path):
         assert relative_gap(grad, theirs[name].grad) <= 1e-4, name
         checked += 1
     assert checked == len(theirs)  # every transformers parameter (lm_head is tied to wte)
+
+
+def test_kv_cached_greedy_generation_equals_transformers_token_for_token(tmp_path):
+    model, path = small_gpt2(tmp_path, seed=4)
+    trunk = _core.PretrainedTrunk(str(path))
+    for prompt in ([5], [3, 14, 15, 92, 65]):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):]
+        assert trunk.greedy(prompt, 12) == expected.tolist()
+    with pytest.raises(ValueError, match="positions in all"):
+        trunk.greedy([1] * 20, 5)
 
 
 def test_exact_gelu_sharded_and_bfloat16_checkpoints_load(tmp_path):
