@@ -100,6 +100,9 @@ add_compile_definitions(FMT_HEADER_ONLY=1)
 # libzip-dev does not install, so find_package(libzip) fails without them.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET GLOBAL libzip)
+# --- PCRE2: GPT-2's Unicode pre-tokenization pattern (runtime/data/bpe_tokenizer.cpp;
+# Debian's libpcre2-dev) ----------------------------------------------------------
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
 
 if(PACKTRAIN_BUILD_TESTS)
   find_package(GTest REQUIRED)

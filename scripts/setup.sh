@@ -31,7 +31,7 @@ venv="$cache/venv-torch-$TORCH_VERSION"
 # --- Debian packages -------------------------------------------------------
 debs=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev libbenchmark-dev
       libfmt-dev libcli11-dev nlohmann-json3-dev pkg-config libzip-dev python3-venv libgloo-dev
-      clang-format)
+      libpcre2-dev clang-format)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,6 +5,7 @@
 // holds it again) is where Ctrl-C is seen, as the CLI sees it between epochs.
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
+#include "packtrain/runtime/data/bpe_tokenizer.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/labelled_texts.h"
@@ -769,6 +770,19 @@ void add_pretrained(py::module_& m) {
           py::arg("dir"), py::call_guard<py::gil_scoped_release>());
 }
 
+// GPT-2's byte-level BPE from a tokenizer folder (runtime/data/bpe_tokenizer.h).
+void add_bpe_tokenizer(py::module_& m) {
+  using packtrain::runtime::BpeTokenizer;
+  py::class_<BpeTokenizer>(m, "BpeTokenizer")
+      .def(py::init([](const std::string& dir) { return BpeTokenizer::from_folder(dir); }), py::arg("dir"))
+      .def("encode", &BpeTokenizer::encode, py::arg("text"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "decode", [](const BpeTokenizer& t, const std::vector<int64_t>& ids) { return py::bytes(t.decode(ids)); },
+          py::arg("ids"))
+      .def_property_readonly("vocab_size", &BpeTokenizer::vocab_size)
+      .def("token_id", &BpeTokenizer::token_id, py::arg("token"));
+}
+
 void add_trainer_state(py::class_<EnsembleTrainer>& trainer) {
   trainer
       .def_property_readonly("options_json",
@@ -904,5 +918,6 @@ PYBIND11_MODULE(_core, m) {
   add_resume(m);
   add_multitask(m);
   add_pretrained(m);
+  add_bpe_tokenizer(m);
   add_trainer(m);
 }
