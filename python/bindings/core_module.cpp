@@ -645,6 +645,10 @@ void add_multitask(py::module_& m) {
       .def(
           "save", [](const MultiTaskTrainer& t, const std::string& path) { t.save(path); }, py::arg("path"),
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "save_pretrained",
+          [](const MultiTaskTrainer& t, const std::string& dir, int64_t member) { t.save_pretrained(dir, member); },
+          py::arg("dir"), py::arg("member") = 0, py::call_guard<py::gil_scoped_release>())
       .def_static(
           "load",
           [](const std::string& path, const std::string& device) {

@@ -7,6 +7,8 @@ backward per step; on a GPU each length bucket's step is one captured graph).
     model.generate("The cat", max_new_tokens=40)     # one continuation per member
 
 Options and defaults are `packtrain multitask train`'s (read from the C++ trainer).
+`trunk="folder"` starts from a Hugging Face GPT-2 checkpoint (its shape, weights and
+tokenizer); save_pretrained() writes the trained trunk back as one.
 """
 import json
 import os
@@ -69,6 +71,12 @@ class MultiTaskModel:
         """A checkpoint `packtrain multitask score/generate/resume` read."""
         self._check_fitted()
         self._trainer.save(str(path))
+
+    def save_pretrained(self, directory, member=0):
+        """Member `member` as a Hugging Face GPT-2 folder (config.json, model.safetensors
+        and the trunk's tokenizer files) that transformers' from_pretrained loads."""
+        self._check_fitted()
+        self._trainer.save_pretrained(os.fspath(directory), int(member))
 
     @classmethod
     def load(cls, path, device="cpu"):

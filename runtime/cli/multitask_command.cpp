@@ -19,6 +19,7 @@
 #include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/input_file.h"
 #include "packtrain/runtime/data/labelled_texts.h"
+#include "packtrain/runtime/data/text_tokenizer.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/measure/layer_timing.h"
@@ -167,10 +168,10 @@ void report(const Session& s, const RunDriver& driver, const nlohmann::json& epo
     return;
   }
   fmt::print(
-      "Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per byte, "
+      "Dev ({}, {} sentences): accuracy {:.4f}, Matthews correlation {:.4f}, LM loss {:.4f} per {}, "
       "perplexity {:.3f}\n",
       s.files.dev.filename().string(), metrics.examples, metrics.accuracy, metrics.mcc, metrics.lm_loss,
-      metrics.perplexity);
+      s.trainer.tokenizer().unit(), metrics.perplexity);
   fmt::print("Majority class ('{}') on dev: accuracy {:.4f}, Matthews correlation 0: the classifier {} it\n",
              class_name(s.files.class_names, majority), majority_accuracy,
              metrics.mcc > 0 && metrics.accuracy > majority_accuracy ? "beats" : "does not beat");
@@ -295,6 +296,7 @@ int run_train(const MultiTaskTrainArgs& a) {
   });
   options.model().classes(classes);
   options.model().device(pick_device(a.device));
+  options = runtime::with_trunk_shape(options);  // a --trunk's shape, before the memory estimate
   check_pipeline_flags(options);
   options.validate();  // a UserError: exit 2 with its message
   if (options.batch_size() > static_cast<int64_t>(train.size())) {
@@ -442,7 +444,8 @@ int run_generate(const std::string& checkpoint, const std::string& prompt, const
                  const std::string& device, bool with_score, bool json) {
   if (prompt.empty()) throw UsageError("--prompt is empty");
   const auto [trainer, names] = load(checkpoint, device);
-  if (static_cast<int64_t>(prompt.size()) + 1 > trainer->options().model().max_length()) {
+  if (trainer->options().trunk().empty() &&
+      static_cast<int64_t>(prompt.size()) + 1 > trainer->options().model().max_length()) {
     throw UsageError(fmt::format("the prompt has {} bytes; the model has {} positions (BOS included)", prompt.size(),
                                  trainer->options().model().max_length()));
   }
@@ -581,6 +584,28 @@ void add_multitask_generate(CLI::App* mt, int& status) {
   });
 }
 
+// multitask export CHECKPOINT DIR: a Hugging Face GPT-2 folder transformers loads.
+void add_multitask_export(CLI::App* mt, int& status) {
+  auto checkpoint = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto member = std::make_shared<int64_t>(0);
+  CLI::App* exported = mt->add_subcommand(
+      "export",
+      "Write a checkpoint's model as a Hugging Face GPT-2 folder (config.json, model.safetensors, the --trunk's "
+      "tokenizer files) that transformers' from_pretrained loads.");
+  exported->add_option("checkpoint", *checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
+  exported->add_option("dir", *out, "Folder to write (created; its config.json and model.safetensors replaced)")
+      ->required();
+  exported->add_option("--member", *member, "Which member of a pack")->check(non_negative())->capture_default_str();
+  exported->callback([=, &status] {
+    const auto [trainer, names] = load(*checkpoint, "cpu");
+    trainer->save_pretrained(*out, *member);
+    fmt::print("wrote {} (member {}, {} blocks of width {})\n", *out, *member, trainer->options().model().layers(),
+               trainer->options().model().width());
+    status = 0;
+  });
+}
+
 }  // namespace
 
 void add_multitask_commands(CLI::App& app, int& status) {
@@ -591,6 +616,7 @@ void add_multitask_commands(CLI::App& app, int& status) {
   add_multitask_resume(mt, status);
   add_multitask_score(mt, status);
   add_multitask_generate(mt, status);
+  add_multitask_export(mt, status);
 }
 
 }  // namespace packtrain::cli

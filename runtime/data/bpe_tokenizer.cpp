@@ -22,8 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // GPT-2's pre-tokenization pattern (its encoder.py; Hugging Face's ByteLevel).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string utf8(uint32_t cp) {
   std::string out;
@@ -195,7 +194,8 @@ BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir) {
     if (!pre.is_object() || pre.value("type", std::string()) != "ByteLevel") {
       throw fail("pre_tokenizer is not ByteLevel (GPT-2's byte-level BPE is read): " + pre.dump());
     }
-    if (!pre.value("use_regex", true)) throw fail("a ByteLevel pre_tokenizer without GPT-2's pattern (use_regex false)");
+    if (!pre.value("use_regex", true))
+      throw fail("a ByteLevel pre_tokenizer without GPT-2's pattern (use_regex false)");
     if (!model.contains("vocab") || !model.contains("merges") || !model.at("merges").is_array()) {
       throw fail("the BPE model needs vocab and merges");
     }

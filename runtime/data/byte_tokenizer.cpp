@@ -35,9 +35,9 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
   return out;
 }
 
-PaddedTokens pad_sequences(const std::vector<std::vector<int64_t>>& sequences, int64_t length) {
+PaddedTokens pad_sequences(const std::vector<std::vector<int64_t>>& sequences, int64_t length, int64_t pad) {
   const auto n = static_cast<int64_t>(sequences.size());
-  PaddedTokens out{at::full({n, length}, ByteTokenizer::kPad, at::kLong), at::empty({n}, at::kLong)};
+  PaddedTokens out{at::full({n, length}, pad, at::kLong), at::empty({n}, at::kLong)};
   int64_t* tokens = out.tokens.data_ptr<int64_t>();
   int64_t* lengths = out.lengths.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {

@@ -28,11 +28,12 @@ class ByteTokenizer {
   std::string decode(const std::vector<int64_t>& ids) const;
 };
 
-// Sequences right-padded with kPad to a (N, T) int64 tensor and their lengths (N).
+// Sequences right-padded with `pad` to a (N, T) int64 tensor and their lengths (N).
 struct PaddedTokens {
   at::Tensor tokens;
   at::Tensor lengths;
 };
-PaddedTokens pad_sequences(const std::vector<std::vector<int64_t>>& sequences, int64_t length);
+PaddedTokens pad_sequences(const std::vector<std::vector<int64_t>>& sequences, int64_t length,
+                           int64_t pad = ByteTokenizer::kPad);
 
 }  // namespace packtrain::runtime

@@ -9,10 +9,12 @@
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/text_tokenizer.h"
 #include "packtrain/runtime/distributed/pipeline_groups.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
 #include "packtrain/runtime/trainers/multitask/multitask_steps.h"
+#include "packtrain/runtime/trainers/multitask/pretrained_trunk.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -101,8 +103,13 @@ MultiTaskEpochReport epoch_report(int64_t epoch, int64_t steps, const at::Tensor
 }  // namespace
 
 MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed::ProcessGroup* pipeline)
-    : options_(std::move(options)), device_(options_.model().device()) {
+    : options_(with_trunk_shape(std::move(options))), device_(options_.model().device()) {
   options_.validate();
+  tokenizer_ = options_.trunk().empty() ? make_byte_text_tokenizer() : make_checkpoint_text_tokenizer(options_.trunk());
+  if (tokenizer_->vocab() > options_.model().vocab()) {
+    throw DataError(fmt::format("the tokenizer in '{}' has {} tokens, more than the model's vocabulary of {}",
+                                options_.trunk(), tokenizer_->vocab(), options_.model().vocab()));
+  }
   if (!options_.log()) options_.log(graphs::log_to_stderr);  // never silent, as in graphs/
   // "cuda" means the first device: graph caches and pools compare devices with their index.
   if (device_.is_cuda() && device_.index() < 0) {
@@ -136,6 +143,7 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
     replicas_group_ = pipeline_groups_->stage_replicas;
   }
   model_ = std::make_unique<ensemble::PackedTransformer>(model_options, stage);
+  if (!options_.trunk().empty()) load_pretrained_weights(options_.trunk(), *model_);  // every member's trunk
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
       model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
   if (options_.warmup_steps() > 0) {
@@ -216,7 +224,7 @@ std::vector<distributed::StagePlacement> MultiTaskTrainer::place_stages(const en
 }
 
 std::vector<MultiTaskTrainer::Bucket> MultiTaskTrainer::tokenize(const LabelledTexts& data, int64_t* truncated) const {
-  const ByteTokenizer tokenizer;
+  const TextTokenizer& tokenizer = *tokenizer_;
   const std::vector<int64_t>& lengths = options_.buckets();
   std::vector<std::vector<std::vector<int64_t>>> sequences(lengths.size());
   std::vector<std::vector<int64_t>> labels(lengths.size()), index(lengths.size());
@@ -238,7 +246,7 @@ std::vector<MultiTaskTrainer::Bucket> MultiTaskTrainer::tokenize(const LabelledT
   std::vector<Bucket> out;
   for (size_t b = 0; b < lengths.size(); ++b) {
     if (sequences[b].empty()) continue;
-    const PaddedTokens padded = pad_sequences(sequences[b], lengths[b]);
+    const PaddedTokens padded = pad_sequences(sequences[b], lengths[b], tokenizer.pad());
     out.push_back({lengths[b], padded.tokens.to(device_), padded.lengths.to(device_),
                    at::tensor(labels[b], at::kLong).to(device_), index[b]});
   }

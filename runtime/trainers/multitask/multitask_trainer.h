@@ -47,6 +47,7 @@ namespace packtrain::runtime {
 
 class MultiTaskSteps;
 class MultiTaskPipeline;
+class TextTokenizer;
 namespace distributed {
 class ProcessGroup;
 struct PipelineGroups;
@@ -55,6 +56,11 @@ struct PipelineGroups;
 struct MultiTaskTrainerOptions {
   /// Example: MultiTaskTrainerOptions().model(PackedTransformerOptions().width(256)).batch_size(32)
   TORCH_ARG(ensemble::PackedTransformerOptions, model) = {};
+  // A Hugging Face checkpoint folder as the trunk (pretrained_trunk.h: GPT-2 today):
+  // its config sets the model's shape (vocab, width, layers, heads, MLP, positions,
+  // GELU, LayerNorm epsilon), its weights every member's trunk and LM head, its
+  // tokenizer (text_tokenizer.h) the text's. "": packtrain's own trunk, from scratch.
+  TORCH_ARG(std::string, trunk) = "";
   TORCH_ARG(int64_t, batch_size) = 32;
   // Padded lengths in tokens (BOS and EOS included), ascending; the last must not
   // exceed the model's max_length and is where longer texts are cut.
@@ -102,9 +108,13 @@ struct MultiTaskTrainerOptions {
 
 // The one description of the options (packtrain/base/option_schema.h): validate's
 // ranges, JSON, `multitask train`'s flags and the Python MultiTaskModel's options
-// come from it (multitask_trainer_options.cpp). Version 2 added format_version.
+// come from it (multitask_trainer_options.cpp). Version 2 added format_version;
+// version 3 trunk and the model's gelu_tanh and norm_eps.
 const OptionSchema<MultiTaskTrainerOptions>& multitask_option_schema();
-inline constexpr int kMultiTaskOptionsFormat = 2;
+inline constexpr int kMultiTaskOptionsFormat = 3;
+// `options` with a loaded trunk's shape (options.trunk()'s config.json) in its model
+// options; unchanged without a trunk. UserError naming the folder or key.
+MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions options);
 
 // Every field but `log` and `layer_timer` (and the model's device and seed: the
 // device is chosen at load, the seed is the trainer's), and format_version, as a
@@ -179,6 +189,7 @@ class MultiTaskTrainer {
   const std::vector<distributed::StagePlacement>& placement() const { return placement_; }
 
   const MultiTaskTrainerOptions& options() const { return options_; }
+  const TextTokenizer& tokenizer() const { return *tokenizer_; }
   ensemble::PackedTransformer& model() { return *model_; }
   ensemble::PackedAdam& optimizer() { return *optimizer_; }
   int64_t epochs_done() const { return epochs_done_; }
@@ -235,6 +246,12 @@ class MultiTaskTrainer {
   // The manifest records each stage file's checksum; each stage file records its stage
   // and the stage count, and load() refuses a file whose record is not the manifest's.
   void save(const std::filesystem::path& path, const std::string& extra = "{}") const;
+  // Member `member` as a Hugging Face GPT-2 checkpoint folder (pretrained_trunk.h's
+  // save_pretrained_trunk) with the trunk's tokenizer files copied beside it, so
+  // transformers loads the trained trunk and LM head again. A whole model of a GPT-2
+  // shape (a run with a trunk, or packtrain's own trunk, whose byte tokenizer has no
+  // files: the folder then holds the weights and config only). UserError otherwise.
+  void save_pretrained(const std::filesystem::path& dir, int64_t member = 0) const;
   static std::unique_ptr<MultiTaskTrainer> load(const std::filesystem::path& path, c10::Device device,
                                                 std::string* extra = nullptr,
                                                 graphs::GraphLog log = graphs::log_to_stderr,
@@ -264,6 +281,7 @@ class MultiTaskTrainer {
 
   MultiTaskTrainerOptions options_;
   c10::Device device_;
+  std::unique_ptr<TextTokenizer> tokenizer_;  // the trunk's (the byte tokenizer without one)
   std::unique_ptr<ensemble::PackedTransformer> model_;
   std::unique_ptr<ensemble::PackedAdam> optimizer_;
   std::unique_ptr<MultiTaskSteps> steps_;  // graph pool, training and eval graph caches, accumulators

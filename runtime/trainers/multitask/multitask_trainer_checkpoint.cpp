@@ -3,6 +3,8 @@
 // stages assembled into the whole model in one process).
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
+#include "packtrain/runtime/trainers/multitask/pretrained_trunk.h"
+
 #include "multitask_trainer_internal.h"
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/data/data_error.h"
@@ -366,6 +368,24 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const MultiTaskCheckpoi
   trainer->steps_done_ = progress.at("steps").toInt();
   if (extra != nullptr) *extra = progress.at("extra").toStringRef();
   return trainer;
+}
+
+void MultiTaskTrainer::save_pretrained(const std::filesystem::path& dir, int64_t member) const {
+  if (pipeline_) {
+    throw UserError("save_pretrained needs the whole model: load the pipeline run's checkpoint in one process first");
+  }
+  if (member < 0 || member >= model_->members()) {
+    throw UserError(fmt::format("save_pretrained: member {} out of range for {} members", member, model_->members()));
+  }
+  save_pretrained_trunk(*model_, dir, member);
+  if (options_.trunk().empty()) return;
+  for (const char* name :
+       {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const std::filesystem::path from = std::filesystem::path(options_.trunk()) / name;
+    if (std::filesystem::exists(from)) {
+      std::filesystem::copy_file(from, dir / name, std::filesystem::copy_options::overwrite_existing);
+    }
+  }
 }
 
 }  // namespace packtrain::runtime

@@ -4,8 +4,8 @@
 #include "multitask_trainer_internal.h"
 #include "packtrain/base/user_error.h"
 #include "packtrain/profiling/nvtx.h"
-#include "packtrain/runtime/data/byte_tokenizer.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/text_tokenizer.h"
 #include "packtrain/runtime/trainers/multitask/multitask_pipeline.h"
 
 #include <ATen/ATen.h>
@@ -33,7 +33,7 @@ MultiTaskTrainer::DecodeSession& MultiTaskTrainer::decode_session(const Generate
   s->token = at::zeros({K, 1}, longs);
   s->position = at::zeros({1}, longs);
   s->step_index = at::zeros({1}, longs);
-  s->generated = at::full({max_length, K}, ByteTokenizer::kEos, longs);
+  s->generated = at::full({max_length, K}, tokenizer_->end(), longs);
   if (sampled) {
     s->noise = at::zeros({max_length, K, V}, reals);
     s->temperature = at::ones({}, reals);
@@ -80,14 +80,9 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
   if (g.max_new_tokens < 1) throw UserError("generate: max_new_tokens must be >= 1");
   if (!(g.temperature >= 0)) throw UserError("generate: temperature must be >= 0");
   if (g.top_k < 0) throw UserError("generate: top_k must be >= 0");
-  const ByteTokenizer tokenizer;
+  const TextTokenizer& tokenizer = *tokenizer_;
   const int64_t max_length = options_.model().max_length(), V = options_.model().vocab(), K = model_->members();
-  std::vector<int64_t> ids;
-  try {
-    ids = tokenizer.encode_prompt(prompt, max_length);
-  } catch (const c10::Error& e) {
-    throw UserError(e.what_without_backtrace());
-  }
+  const std::vector<int64_t> ids = tokenizer.encode_prompt(prompt, max_length);
   const auto n = static_cast<int64_t>(ids.size());
   const int64_t steps = std::min(g.max_new_tokens, max_length - n + 1);
   at::NoGradGuard no_grad;
@@ -102,7 +97,7 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
   session.token.fill_(ids.back());
   session.position.fill_(n - 1);
   session.step_index.zero_();
-  session.generated.fill_(ByteTokenizer::kEos);
+  session.generated.fill_(tokenizer.end());
   if (session.sampled) {
     // Gumbel-max: argmax(logits / T + Gumbel noise) samples softmax(logits / T).
     auto generator = at::make_generator<at::CPUGeneratorImpl>(g.seed);

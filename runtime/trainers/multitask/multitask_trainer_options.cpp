@@ -3,6 +3,7 @@
 
 #include "packtrain/base/option_schema.h"
 #include "packtrain/base/user_error.h"
+#include "packtrain/runtime/trainers/multitask/pretrained_trunk.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -28,7 +29,10 @@ void describe_model(Schema& s) {
       .help_text("Models trained as one pack (1: an ordinary model)")
       .in_group("Model")
       .above(0);
-  s.option(PACKTRAIN_NESTED_OPTION(model, vocab)).help_text("Tokens (the byte tokenizer's 259)").no_flag().above(0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, vocab))
+      .help_text("Tokens (the byte tokenizer's 259; a --trunk's from its config)")
+      .no_flag()
+      .above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, width)).help_text("Model width").in_group("Model").above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, layers)).help_text("Transformer blocks").in_group("Model").above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, heads))
@@ -45,6 +49,24 @@ void describe_model(Schema& s) {
       .no_flag()
       .above(0);
   s.option(PACKTRAIN_NESTED_OPTION(model, tie_lm_head)).help_text("LM logits from the token embedding").no_flag();
+  s.option(PACKTRAIN_NESTED_OPTION(model, gelu_tanh))
+      .help_text("The MLP's GELU in its tanh form (a GPT-2 trunk's)")
+      .no_flag()
+      .added_in(3, false);
+  s.option(PACKTRAIN_NESTED_OPTION(model, norm_eps))
+      .help_text("LayerNorm epsilon")
+      .no_flag()
+      .above(0)
+      .finite_only()
+      .added_in(3, 1e-5);
+  s.option(PACKTRAIN_OPTION(trunk))
+      .help_text(
+          "A Hugging Face GPT-2 checkpoint folder (config.json, model.safetensors or a sharded index, "
+          "tokenizer.json or vocab.json + merges.txt) as the trunk: its config replaces the width, layers, heads "
+          "and positions, its weights the trunk and LM head, its tokenizer the byte tokenizer; \"\": train "
+          "packtrain's own trunk from scratch")
+      .in_group("Model")
+      .added_in(3, "");
   s.choice(PACKTRAIN_NESTED_OPTION(model, dtype), kDtypeNames).help_text("Parameter dtype").no_flag();
 }
 
@@ -198,6 +220,22 @@ void MultiTaskTrainerOptions::validate() const {
     throw UserError(fmt::format("task weights must be >= 0 and not both 0, got classification_weight={}, lm_weight={}",
                                 classification_weight(), lm_weight()));
   }
+}
+
+MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions o) {
+  if (o.trunk().empty()) return o;
+  const ensemble::PackedTransformerOptions loaded = pretrained_trunk_options(o.trunk(), o.model().classes());
+  o.model(ensemble::PackedTransformerOptions(o.model())
+              .vocab(loaded.vocab())
+              .width(loaded.width())
+              .layers(loaded.layers())
+              .heads(loaded.heads())
+              .mlp_ratio(loaded.mlp_ratio())
+              .max_length(loaded.max_length())
+              .tie_lm_head(loaded.tie_lm_head())
+              .gelu_tanh(loaded.gelu_tanh())
+              .norm_eps(loaded.norm_eps()));
+  return o;
 }
 
 std::string to_json(const MultiTaskTrainerOptions& o) { return multitask_option_schema().to_json(o).dump(); }

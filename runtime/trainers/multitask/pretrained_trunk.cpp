@@ -203,43 +203,50 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
   return o;
 }
 
-std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const fs::path& dir, int64_t classes, uint64_t seed,
-                                                                   c10::Device device) {
-  ensemble::PackedTransformerOptions options = pretrained_trunk_options(dir, classes).seed(seed).device(device);
+void load_pretrained_weights(const fs::path& dir, ensemble::PackedTransformer& model) {
+  const ensemble::PackedTransformerOptions& options = model.options();
   const CheckpointTensors tensors(dir);
   const std::string prefix = tensors.contains("transformer.wte.weight") ? "transformer." : "";
-  auto model = std::make_unique<ensemble::PackedTransformer>(options);
-  ensemble::PackedParameters& params = model->parameters();
+  ensemble::PackedParameters& params = model.parameters();
   const bool has_classifier = tensors.contains("score.weight");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     const ensemble::ParameterSpec& spec = params.spec(i);
     const std::string name = gpt2_name(spec.name, prefix);
-    const at::Tensor slot = params[i][0];  // (in, out) or (1, d)
+    at::Tensor value;  // in the pack's per-member shape
     if (spec.name.starts_with("cls.")) {
-      if (!has_classifier) continue;    // a new head: drawn from the seed
+      if (!has_classifier) continue;    // a new head: as drawn from the seed
       if (spec.name == "cls.weight") {  // torch Linear (C, d) -> (d, C)
-        slot.copy_(
-            tensors
-                .read(name, {spec.shape[1], spec.shape[0]}, "the classifier of " + std::to_string(classes) + " classes")
-                .t());
+        value = tensors
+                    .read(name, {spec.shape[1], spec.shape[0]},
+                          "a classifier of " + std::to_string(options.classes()) + " classes")
+                    .t();
       } else if (tensors.contains(name)) {
-        slot.copy_(tensors.read(name, {spec.shape[1]}, "the classifier").view(spec.shape));
+        value = tensors.read(name, {spec.shape[1]}, "the classifier").view(spec.shape);
       } else {
-        slot.zero_();  // transformers' score has no bias
+        value = at::zeros(spec.shape);  // transformers' score has no bias
       }
-      continue;
+    } else {
+      const bool vector = spec.shape.size() == 2 && spec.shape[0] == 1;  // norms' and biases' (1, d)
+      const std::vector<int64_t> file_shape = vector ? std::vector<int64_t>{spec.shape[1]} : spec.shape;
+      value = tensors.read(name, file_shape, "the config's " + spec.name).view(spec.shape);
     }
-    const bool vector = spec.shape.size() == 2 && spec.shape[0] == 1;  // norms' and biases' (1, d)
-    const std::vector<int64_t> file_shape = vector ? std::vector<int64_t>{spec.shape[1]} : spec.shape;
-    slot.copy_(tensors.read(name, file_shape, "the config's " + spec.name).view(spec.shape));
+    params[i].copy_(value.unsqueeze(0).expand_as(params[i]));  // every member starts from the checkpoint
   }
   if (tensors.contains("lm_head.weight")) {  // tied: must be the embedding itself
     const at::Tensor lm = tensors.read("lm_head.weight", {options.vocab(), options.width()}, "the tied LM head");
-    if (!at::equal(lm, params.at("tok_emb.weight")[0].cpu())) {
+    const at::Tensor wte = tensors.read(prefix + "wte.weight", {options.vocab(), options.width()}, "the embedding");
+    if (!at::equal(lm, wte)) {
       throw UserError("checkpoint's lm_head.weight differs from its wte.weight: an untied LM head is not supported");
     }
   }
+}
+
+std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const fs::path& dir, int64_t classes, uint64_t seed,
+                                                                   c10::Device device) {
+  auto model =
+      std::make_unique<ensemble::PackedTransformer>(pretrained_trunk_options(dir, classes).seed(seed).device(device));
+  load_pretrained_weights(dir, *model);
   return model;
 }
 

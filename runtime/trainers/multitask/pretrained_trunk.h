@@ -47,6 +47,12 @@ std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const std::fi
                                                                    uint64_t seed = 0,
                                                                    c10::Device device = c10::Device(c10::kCPU));
 
+// Writes the checkpoint's weights into every member of `model` (any stage of a
+// pipeline: the parameters it holds), whose options must be the checkpoint's shape
+// (pretrained_trunk_options); the classifier only where the folder has score.weight.
+// UserError naming a missing or mis-shaped tensor and its file.
+void load_pretrained_weights(const std::filesystem::path& dir, ensemble::PackedTransformer& model);
+
 // Member `member`'s parameters (gradients: their .grad()) under transformers' GPT-2
 // names and in its layouts (norms and biases as vectors, the classifier as score's
 // (C, d)), the LM head tied; what save_pretrained_trunk writes. A whole model.

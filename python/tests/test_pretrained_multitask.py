@@ -1,0 +1,119 @@
+"""A GPT-2 checkpoint as the multi-task trunk (issue 39, item 4 on one process): a
+small random GPT-2 saved by transformers beside a byte-level BPE tokenizer trained here
+(nothing downloaded) is `MultiTaskModel(trunk=folder)`'s / `multitask train --trunk`'s
+starting point — its greedy generation is transformers' before training, both heads
+train in one step on it, the checkpoint reloads with the trunk's tokenizer, and
+save_pretrained / `multitask export` write a folder transformers loads with the same
+greedy continuation."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import packtrain
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (scripts/setup.sh installs it)")
+tokenizers = pytest.importorskip("tokenizers")
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("PACKTRAIN_DATA_DIR", ROOT / "data"))
+CLI = os.environ.get("PACKTRAIN_BINARY")
+EOT = "<|endoftext|>"
+
+
+def fortunes(name):
+    rows = [line.split("\t", 1) for line in (DATA / "fortunes-languages" / name).read_text().splitlines()]
+    return [text for _, text in rows], [int(label) for label, _ in rows]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    texts, _ = fortunes("train.tsv")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.train_from_iterator(texts, tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[EOT], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    path = tmp_path_factory.mktemp("gpt2_trunk")
+    tok.save(str(path / "tokenizer.json"))
+    eot = tok.token_to_id(EOT)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eot, eos_token_id=eot)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return path
+
+
+def greedy_continuation(model_dir, prompt, new_tokens):
+    """transformers' greedy continuation of `prompt`, decoded up to <|endoftext|>."""
+    tok = tokenizers.Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    model = transformers.GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    ids = tok.encode(prompt).ids
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                         attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         pad_token_id=tok.token_to_id(EOT))[0, len(ids):].tolist()
+    eot = tok.token_to_id(EOT)
+    return tok.decode(out[:out.index(eot)] if eot in out else out)
+
+
+OPTIONS = dict(members=2, buckets=[32, 64], batch_size=8, lr=3e-3, warmup_steps=0, device="cpu", classes=5)
+PROMPT = "Il capo ha sempre"
+
+
+def test_a_loaded_trunk_generates_as_transformers_then_trains_both_heads(folder, tmp_path):
+    texts, labels = fortunes("train.tsv")
+    untrained = packtrain.MultiTaskModel(trunk=str(folder), **OPTIONS).fit(texts[:64], labels[:64], epochs=0)
+    expected = greedy_continuation(folder, PROMPT, 12)
+    assert len(expected) > 5  # a real continuation, not an immediate end of text
+    assert untrained.generate(PROMPT, max_new_tokens=12, temperature=0) == [expected, expected]  # both members
+    model = packtrain.MultiTaskModel(trunk=str(folder), **OPTIONS).fit(texts[:200], labels[:200], epochs=4)
+    history = model.history_
+    assert history[-1]["lm_loss"] < history[0]["lm_loss"] and history[-1]["classification_loss"] < history[0][
+        "classification_loss"]
+    assert model.score(texts[:3]).shape == (3, 5)
+    # The checkpoint reloads with the trunk's tokenizer: the same continuations.
+    model.save(tmp_path / "mt.ckpt")
+    again = packtrain.MultiTaskModel.load(tmp_path / "mt.ckpt")
+    trained = model.generate(PROMPT, max_new_tokens=12, temperature=0)
+    assert again.generate(PROMPT, max_new_tokens=12, temperature=0) == trained
+    # Written back, transformers continues the prompt as the trained member 1 does.
+    model.save_pretrained(tmp_path / "hf", member=1)
+    assert (tmp_path / "hf" / "tokenizer.json").exists()
+    assert greedy_continuation(tmp_path / "hf", PROMPT, 12) == trained[1]
+    np.testing.assert_array_equal(again.score(texts[:3]), model.score(texts[:3]))
+
+
+@pytest.mark.skipif(not CLI, reason="needs the packtrain CLI (PACKTRAIN_BINARY)")
+def test_multitask_train_trunk_and_export_from_the_cli(folder, tmp_path):
+    texts, labels = fortunes("train.tsv")
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:96], texts[:96])))
+    dev = tmp_path / "dev.tsv"
+    dev.write_text((DATA / "fortunes-languages" / "dev.tsv").read_text())
+    run = subprocess.run([CLI, "multitask", "train", "--trunk", str(folder), "--train", str(train), "--dev", str(dev),
+                          "--class-names", str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64",
+                          "--batch", "8", "--epochs", "1", "--device", "cpu", "--json", "-o",
+                          str(tmp_path / "cli.ckpt")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = json.loads(run.stdout)
+    assert out["dev_metrics"]["examples"] > 0
+    exported = subprocess.run([CLI, "multitask", "export", str(tmp_path / "cli.ckpt"), str(tmp_path / "out")],
+                              capture_output=True, text=True)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    generated = subprocess.run([CLI, "multitask", "generate", str(tmp_path / "cli.ckpt"), "--prompt", PROMPT,
+                                "--temperature", "0", "--max-new-tokens", "12", "--json", "--device", "cpu"],
+                               capture_output=True, text=True)
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    assert json.loads(generated.stdout)["continuations"][0] == greedy_continuation(tmp_path / "out", PROMPT, 12)
+    # A folder that is not a checkpoint: exit 2 naming it.
+    bad = subprocess.run([CLI, "multitask", "train", "--trunk", str(tmp_path), "--train", str(train), "--dev",
+                          str(dev), "--epochs", "1", "--device", "cpu"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "config.json" in bad.stdout + bad.stderr

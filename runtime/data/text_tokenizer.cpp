@@ -1,0 +1,89 @@
+// The tokenizers a multi-task model reads text with (runtime/data/text_tokenizer.h).
+#include "packtrain/runtime/data/text_tokenizer.h"
+
+#include "packtrain/base/user_error.h"
+#include "packtrain/runtime/data/bpe_tokenizer.h"
+#include "packtrain/runtime/data/byte_tokenizer.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <optional>
+
+namespace packtrain::runtime {
+
+namespace {
+
+class ByteTextTokenizer final : public TextTokenizer {
+ public:
+  std::vector<int64_t> encode(std::string_view text, int64_t max_tokens, bool* truncated) const override {
+    return bytes_.encode(text, max_tokens, truncated);
+  }
+  std::vector<int64_t> encode_prompt(std::string_view text, int64_t max_tokens) const override {
+    try {
+      return bytes_.encode_prompt(text, max_tokens);
+    } catch (const c10::Error& e) {
+      throw UserError(e.what_without_backtrace());
+    }
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override { return bytes_.decode(ids); }
+  int64_t pad() const override { return ByteTokenizer::kPad; }
+  int64_t end() const override { return ByteTokenizer::kEos; }
+  int64_t vocab() const override { return ByteTokenizer::kVocab; }
+  const char* unit() const override { return "byte"; }
+
+ private:
+  ByteTokenizer bytes_;
+};
+
+// GPT-2's convention: no BOS; a sentence ends with <|endoftext|>, which also pads.
+class BpeTextTokenizer final : public TextTokenizer {
+ public:
+  BpeTextTokenizer(BpeTokenizer bpe, int64_t end) : bpe_(std::move(bpe)), end_(end) {}
+  std::vector<int64_t> encode(std::string_view text, int64_t max_tokens, bool* truncated) const override {
+    TORCH_CHECK(max_tokens >= 2, "tokenizer: max_tokens must be >= 2, got ", max_tokens);
+    std::vector<int64_t> ids = bpe_.encode(text);
+    const bool cut = static_cast<int64_t>(ids.size()) + 1 > max_tokens;
+    if (cut) ids.resize(static_cast<size_t>(max_tokens - 1));
+    if (truncated != nullptr) *truncated = cut;
+    ids.push_back(end_);
+    return ids;
+  }
+  std::vector<int64_t> encode_prompt(std::string_view text, int64_t max_tokens) const override {
+    std::vector<int64_t> ids = bpe_.encode(text);
+    if (ids.empty()) ids.push_back(end_);  // an empty prompt starts after an end of text, as GPT-2 samples
+    if (static_cast<int64_t>(ids.size()) > max_tokens) {
+      throw UserError("the prompt has " + std::to_string(ids.size()) + " tokens; the model has " +
+                      std::to_string(max_tokens) + " positions");
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    const auto stop = std::find(ids.begin(), ids.end(), end_);
+    return bpe_.decode(std::vector<int64_t>(ids.begin(), stop));
+  }
+  int64_t pad() const override { return end_; }
+  int64_t end() const override { return end_; }
+  int64_t vocab() const override { return bpe_.vocab_size(); }
+  const char* unit() const override { return "token"; }
+
+ private:
+  BpeTokenizer bpe_;
+  int64_t end_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextTokenizer> make_byte_text_tokenizer() { return std::make_unique<ByteTextTokenizer>(); }
+
+std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir) {
+  BpeTokenizer bpe = BpeTokenizer::from_folder(dir);
+  const std::optional<int64_t> end = bpe.token_id("<|endoftext|>");
+  if (!end) {
+    throw UserError("tokenizer in '" + dir.string() +
+                    "' has no <|endoftext|> token (GPT-2's end of text, which ends each sentence)");
+  }
+  return std::make_unique<BpeTextTokenizer>(std::move(bpe), *end);
+}
+
+}  // namespace packtrain::runtime
