@@ -33,6 +33,32 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
+// Per-member channel lists: one per member, one count per block within the pack's,
+// and no GroupNorm across different counts (PackedCNNOptions::member_channels).
+void check_member_channels(const PackedCNNOptions& o) {
+  if (o.member_channels().empty()) return;
+  if (static_cast<int64_t>(o.member_channels().size()) != o.members()) {
+    throw UserError("cnn per-member channels: expected one channel list per member (" + std::to_string(o.members()) +
+                    "), got " + std::to_string(o.member_channels().size()));
+  }
+  for (size_t m = 0; m < o.member_channels().size(); ++m) {
+    const std::vector<int64_t>& own = o.member_channels()[m];
+    bool fits = own.size() == o.channels().size();
+    for (size_t b = 0; fits && b < own.size(); ++b) fits = own[b] >= 1 && own[b] <= o.channels()[b];
+    if (!fits) {
+      throw UserError("cnn member " + std::to_string(m) + "'s channels " + shape_text(own) + " do not fit the pack's " +
+                      shape_text(o.channels()) + ": give one count per block, each from 1 to the pack's");
+    }
+    if (o.norm_groups() > 0 && own != o.channels()) {
+      throw UserError(
+          "cnn members of different channel counts cannot have GroupNorm (norm groups " +
+          std::to_string(o.norm_groups()) +
+          "): a group would count a narrower member's padding channels in its statistics; give one channel list, "
+          "or norm groups 0");
+    }
+  }
+}
+
 }  // namespace
 
 void PackedCNNOptions::validate() const {
@@ -92,29 +118,7 @@ void PackedCNNOptions::validate() const {
                       std::to_string(w));
     }
   }
-  if (!member_channels().empty()) {
-    if (static_cast<int64_t>(member_channels().size()) != members()) {
-      throw UserError("cnn per-member channels: expected one channel list per member (" + std::to_string(members()) +
-                      "), got " + std::to_string(member_channels().size()));
-    }
-    for (size_t m = 0; m < member_channels().size(); ++m) {
-      const std::vector<int64_t>& own = member_channels()[m];
-      bool fits = own.size() == channels().size();
-      for (size_t b = 0; fits && b < own.size(); ++b) fits = own[b] >= 1 && own[b] <= channels()[b];
-      if (!fits) {
-        throw UserError("cnn member " + std::to_string(m) + "'s channels " + shape_text(own) +
-                        " do not fit the pack's " + shape_text(channels()) +
-                        ": give one count per block, each from 1 to the pack's");
-      }
-      if (norm_groups() > 0 && own != channels()) {
-        throw UserError(
-            "cnn members of different channel counts cannot have GroupNorm (norm groups " +
-            std::to_string(norm_groups()) +
-            "): a group would count a narrower member's padding channels in its statistics; give one channel list, "
-            "or norm groups 0");
-      }
-    }
-  }
+  check_member_channels(*this);
   std::vector<int64_t> spatial(input_shape().begin() + 1, input_shape().end());
   for (size_t b = 0; b < channels().size(); ++b) {
     for (int64_t& s : spatial) {

@@ -677,6 +677,35 @@ void add_multitask(py::module_& m) {
 }
 
 // What a trainer reports: its options, progress, losses and members.
+// Greedy decoding of `model` through its KV cache (decode_step, one token at a time,
+// as `multitask generate` runs it): the prompt's ids in, the new ids out.
+std::vector<int64_t> greedy_decode(const packtrain::ensemble::PackedTransformer& t, const std::vector<int64_t>& prompt,
+                                   int64_t new_tokens) {
+  const int64_t n = static_cast<int64_t>(prompt.size()), V = t.options().vocab();
+  if (n < 1 || new_tokens < 1 || n + new_tokens > t.options().max_length()) {
+    throw py::value_error("greedy: a prompt of >= 1 tokens and >= 1 new tokens, " +
+                          std::to_string(t.options().max_length()) + " positions in all");
+  }
+  py::gil_scoped_release release;
+  at::NoGradGuard no_grad;
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(t.parameters().flat().device());
+  packtrain::ensemble::KvCache cache = t.make_cache(1);
+  const at::Tensor position = at::zeros({1}, longs);
+  std::vector<int64_t> out;
+  int64_t token = prompt.front();
+  for (int64_t i = 0; i + 1 < n + new_tokens; ++i) {
+    position.fill_(i);
+    const at::Tensor hidden = t.decode_step(at::full({1, 1}, token, longs), position, cache);
+    if (i + 1 < n) {
+      token = prompt[static_cast<size_t>(i + 1)];
+      continue;
+    }
+    token = t.lm_logits(hidden.unsqueeze(2)).view({V}).argmax().item<int64_t>();
+    out.push_back(token);
+  }
+  return out;
+}
+
 // A Hugging Face GPT-2 checkpoint folder loaded as the multi-task trunk (one member,
 // runtime/trainers/multitask/pretrained_trunk.h): its LM logits for token ids, the
 // next-token loss and its gradients under transformers' names, and saving it back.
@@ -734,36 +763,8 @@ void add_pretrained(py::module_& m) {
                                   named_dict(packtrain::runtime::pretrained_named_tensors(t, 0, true)));
           },
           py::arg("tokens"))
-      // Greedy decoding through the KV cache (decode_step, one token at a time, as
-      // `multitask generate` runs it): the prompt's ids in, the new ids out.
-      .def(
-          "greedy",
-          [](const PackedTransformer& t, const std::vector<int64_t>& prompt, int64_t new_tokens) {
-            const int64_t n = static_cast<int64_t>(prompt.size()), V = t.options().vocab();
-            if (n < 1 || new_tokens < 1 || n + new_tokens > t.options().max_length()) {
-              throw py::value_error("greedy: a prompt of >= 1 tokens and >= 1 new tokens, " +
-                                    std::to_string(t.options().max_length()) + " positions in all");
-            }
-            py::gil_scoped_release release;
-            at::NoGradGuard no_grad;
-            const auto longs = at::TensorOptions().dtype(at::kLong).device(t.parameters().flat().device());
-            packtrain::ensemble::KvCache cache = t.make_cache(1);
-            const at::Tensor position = at::zeros({1}, longs);
-            std::vector<int64_t> out;
-            int64_t token = prompt.front();
-            for (int64_t i = 0; i + 1 < n + new_tokens; ++i) {
-              position.fill_(i);
-              const at::Tensor hidden = t.decode_step(at::full({1, 1}, token, longs), position, cache);
-              if (i + 1 < n) {
-                token = prompt[static_cast<size_t>(i + 1)];
-                continue;
-              }
-              token = t.lm_logits(hidden.unsqueeze(2)).view({V}).argmax().item<int64_t>();
-              out.push_back(token);
-            }
-            return out;
-          },
-          py::arg("prompt"), py::arg("new_tokens"))
+      // Greedy decoding through the KV cache, as `multitask generate` runs it.
+      .def("greedy", &greedy_decode, py::arg("prompt"), py::arg("new_tokens"))
       .def("named_tensors",
            [named_dict](const PackedTransformer& t) {
              return named_dict(packtrain::runtime::pretrained_named_tensors(t, 0, false));

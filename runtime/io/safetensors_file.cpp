@@ -39,6 +39,55 @@ constexpr std::array<std::pair<const char*, c10::ScalarType>, 10> kDtypes{{
 // A header this large is no weight file's (Hugging Face's reader refuses past 100 MB).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// One tensor's header entry, checked against the data section's size.
+template <typename Fail>
+SafetensorsFile::Entry parse_entry(const std::string& name, const nlohmann::json& value, uint64_t data_bytes,
+                                   const Fail& fail) {
+  using Entry = SafetensorsFile::Entry;
+  const auto bad = [&](const std::string& problem) { return fail("tensor '" + name + "': " + problem); };
+  if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
+    throw bad("its entry needs dtype, shape and data_offsets");
+  }
+  Entry e;
+  const nlohmann::json& dtype = value.at("dtype");
+  const auto known = std::find_if(kDtypes.begin(), kDtypes.end(), [&](const auto& d) {
+    return dtype.is_string() && dtype.get<std::string>() == d.first;
+  });
+  if (known == kDtypes.end()) throw bad("unknown dtype " + dtype.dump());
+  e.dtype = known->second;
+  const nlohmann::json& shape = value.at("shape");
+  if (!shape.is_array()) throw bad("shape is not a list");
+  uint64_t numel = 1;
+  for (const nlohmann::json& s : shape) {
+    if (!s.is_number_unsigned() || s.get<uint64_t>() > (uint64_t{1} << 40)) {
+      throw bad("shape " + shape.dump() + " is not a list of sizes");
+    }
+    e.shape.push_back(s.get<int64_t>());
+    if (numel > 0 && s.get<uint64_t>() > std::numeric_limits<uint64_t>::max() / numel) {
+      throw bad("shape " + shape.dump() + " has more elements than can be counted");
+    }
+    numel *= s.get<uint64_t>();
+  }
+  const nlohmann::json& offsets = value.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    throw bad("data_offsets " + offsets.dump() + " is not [begin, end]");
+  }
+  e.begin = offsets[0].get<uint64_t>();
+  e.end = offsets[1].get<uint64_t>();
+  if (e.begin > e.end || e.end > data_bytes) {
+    throw bad("data_offsets " + offsets.dump() + " lie outside the file's " + std::to_string(data_bytes) +
+              " bytes of data");
+  }
+  const uint64_t itemsize = c10::elementSize(e.dtype);
+  if (numel > std::numeric_limits<uint64_t>::max() / itemsize || e.end - e.begin != numel * itemsize) {
+    throw bad("shape " + shape.dump() + " of " + dtype.get<std::string>() + " needs " +
+              std::to_string(numel * itemsize) + " bytes, data_offsets " + offsets.dump() + " hold " +
+              std::to_string(e.end - e.begin));
+  }
+  return e;
+}
+
 }  // namespace
 
 std::string safetensors_dtype_name(c10::ScalarType dtype) {
@@ -94,48 +143,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
         }
         continue;
       }
-      const auto bad = [&](const std::string& problem) { return fail("tensor '" + name + "': " + problem); };
-      if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
-          !value.contains("data_offsets")) {
-        throw bad("its entry needs dtype, shape and data_offsets");
-      }
-      Entry e;
-      const nlohmann::json& dtype = value.at("dtype");
-      const auto known = std::find_if(kDtypes.begin(), kDtypes.end(), [&](const auto& d) {
-        return dtype.is_string() && dtype.get<std::string>() == d.first;
-      });
-      if (known == kDtypes.end()) throw bad("unknown dtype " + dtype.dump());
-      e.dtype = known->second;
-      const nlohmann::json& shape = value.at("shape");
-      if (!shape.is_array()) throw bad("shape is not a list");
-      uint64_t numel = 1;
-      for (const nlohmann::json& s : shape) {
-        if (!s.is_number_unsigned() || s.get<uint64_t>() > (uint64_t{1} << 40)) {
-          throw bad("shape " + shape.dump() + " is not a list of sizes");
-        }
-        e.shape.push_back(s.get<int64_t>());
-        if (numel > 0 && s.get<uint64_t>() > std::numeric_limits<uint64_t>::max() / numel) {
-          throw bad("shape " + shape.dump() + " has more elements than can be counted");
-        }
-        numel *= s.get<uint64_t>();
-      }
-      const nlohmann::json& offsets = value.at("data_offsets");
-      if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-          !offsets[1].is_number_unsigned()) {
-        throw bad("data_offsets " + offsets.dump() + " is not [begin, end]");
-      }
-      e.begin = offsets[0].get<uint64_t>();
-      e.end = offsets[1].get<uint64_t>();
-      if (e.begin > e.end || e.end > data_bytes) {
-        throw bad("data_offsets " + offsets.dump() + " lie outside the file's " + std::to_string(data_bytes) +
-                  " bytes of data");
-      }
-      const uint64_t itemsize = c10::elementSize(e.dtype);
-      if (numel > std::numeric_limits<uint64_t>::max() / itemsize || e.end - e.begin != numel * itemsize) {
-        throw bad("shape " + shape.dump() + " of " + dtype.get<std::string>() + " needs " +
-                  std::to_string(numel * itemsize) + " bytes, data_offsets " + offsets.dump() + " hold " +
-                  std::to_string(e.end - e.begin));
-      }
+      Entry e = parse_entry(name, value, data_bytes, fail);
       spans.emplace_back(e.begin, e.end);
       entries_.emplace(name, std::move(e));
     }
