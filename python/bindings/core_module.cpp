@@ -745,10 +745,11 @@ void add_pretrained(py::module_& m) {
             return t.lm_logits(t.trunk(tokens))[0];
           },
           py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
-      // The mean cross-entropy of each next token (positions 1..T-1) and its gradients.
+      // The mean cross-entropy of each next token (positions 1..T-1) and its gradients
+      // (named=False: the loss only, the gradients left in the model, as a timed step).
       .def(
           "lm_loss_and_gradients",
-          [named_dict](PackedTransformer& t, const at::Tensor& tokens) {
+          [named_dict](PackedTransformer& t, const at::Tensor& tokens, bool named) {
             t.parameters().zero_grad();
             at::Tensor loss;
             {
@@ -759,10 +760,11 @@ void add_pretrained(py::module_& m) {
                                             tokens.narrow(1, 1, T - 1).reshape({-1}));
               loss.backward();
             }
+            if (!named) return py::make_tuple(loss.item<double>(), py::none());
             return py::make_tuple(loss.item<double>(),
                                   named_dict(packtrain::runtime::pretrained_named_tensors(t, 0, true)));
           },
-          py::arg("tokens"))
+          py::arg("tokens"), py::arg("named") = true)
       // Greedy decoding through the KV cache, as `multitask generate` runs it.
       .def("greedy", &greedy_decode, py::arg("prompt"), py::arg("new_tokens"))
       .def("named_tensors",
