@@ -117,3 +117,35 @@ def test_multitask_train_trunk_and_export_from_the_cli(folder, tmp_path):
     bad = subprocess.run([CLI, "multitask", "train", "--trunk", str(tmp_path), "--train", str(train), "--dev",
                           str(dev), "--epochs", "1", "--device", "cpu"], capture_output=True, text=True)
     assert bad.returncode == 2 and "config.json" in bad.stdout + bad.stderr
+
+
+@pytest.mark.skipif(not CLI, reason="needs the packtrain CLI (PACKTRAIN_BINARY)")
+def test_a_loaded_trunk_split_over_two_pipeline_ranks_trains_as_one_process(folder, tmp_path):
+    """`launch --nproc 2 -- multitask train --trunk DIR --pipeline-stages 2`: the loaded
+    blocks placed over two ranks, the tied embedding's copies on the first and last
+    stage; the run ends where one process ends (dev metrics, greedy continuation)."""
+    texts, labels = fortunes("train.tsv")
+    train = tmp_path / "t.tsv"
+    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:64], texts[:64])))
+    common = ["multitask", "train", "--trunk", str(folder), "--train", str(train), "--dev",
+              str(DATA / "fortunes-languages" / "dev.tsv"), "--class-names",
+              str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64", "--batch", "8", "--epochs", "2",
+              "--device", "cpu", "--json"]
+    one = subprocess.run([CLI, *common, "-o", str(tmp_path / "one.ckpt")], capture_output=True, text=True)
+    assert one.returncode == 0, one.stdout + one.stderr
+    split = subprocess.run([CLI, "launch", "--nproc", "2", "--", *common, "--pipeline-stages", "2", "-o",
+                            str(tmp_path / "split.ckpt")], capture_output=True, text=True, timeout=600)
+    assert split.returncode == 0, split.stdout + split.stderr
+    ours = json.loads(one.stdout)["dev_metrics"]
+    rank0 = "\n".join(line[len("[rank 0] "):] for line in split.stdout.splitlines() if line.startswith("[rank 0] "))
+    theirs = json.loads(rank0[rank0.index("{"):])["dev_metrics"]
+    for key in ("accuracy", "lm_loss"):
+        assert theirs[key] == pytest.approx(ours[key], rel=1e-4), key
+
+    def greedy(ckpt):
+        out = subprocess.run([CLI, "multitask", "generate", str(ckpt), "--prompt", PROMPT, "--temperature", "0",
+                              "--max-new-tokens", "10", "--json", "--device", "cpu"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)["continuations"]
+
+    assert greedy(tmp_path / "split.ckpt") == greedy(tmp_path / "one.ckpt")
