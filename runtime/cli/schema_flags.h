@@ -98,8 +98,9 @@ CLI::Option* add_integer_lists(CLI::App* app, const OptionField<O>& f, O& option
         }
       },
       f.help);
-  // Not "INT...": make_integer_options_exact would read the lists as one integer.
-  option->type_name("N,N[/N,N...]")->default_str(f.shown(options));
+  // "LISTS" (8,16/16,32 in the help text), not "INT...": make_integer_options_exact
+  // would read the lists as one integer.
+  option->type_name("LISTS")->default_str(f.shown(options));
   return option;
 }
 
