@@ -82,6 +82,21 @@ void describe(const Session& s, RunDriver& driver) {
       s.trainer.steps_per_epoch(),
       options.shared_inputs() ? "one trunk forward per step" : "two trunk forwards per step (separate LM texts)",
       m.device().str(), options.capture() && m.device().is_cuda() ? ", captured" : ""));
+  if (!options.trunk().empty()) {
+    // What a loaded model costs, before the first step: the estimate the run was checked against.
+    const runtime::MemoryEstimate e =
+        runtime::estimate_multitask_run(options, s.trainer.training_examples(), !driver.checkpoint().path.empty());
+    std::string parts;
+    for (const runtime::MemoryPart& p : e.parts) {
+      parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", runtime::format_bytes(p.bytes), p.what);
+    }
+    driver.note(fmt::format(
+        "multitask: trunk {} (GPT-2, {:.1f} M parameters per member, its BPE tokenizer: {} tokens); this run "
+        "needs about {} ({}) of {} available",
+        options.trunk(), runtime::transformer_parameters_per_member(options) / 1e6, s.trainer.tokenizer().vocab(),
+        runtime::format_bytes(e.bytes(runtime::MemoryPlace::kHost)), parts,
+        runtime::format_bytes(runtime::available_memory(m.device()).host)));
+  }
   if (s.group != nullptr && !s.trainer.pipelined()) {
     driver.note(
         fmt::format("multitask: data parallel over {} ranks ({}), global batch {} = {} per rank; gradients "
