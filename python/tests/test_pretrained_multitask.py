@@ -123,7 +123,8 @@ def test_multitask_train_trunk_and_export_from_the_cli(folder, tmp_path):
 def test_a_loaded_trunk_split_over_two_pipeline_ranks_trains_as_one_process(folder, tmp_path):
     """`launch --nproc 2 -- multitask train --trunk DIR --pipeline-stages 2`: the loaded
     blocks placed over two ranks, the tied embedding's copies on the first and last
-    stage; the run ends where one process ends (dev metrics, greedy continuation)."""
+    stage; the run ends where one process ends (dev metrics, greedy continuation).
+    Data parallel over two ranks ends near it."""
     texts, labels = fortunes("train.tsv")
     train = tmp_path / "t.tsv"
     train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:64], texts[:64])))
@@ -149,3 +150,10 @@ def test_a_loaded_trunk_split_over_two_pipeline_ranks_trains_as_one_process(fold
         return json.loads(out.stdout)["continuations"]
 
     assert greedy(tmp_path / "split.ckpt") == greedy(tmp_path / "one.ckpt")
+    # Data parallel (two ranks, half the batch each, gradients averaged): each rank's
+    # LM loss is its own rows' token mean, so the run ends near, not at, one process.
+    dp = subprocess.run([CLI, "launch", "--nproc", "2", "--", *common, "-o", str(tmp_path / "dp.ckpt")],
+                        capture_output=True, text=True, timeout=600)
+    assert dp.returncode == 0, dp.stdout + dp.stderr
+    rank0 = "\n".join(line[len("[rank 0] "):] for line in dp.stdout.splitlines() if line.startswith("[rank 0] "))
+    assert json.loads(rank0[rank0.index("{"):])["dev_metrics"]["lm_loss"] == pytest.approx(ours["lm_loss"], rel=1e-3)
