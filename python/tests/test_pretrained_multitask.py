@@ -157,3 +157,22 @@ def test_a_loaded_trunk_split_over_two_pipeline_ranks_trains_as_one_process(fold
     assert dp.returncode == 0, dp.stdout + dp.stderr
     rank0 = "\n".join(line[len("[rank 0] "):] for line in dp.stdout.splitlines() if line.startswith("[rank 0] "))
     assert json.loads(rank0[rank0.index("{"):])["dev_metrics"]["lm_loss"] == pytest.approx(ours["lm_loss"], rel=1e-3)
+
+
+def test_packtrains_own_trunk_exports_as_a_gpt2_transformers_loads(tmp_path):
+    """A trunk trained from scratch (byte tokenizer, exact GELU) written by save_pretrained
+    is a GPT-2 transformers loads: the same greedy bytes after BOS."""
+    texts, labels = fortunes("train.tsv")
+    model = packtrain.MultiTaskModel(width=32, layers=2, heads=4, max_length=64, buckets=[32, 64], batch_size=8,
+                                     classes=5, device="cpu").fit(texts[:64], labels[:64], epochs=1)
+    model.save_pretrained(tmp_path / "own")
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "own").eval()
+    assert loaded.config.activation_function == "gelu" and loaded.config.vocab_size == 259
+    prompt = "Die Katze"
+    ids = [257] + list(prompt.encode())  # BOS, then the bytes (runtime/data/byte_tokenizer.h)
+    out = loaded.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, pad_token_id=256,
+                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    out = out[:out.index(258)] if 258 in out else out  # up to EOS
+    expected = bytes(b for b in out if b < 256).decode("utf-8", errors="replace")
+    assert len(expected) == 10  # ten bytes, no early end
+    assert model.generate(prompt, max_new_tokens=10, temperature=0) == [expected]
