@@ -8,10 +8,10 @@ namespace packtrain::ensemble {
 PackedLinear::PackedLinear(at::Tensor weight, at::Tensor bias, PackOfOne pack_of_one)
     : weight_(std::move(weight)), bias_(std::move(bias)), pack_of_one_(pack_of_one) {
   TORCH_CHECK(weight_.dim() == 3, "packed weight must be (K, I, O), got ", weight_.sizes());
-  TORCH_CHECK(
-      bias_.dim() == 3 && bias_.size(0) == weight_.size(0) && bias_.size(1) == 1 && bias_.size(2) == weight_.size(2),
-      "packed bias for weight ", weight_.sizes(), ": expected [", weight_.size(0), ", 1, ", weight_.size(2), "], got ",
-      bias_.sizes());
+  TORCH_CHECK(!bias_.defined() || bias_.dim() == 3 && bias_.size(0) == weight_.size(0) && bias_.size(1) == 1 &&
+                                      bias_.size(2) == weight_.size(2),
+              "packed bias for weight ", weight_.sizes(), ": expected [", weight_.size(0), ", 1, ", weight_.size(2),
+              "], got ", bias_.sizes());
 }
 
 void PackedLinear::check_input(const at::Tensor& x) const {
@@ -37,9 +37,11 @@ at::Tensor PackedLinear::forward(const at::Tensor& x) const {
   if (plain_gemm()) {
     const int64_t I = in_features(), O = out_features();
     const at::Tensor rows = x.reshape({-1, I});  // (B, I)
-    return at::addmm(bias_.view({O}), rows, weight_.view({I, O})).view({1, rows.size(0), O});
+    const at::Tensor out =
+        bias_.defined() ? at::addmm(bias_.view({O}), rows, weight_.view({I, O})) : at::mm(rows, weight_.view({I, O}));
+    return out.view({1, rows.size(0), O});
   }
-  return at::baddbmm(bias_, batched(x), weight_);
+  return bias_.defined() ? at::baddbmm(bias_, batched(x), weight_) : at::bmm(batched(x), weight_);
 }
 
 at::Tensor PackedLinear::forward_onto(const at::Tensor& residual, const at::Tensor& x) const {
@@ -51,9 +53,12 @@ at::Tensor PackedLinear::forward_onto(const at::Tensor& residual, const at::Tens
   if (plain_gemm()) {
     const int64_t I = in_features();
     const at::Tensor rows = x.reshape({-1, I});  // (B, I)
+    if (!bias_.defined())
+      return at::addmm(residual.reshape({-1, O}), rows, weight_.view({I, O})).view({1, rows.size(0), O});
     at::Tensor out = residual.reshape({-1, O}) + bias_.view({O});
     return out.addmm_(rows, weight_.view({I, O})).view({1, rows.size(0), O});
   }
+  if (!bias_.defined()) return at::baddbmm(residual, batched(x), weight_);
   return (residual + bias_).baddbmm_(batched(x), weight_);
 }
 

@@ -22,6 +22,7 @@ enum class PackOfOne { kBatched, kPlainGemm };
 class PackedLinear {
  public:
   PackedLinear() = default;
+  // An undefined bias: a linear map without one (Llama's projections).
   PackedLinear(at::Tensor weight, at::Tensor bias, PackOfOne pack_of_one = PackOfOne::kBatched);
 
   int64_t members() const { return weight_.size(0); }

@@ -19,31 +19,31 @@ namespace {
 std::string block_prefix(int64_t l) { return "block" + std::to_string(l); }
 
 std::vector<ParameterSpec> transformer_specs(const PackedTransformerOptions& o) {
-  const int64_t d = o.width(), r = o.mlp_ratio() * o.width();
-  std::vector<ParameterSpec> specs{{"tok_emb.weight", {o.vocab(), d}}, {"pos_emb.weight", {o.max_length(), d}}};
+  const int64_t d = o.width(), r = o.mlp_width(), dh = d / o.heads();
+  const int64_t qkv = (o.heads() + 2 * o.key_value_heads()) * dh, fc = o.gated_mlp() ? 2 * r : r;
+  std::vector<ParameterSpec> specs{{"tok_emb.weight", {o.vocab(), d}}};
+  if (o.rope_theta() == 0) specs.push_back({"pos_emb.weight", {o.max_length(), d}});
+  const auto norm = [&](const std::string& name) {
+    specs.push_back({name + ".weight", {1, d}});
+    if (!o.rms_norm()) specs.push_back({name + ".bias", {1, d}});
+  };
+  const auto linear = [&](const std::string& name, int64_t in, int64_t out) {
+    specs.push_back({name + ".weight", {in, out}});
+    if (o.linear_bias()) specs.push_back({name + ".bias", {1, out}});
+  };
   for (int64_t l = 0; l < o.layers(); ++l) {
     const std::string b = block_prefix(l);
-    specs.push_back({b + ".ln1.weight", {1, d}});
-    specs.push_back({b + ".ln1.bias", {1, d}});
-    specs.push_back({b + ".attn.qkv.weight", {d, 3 * d}});
-    specs.push_back({b + ".attn.qkv.bias", {1, 3 * d}});
-    specs.push_back({b + ".attn.out.weight", {d, d}});
-    specs.push_back({b + ".attn.out.bias", {1, d}});
-    specs.push_back({b + ".ln2.weight", {1, d}});
-    specs.push_back({b + ".ln2.bias", {1, d}});
-    specs.push_back({b + ".mlp.fc.weight", {d, r}});
-    specs.push_back({b + ".mlp.fc.bias", {1, r}});
-    specs.push_back({b + ".mlp.proj.weight", {r, d}});
-    specs.push_back({b + ".mlp.proj.bias", {1, d}});
+    norm(b + ".ln1");
+    linear(b + ".attn.qkv", d, qkv);
+    linear(b + ".attn.out", d, d);
+    norm(b + ".ln2");
+    linear(b + ".mlp.fc", d, fc);
+    linear(b + ".mlp.proj", r, d);
   }
-  specs.push_back({"ln_f.weight", {1, d}});
-  specs.push_back({"ln_f.bias", {1, d}});
+  norm("ln_f");
   specs.push_back({"cls.weight", {d, o.classes()}});
   specs.push_back({"cls.bias", {1, o.classes()}});
-  if (!o.tie_lm_head()) {
-    specs.push_back({"lm.weight", {d, o.vocab()}});
-    specs.push_back({"lm.bias", {1, o.vocab()}});
-  }
+  if (!o.tie_lm_head()) linear("lm", d, o.vocab());
   return specs;
 }
 
@@ -88,6 +88,15 @@ void PackedTransformerOptions::validate() const {
   TORCH_CHECK(classes() >= 2, "transformer: classes must be >= 2, got ", classes());
   TORCH_CHECK(dtype() == at::kFloat || dtype() == at::kDouble, "transformer: dtype must be float32 or float64");
   TORCH_CHECK(norm_eps() > 0 && std::isfinite(norm_eps()), "transformer: norm_eps must be positive, got ", norm_eps());
+  TORCH_CHECK(kv_heads() >= 0 && heads() % key_value_heads() == 0, "transformer: kv_heads (", kv_heads(),
+              ") must divide heads (", heads(), ")");
+  TORCH_CHECK(rope_theta() >= 0 && std::isfinite(rope_theta()), "transformer: rope_theta must be >= 0, got ",
+              rope_theta());
+  TORCH_CHECK(rope_theta() == 0 || (width() / heads()) % 2 == 0,
+              "transformer: rotary positions need an even head "
+              "width, got ",
+              width() / heads());
+  TORCH_CHECK(mlp_hidden() >= 0, "transformer: mlp_hidden must be >= 0, got ", mlp_hidden());
 }
 
 std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options, TransformerStage stage) {
@@ -100,18 +109,24 @@ PackedTransformer::PackedTransformer(PackedTransformerOptions options, Transform
       stage_(checked_stage(stage, options_)),
       parameters_(options_.members(), stage_specs(options_, stage_),
                   c10::TensorOptions().dtype(options_.dtype()).device(options_.device())) {
+  const auto optional = [&](const std::string& name) {  // a bias this shape has, or undefined
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (parameters_.spec(i).name == name) return parameters_[i];
+    }
+    return at::Tensor();
+  };
   const auto linear = [&](const std::string& prefix) {
-    return PackedLinear(param(prefix + ".weight"), param(prefix + ".bias"), PackOfOne::kPlainGemm);
+    return PackedLinear(param(prefix + ".weight"), optional(prefix + ".bias"), PackOfOne::kPlainGemm);
   };
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     const std::string b = block_prefix(l);
-    blocks_.push_back({param(b + ".ln1.weight"), param(b + ".ln1.bias"), linear(b + ".attn.qkv"),
-                       linear(b + ".attn.out"), param(b + ".ln2.weight"), param(b + ".ln2.bias"), linear(b + ".mlp.fc"),
-                       linear(b + ".mlp.proj")});
+    blocks_.push_back({param(b + ".ln1.weight"), optional(b + ".ln1.bias"), linear(b + ".attn.qkv"),
+                       linear(b + ".attn.out"), param(b + ".ln2.weight"), optional(b + ".ln2.bias"),
+                       linear(b + ".mlp.fc"), linear(b + ".mlp.proj")});
   }
   if (last_stage()) {
     ln_f_weight_ = param("ln_f.weight");
-    ln_f_bias_ = param("ln_f.bias");
+    ln_f_bias_ = optional("ln_f.bias");
     classifier_ = linear("cls");
     if (!options_.tie_lm_head()) lm_head_ = linear("lm");
   }
@@ -185,12 +200,20 @@ void PackedTransformer::reinitialize(uint64_t seed) {
 at::Tensor PackedTransformer::norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
   const int64_t d = options_.width();
   const double eps = options_.norm_eps();
+  if (options_.rms_norm()) {  // Llama's: x / sqrt(mean(x^2) + eps) * weight
+    if (members() == 1) return at::rms_norm(x, {d}, weight.view({d}), eps);
+    return at::rms_norm(x, {d}, {}, eps) * weight;
+  }
   if (members() == 1) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), eps);
   return at::addcmul(bias, at::layer_norm(x, {d}, {}, {}, eps), weight);
 }
 
 at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, const Block& block) const {
   const at::Tensor fc = block.mlp_fc.forward(norm(x, block.ln2_weight, block.ln2_bias));
+  if (options_.gated_mlp()) {  // SwiGLU: columns [gate | up]
+    const int64_t r = options_.mlp_width();
+    return block.mlp_proj.forward_onto(x, at::silu(fc.narrow(-1, 0, r)) * fc.narrow(-1, r, r));
+  }
   return block.mlp_proj.forward_onto(x, at::gelu(fc, options_.gelu_tanh() ? "tanh" : "none"));
 }
 
@@ -205,7 +228,38 @@ at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
   TORCH_CHECK(tokens.device() == parameters_.flat().device(), "transformer trunk: tokens are on ", tokens.device(),
               " but the model is on ", parameters_.flat().device());
   const at::Tensor embedded = param("tok_emb.weight").index_select(1, tokens.reshape({-1})).view({K, B, T, d});
+  if (options_.rope_theta() > 0) return embedded;  // rotary positions enter in attention
   return embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1);
+}
+
+// Llama's attention on the qkv projection (K, B*T, (H + 2 KV) dh): rotary positions
+// 0..T-1 on q and k (transformers' rotate_half form, frequencies in float32 as it
+// computes them), each key/value head shared by H / KV query heads. (K*B, H, T, dh).
+at::Tensor PackedTransformer::rotary_gqa_attention(const at::Tensor& projected, int64_t B, int64_t T) const {
+  const int64_t K = members(), H = options_.heads(), KV = options_.key_value_heads(), dh = options_.width() / H;
+  const auto heads = [&](int64_t first, int64_t count) {
+    return projected.narrow(-1, first * dh, count * dh).reshape({K * B, T, count, dh}).transpose(1, 2);
+  };
+  at::Tensor q = heads(0, H), k = heads(H, KV), v = heads(H + KV, KV);
+  if (options_.rope_theta() > 0) {
+    const auto f32 = projected.options().dtype(at::kFloat);
+    const at::Tensor inverse =
+        1.0 / at::pow(options_.rope_theta(), at::arange(0, dh, 2, f32) / static_cast<double>(dh));
+    const at::Tensor angles = at::outer(at::arange(T, f32), inverse);  // (T, dh/2)
+    const at::Tensor both = at::cat({angles, angles}, -1);             // (T, dh)
+    const at::Tensor cos = both.cos().to(projected.scalar_type()), sin = both.sin().to(projected.scalar_type());
+    const auto rotate = [&](const at::Tensor& x) {
+      const at::Tensor half = at::cat({-x.narrow(-1, dh / 2, dh / 2), x.narrow(-1, 0, dh / 2)}, -1);
+      return x * cos + half * sin;
+    };
+    q = rotate(q);
+    k = rotate(k);
+  }
+  if (KV < H) {
+    k = k.repeat_interleave(H / KV, 1);
+    v = v.repeat_interleave(H / KV, 1);
+  }
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
 }
 
 at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
@@ -220,10 +274,15 @@ at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
     // backward one stack of the three gradients straight into the qkv output's layout
     // (a copy into (3, K*B, H, T, dh) and three selects would cost a zeroed buffer and
     // a copy per tensor, and the stack then a permuting copy).
-    const std::vector<at::Tensor> qkv =
-        block.qkv.forward(norm(x, block.ln1_weight, block.ln1_bias)).view({K * B, T, 3, H, dh}).unbind(2);
-    const at::Tensor attended = at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
-                                                                 qkv[2].transpose(1, 2), {}, 0.0, /*is_causal=*/true);
+    const at::Tensor projected = block.qkv.forward(norm(x, block.ln1_weight, block.ln1_bias));
+    at::Tensor attended;
+    if (options_.rope_theta() == 0 && options_.key_value_heads() == H) {
+      const std::vector<at::Tensor> qkv = projected.view({K * B, T, 3, H, dh}).unbind(2);
+      attended = at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
+                                                  qkv[2].transpose(1, 2), {}, 0.0, /*is_causal=*/true);
+    } else {
+      attended = rotary_gqa_attention(projected, B, T);
+    }
     // (K*B, H, T, dh) -> (K, B*T, d): a view where the kernel returns it (K*B, T, H, dh)-major,
     // as the fused CPU one does.
     x = block.attn_out.forward_onto(x, attended.transpose(1, 2).reshape({K, B * T, d}));
@@ -283,6 +342,9 @@ KvCache PackedTransformer::make_cache(int64_t rows) const {
 
 at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Tensor& position, KvCache& cache) const {
   TORCH_CHECK(whole(), "decode step: decoding needs the whole model, not a pipeline stage");
+  TORCH_CHECK(options_.rope_theta() == 0 && options_.key_value_heads() == options_.heads(),
+              "decode step: KV-cached decoding of rotary or grouped-query attention (a Llama trunk) is not "
+              "supported yet");
   const int64_t K = members(), R = cache.rows, d = options_.width(), H = options_.heads(), dh = d / H;
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == K && tokens.size(1) == R && tokens.scalar_type() == at::kLong,
               "decode step: tokens must be (", K, ", ", R, ") int64, got ", tokens.scalar_type(), " ", tokens.sizes());

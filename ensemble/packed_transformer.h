@@ -54,14 +54,27 @@ struct PackedTransformerOptions {
   // The MLP's GELU: the exact erf form, or its tanh approximation (GPT-2's "gelu_new";
   // a loaded GPT-2 checkpoint sets it: runtime/trainers/multitask/pretrained_trunk.h).
   TORCH_ARG(bool, gelu_tanh) = false;
-  TORCH_ARG(double, norm_eps) = 1e-5;  // every LayerNorm's epsilon
-  TORCH_ARG(uint64_t, seed) = 0;       // member i draws from member_seed(seed, i)
+  TORCH_ARG(double, norm_eps) = 1e-5;  // every norm's epsilon
+  // Llama's block (a loaded Llama checkpoint sets them: pretrained_trunk.h): RMSNorm
+  // (weight only) instead of LayerNorm; no biases on the attention and MLP projections
+  // or an untied LM head; grouped-query attention with kv_heads key/value heads (0:
+  // heads); rotary positions of base rope_theta instead of learned ones (0: learned);
+  // a SwiGLU MLP proj(silu(gate(x)) * up(x)) of width mlp_hidden (0: mlp_ratio * width).
+  TORCH_ARG(bool, rms_norm) = false;
+  TORCH_ARG(bool, linear_bias) = true;
+  TORCH_ARG(int64_t, kv_heads) = 0;
+  TORCH_ARG(double, rope_theta) = 0.0;
+  TORCH_ARG(bool, gated_mlp) = false;
+  TORCH_ARG(int64_t, mlp_hidden) = 0;
+  TORCH_ARG(uint64_t, seed) = 0;  // member i draws from member_seed(seed, i)
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
 
  public:
   // Throws naming the offending field and value.
   void validate() const;
+  int64_t mlp_width() const { return mlp_hidden() > 0 ? mlp_hidden() : mlp_ratio() * width(); }
+  int64_t key_value_heads() const { return kv_heads() > 0 ? kv_heads() : heads(); }
 };
 
 // A contiguous range of blocks [first_layer, end_layer) of the model (end_layer -1:
@@ -87,8 +100,8 @@ class PackedTransformer {
  public:
   // Views of one block's parameters in parameters() (d = width, r = mlp_ratio * d).
   struct Block {
-    at::Tensor ln1_weight, ln1_bias;  // (K, 1, d)
-    PackedLinear qkv;                 // (K, d, 3d): columns [3][heads][head_dim]
+    at::Tensor ln1_weight, ln1_bias;  // (K, 1, d); no biases with rms_norm
+    PackedLinear qkv;                 // (K, d, 3d): columns [3][heads][head_dim]; GQA: [q heads][kv][kv]
     PackedLinear attn_out;            // (K, d, d)
     at::Tensor ln2_weight, ln2_bias;  // (K, 1, d)
     PackedLinear mlp_fc;              // (K, d, r)
@@ -146,6 +159,8 @@ class PackedTransformer {
   // x (K, N, d) normalized with weight and bias (K, 1, d).
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const;
   at::Tensor mlp_residual(const at::Tensor& x, const Block& block) const;  // x + mlp(x)
+  // Rotary / grouped-query attention of a qkv projection (rope_theta > 0 or kv_heads < heads).
+  at::Tensor rotary_gqa_attention(const at::Tensor& projected, int64_t B, int64_t T) const;
 
   PackedTransformerOptions options_;
   TransformerStage stage_;

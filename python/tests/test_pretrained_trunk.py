@@ -120,9 +120,9 @@ def write_config(path, **config):
 def test_what_cannot_be_loaded_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="is not a folder"):
         _core.PretrainedTrunk(str(tmp_path / "absent"))
-    write_config(tmp_path / "llama", model_type="llama")
-    with pytest.raises(ValueError, match="model_type 'llama' is not supported.*RMSNorm, rotary"):
-        _core.PretrainedTrunk(str(tmp_path / "llama"))
+    write_config(tmp_path / "mistral", model_type="mistral")
+    with pytest.raises(ValueError, match="model_type 'mistral' is not supported.*GPT-2 .gpt2. and Llama"):
+        _core.PretrainedTrunk(str(tmp_path / "mistral"))
     model, path = small_gpt2(tmp_path, "untied", tie_word_embeddings=False)
     with pytest.raises(ValueError, match="untied LM head"):
         _core.PretrainedTrunk(str(path))
@@ -156,3 +156,44 @@ def test_what_cannot_be_loaded_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=f"puts tensor '{first}' in {other}, which does not hold it"):
         _core.PretrainedTrunk(str(path))
     assert np.isfinite(model.transformer.wte.weight.detach().numpy()).all()
+
+
+def small_llama(tmp_path, name="llama", seed=0, **overrides):
+    config = dict(vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=24, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    config.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+    with torch.no_grad():  # norms start at 1: move them off
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    path = tmp_path / name
+    model.save_pretrained(path)
+    return model, path
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(tie_word_embeddings=True, num_key_value_heads=4, rope_theta=500.0)])
+def test_llama_logits_and_loss_equal_transformers(tmp_path, variant):
+    """Llama's block (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no
+    biases; untied and tied heads) loads with transformers' logits, next-token loss and
+    gradients, and saves back to a folder transformers loads with the same logits."""
+    model, path = small_llama(tmp_path, **variant)
+    trunk = _core.PretrainedTrunk(str(path))
+    x = tokens(seed=5)
+    with torch.no_grad():
+        expected = model(x).logits
+    assert relative_gap(trunk.lm_logits(x), expected) <= 1e-5
+    out = model(x, labels=x)
+    out.loss.backward()
+    loss, grads = trunk.lm_loss_and_gradients(x)
+    assert loss == pytest.approx(out.loss.item(), rel=1e-6)
+    theirs = dict(model.named_parameters())
+    assert {n for n in grads if not n.startswith("score.")} == set(theirs)  # every parameter, split back by name
+    for name, grad in grads.items():
+        if not name.startswith("score."):
+            assert relative_gap(grad, theirs[name].grad) <= 1e-4, name
+    # Written back, transformers loads it with the same logits.
+    trunk.save(str(tmp_path / "back"))
+    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        assert relative_gap(trunk.lm_logits(x), again(x).logits) <= 1e-5

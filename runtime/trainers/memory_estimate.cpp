@@ -306,7 +306,7 @@ MemoryEstimate estimate_active_learning(const EnsembleTrainerOptions& options, c
 double transformer_parameters_per_member(const MultiTaskTrainerOptions& options) {
   const ensemble::PackedTransformerOptions& m = options.model();
   const double V = static_cast<double>(m.vocab()), d = static_cast<double>(m.width()),
-               r = static_cast<double>(m.mlp_ratio()) * d, L = static_cast<double>(m.max_length()),
+               r = static_cast<double>(m.mlp_width()), L = static_cast<double>(m.max_length()),
                C = static_cast<double>(m.classes());
   // Two norms, qkv, attention out, MLP fc and proj, each with its bias.
   const double block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * r + r) + (r * d + d);
@@ -320,7 +320,7 @@ MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, in
   MemoryEstimate e;
   e.device = m.device();
   const double K = static_cast<double>(m.members()), d = static_cast<double>(m.width()),
-               r = static_cast<double>(m.mlp_ratio()) * d, h = static_cast<double>(m.heads()),
+               r = static_cast<double>(m.mlp_width()), h = static_cast<double>(m.heads()),
                layers = static_cast<double>(m.layers()), V = static_cast<double>(m.vocab()),
                B = static_cast<double>(options.batch_size()), E = static_cast<double>(options.eval_batch_size()),
                N = static_cast<double>(training_examples);

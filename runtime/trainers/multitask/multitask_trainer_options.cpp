@@ -59,9 +59,35 @@ void describe_model(Schema& s) {
       .above(0)
       .finite_only()
       .added_in(3, 1e-5);
+  // Llama's block (a --trunk's config sets them; PackedTransformerOptions).
+  s.option(PACKTRAIN_NESTED_OPTION(model, rms_norm))
+      .help_text("RMSNorm instead of LayerNorm")
+      .no_flag()
+      .added_in(3, false);
+  s.option(PACKTRAIN_NESTED_OPTION(model, linear_bias))
+      .help_text("Biases on the projections")
+      .no_flag()
+      .added_in(3, true);
+  s.option(PACKTRAIN_NESTED_OPTION(model, kv_heads))
+      .help_text("Key/value heads of grouped-query attention (0: heads)")
+      .no_flag()
+      .at_least(0)
+      .added_in(3, 0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, rope_theta))
+      .help_text("Rotary positions' base (0: learned positions)")
+      .no_flag()
+      .at_least(0)
+      .finite_only()
+      .added_in(3, 0.0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, gated_mlp)).help_text("SwiGLU MLP").no_flag().added_in(3, false);
+  s.option(PACKTRAIN_NESTED_OPTION(model, mlp_hidden))
+      .help_text("MLP hidden width (0: mlp_ratio x width)")
+      .no_flag()
+      .at_least(0)
+      .added_in(3, 0);
   s.option(PACKTRAIN_OPTION(trunk))
       .help_text(
-          "A Hugging Face GPT-2 checkpoint folder (config.json, model.safetensors or a sharded index, "
+          "A Hugging Face GPT-2 or Llama checkpoint folder (config.json, model.safetensors or a sharded index, "
           "tokenizer.json or vocab.json + merges.txt) as the trunk: its config replaces the width, layers, heads "
           "and positions, its weights the trunk and LM head, its tokenizer the byte tokenizer; \"\": train "
           "packtrain's own trunk from scratch")
@@ -234,7 +260,13 @@ MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions o) {
               .max_length(loaded.max_length())
               .tie_lm_head(loaded.tie_lm_head())
               .gelu_tanh(loaded.gelu_tanh())
-              .norm_eps(loaded.norm_eps()));
+              .norm_eps(loaded.norm_eps())
+              .rms_norm(loaded.rms_norm())
+              .linear_bias(loaded.linear_bias())
+              .kv_heads(loaded.kv_heads())
+              .rope_theta(loaded.rope_theta())
+              .gated_mlp(loaded.gated_mlp())
+              .mlp_hidden(loaded.mlp_hidden()));
   return o;
 }
 

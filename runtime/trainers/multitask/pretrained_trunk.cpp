@@ -107,6 +107,11 @@ class CheckpointTensors {
   }
 
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  // The tensor's shape in its file (empty when the checkpoint lacks it).
+  std::vector<int64_t> entry_shape(const std::string& name) const {
+    const auto it = where_.find(name);
+    return it == where_.end() ? std::vector<int64_t>{} : it->second->entry(name).shape;
+  }
   // The tensor as float32, checked against `shape`.
   at::Tensor read(const std::string& name, c10::IntArrayRef shape, const std::string& needed_by) const {
     const auto it = where_.find(name);
@@ -134,6 +139,109 @@ class CheckpointTensors {
 
 }  // namespace
 
+// A Llama config.json's trunk: RMSNorm, rotary positions, grouped-query attention,
+// SwiGLU, no projection biases; tied or untied LM head.
+ensemble::PackedTransformerOptions llama_options(const nlohmann::json& config, const fs::path& file, int64_t classes) {
+  const auto refuse = [&](const std::string& what) {
+    throw UserError("config '" + file.string() + "': " + what + " is not supported by the trunk");
+  };
+  const auto flag = [&](const std::string& key, bool fallback) {
+    const nlohmann::json& v = config.contains(key) ? config.at(key) : nlohmann::json();
+    if (v.is_null()) return fallback;
+    if (!v.is_boolean()) throw UserError("config '" + file.string() + "': " + key + " must be true or false");
+    return v.get<bool>();
+  };
+  const auto number = [&](const nlohmann::json& from, const std::string& key, double fallback) {
+    if (!from.contains(key) || from.at(key).is_null()) return fallback;
+    if (!from.at(key).is_number() || !(from.at(key).get<double>() > 0)) {
+      throw UserError("config '" + file.string() + "': " + key + " must be a positive number, got " +
+                      from.at(key).dump());
+    }
+    return from.at(key).get<double>();
+  };
+  if (config.value("hidden_act", std::string("silu")) != "silu") refuse("hidden_act " + config.at("hidden_act").dump());
+  if (flag("attention_bias", false) || flag("mlp_bias", false)) refuse("projection biases (attention_bias, mlp_bias)");
+  // transformers 5 keeps rope_theta in rope_parameters, older versions beside rope_scaling.
+  double theta = number(config, "rope_theta", 10000.0);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!config.contains(key) || config.at(key).is_null()) continue;
+    const nlohmann::json& rope = config.at(key);
+    if (!rope.is_object() || rope.value("rope_type", std::string("default")) != "default") {
+      refuse(std::string(key) + " " + rope.dump() + " (the default rotary positions are)");
+    }
+    theta = number(rope, "rope_theta", theta);
+  }
+  const int64_t width = config_integer(config, file, "hidden_size", 1);
+  const int64_t heads = config_integer(config, file, "num_attention_heads", 1);
+  if (width % heads != 0 || config_integer(config, file, "head_dim", 1, width / heads) != width / heads) {
+    refuse("a head_dim other than hidden_size / num_attention_heads");
+  }
+  ensemble::PackedTransformerOptions o;
+  o.members(1)
+      .vocab(config_integer(config, file, "vocab_size", 2))
+      .width(width)
+      .layers(config_integer(config, file, "num_hidden_layers", 1))
+      .heads(heads)
+      .kv_heads(config_integer(config, file, "num_key_value_heads", 1, heads))
+      .mlp_hidden(config_integer(config, file, "intermediate_size", 1))
+      .max_length(config_integer(config, file, "max_position_embeddings", 2))
+      .classes(classes)
+      .tie_lm_head(flag("tie_word_embeddings", false))
+      .rms_norm(true)
+      .linear_bias(false)
+      .rope_theta(theta)
+      .gated_mlp(true)
+      .norm_eps(number(config, "rms_norm_eps", 1e-6));
+  if (heads % o.key_value_heads() != 0) refuse("num_key_value_heads not dividing num_attention_heads");
+  o.validate();
+  return o;
+}
+
+// A Llama parameter in the pack's per-member shape, from transformers' tensors: q, k
+// and v stacked as one (in, out) qkv, gate and up as one (in, 2r) fc, Linear weights
+// transposed to (in, out); the classifier (packtrain's own) is not the checkpoint's.
+template <typename Tensors>
+at::Tensor llama_value(const Tensors& tensors, const ensemble::ParameterSpec& spec) {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> block_parts{
+      {"ln1.weight", {"input_layernorm.weight"}},
+      {"attn.qkv.weight", {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+      {"attn.out.weight", {"self_attn.o_proj.weight"}},
+      {"ln2.weight", {"post_attention_layernorm.weight"}},
+      {"mlp.fc.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
+      {"mlp.proj.weight", {"mlp.down_proj.weight"}}};
+  const std::string& name = spec.name;
+  const bool vector = spec.shape.size() == 2 && spec.shape[0] == 1;
+  const auto read = [&](const std::string& theirs, std::vector<int64_t> shape) {
+    return tensors.read(theirs, shape, "the config's " + name);
+  };
+  if (name == "tok_emb.weight") return read("model.embed_tokens.weight", spec.shape);
+  if (name == "ln_f.weight") return read("model.norm.weight", {spec.shape[1]}).view(spec.shape);
+  if (name == "lm.weight") return read("lm_head.weight", {spec.shape[1], spec.shape[0]}).t();
+  const size_t dot = name.find('.');
+  if (!name.starts_with("block") || dot == std::string::npos) {
+    throw UserError("pretrained trunk: parameter '" + name + "' has no Llama name");
+  }
+  const std::string prefix = "model.layers." + name.substr(5, dot - 5) + ".", part = name.substr(dot + 1);
+  for (const auto& [mine, theirs] : block_parts) {
+    if (part != mine) continue;
+    if (vector) return read(prefix + theirs.front(), {spec.shape[1]}).view(spec.shape);
+    std::vector<at::Tensor> rows;  // torch Linear weights (out, in), stacked along out
+    const int64_t in = spec.shape[0];
+    for (const std::string& t : theirs) {
+      const auto& e = tensors.entry_shape(prefix + t);
+      rows.push_back(read(prefix + t, {e.empty() ? 0 : e[0], in}));
+    }
+    const at::Tensor stacked = at::cat(rows, 0);
+    if (stacked.size(0) != spec.shape[1]) {
+      throw UserError("checkpoint's " + prefix + theirs.front() + " and its companions stack to " +
+                      std::to_string(stacked.size(0)) + " outputs, the config's " + name + " needs " +
+                      std::to_string(spec.shape[1]));
+    }
+    return stacked.t();
+  }
+  throw UserError("pretrained trunk: parameter '" + name + "' has no Llama name");
+}
+
 ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir, int64_t classes) {
   if (!fs::is_directory(dir)) {
     throw UserError("pretrained trunk '" + dir.string() +
@@ -145,12 +253,10 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
     throw UserError("config '" + file.string() + "' has no model_type");
   }
   const std::string type = config.at("model_type").get<std::string>();
+  if (type == "llama") return llama_options(config, file, classes);
   if (type != "gpt2") {
     throw UserError("config '" + file.string() + "': model_type '" + type +
-                    "' is not supported; packtrain loads the GPT-2 family (model_type gpt2) today" +
-                    (type == "llama" ? " — Llama's RMSNorm, rotary positions, SwiGLU and grouped-query attention "
-                                       "are not in the trunk yet"
-                                     : ""));
+                    "' is not supported; packtrain loads the GPT-2 (gpt2) and Llama (llama) families today");
   }
   const auto flag = [&](const std::string& key, bool fallback) {
     if (!config.contains(key) || config.at(key).is_null()) return fallback;
@@ -206,6 +312,15 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
 void load_pretrained_weights(const fs::path& dir, ensemble::PackedTransformer& model) {
   const ensemble::PackedTransformerOptions& options = model.options();
   const CheckpointTensors tensors(dir);
+  if (read_json(dir / "config.json", "config").value("model_type", std::string()) == "llama") {
+    ensemble::PackedParameters& params = model.parameters();
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params.spec(i).name.starts_with("cls.")) continue;  // a new head: as drawn from the seed
+      params[i].copy_(llama_value(tensors, params.spec(i)).unsqueeze(0).expand_as(params[i]));
+    }
+    return;
+  }
   const std::string prefix = tensors.contains("transformer.wte.weight") ? "transformer." : "";
   ensemble::PackedParameters& params = model.parameters();
   const bool has_classifier = tensors.contains("score.weight");
@@ -250,10 +365,90 @@ std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const fs::pat
   return model;
 }
 
+namespace {
+
+// Which transformers layout a trunk has: GPT-2's, Llama's, or none (a mix built by hand).
+enum class Layout { kGpt2, kLlama, kNone };
+Layout layout_of(const ensemble::PackedTransformerOptions& o) {
+  const bool gpt2 = !o.rms_norm() && o.linear_bias() && o.rope_theta() == 0 && !o.gated_mlp() &&
+                    o.key_value_heads() == o.heads() && o.mlp_hidden() == 0 && o.tie_lm_head();
+  const bool llama = o.rms_norm() && !o.linear_bias() && o.rope_theta() > 0 && o.gated_mlp();
+  return gpt2 ? Layout::kGpt2 : llama ? Layout::kLlama : Layout::kNone;
+}
+
+// One pack parameter's member value under transformers' Llama names and layouts:
+// the fused qkv and gate|up split back into q/k/v and gate/up, (in, out) weights as
+// torch Linear's (out, in).
+void append_llama(std::vector<std::pair<std::string, at::Tensor>>& out, const ensemble::PackedTransformerOptions& o,
+                  const std::string& name, const at::Tensor& value) {
+  const bool vector = value.dim() == 2 && value.size(0) == 1;
+  const at::Tensor v = vector ? value.view({value.size(1)}) : value;
+  if (name == "tok_emb.weight") {
+    out.emplace_back("model.embed_tokens.weight", v);
+    return;
+  }
+  if (name == "ln_f.weight") {
+    out.emplace_back("model.norm.weight", v);
+    return;
+  }
+  if (name == "lm.weight") {
+    out.emplace_back("lm_head.weight", v.t());
+    return;
+  }
+  if (name == "cls.weight") {
+    out.emplace_back("score.weight", v.t());
+    return;
+  }
+  if (name == "cls.bias") {
+    out.emplace_back("score.bias", v);
+    return;
+  }
+  const size_t dot = name.find('.');
+  const std::string prefix = "model.layers." + name.substr(5, dot - 5) + ".", part = name.substr(dot + 1);
+  const int64_t dh = o.width() / o.heads(), q = o.heads() * dh, kv = o.key_value_heads() * dh, r = o.mlp_width();
+  if (part == "ln1.weight") {
+    out.emplace_back(prefix + "input_layernorm.weight", v);
+    return;
+  }
+  if (part == "ln2.weight") {
+    out.emplace_back(prefix + "post_attention_layernorm.weight", v);
+    return;
+  }
+  if (part == "attn.out.weight") {
+    out.emplace_back(prefix + "self_attn.o_proj.weight", v.t());
+    return;
+  }
+  if (part == "mlp.proj.weight") {
+    out.emplace_back(prefix + "mlp.down_proj.weight", v.t());
+    return;
+  }
+  if (part == "attn.qkv.weight") {
+    const std::vector<at::Tensor> pieces = v.t().split_with_sizes({q, kv, kv}, 0);
+    out.emplace_back(prefix + "self_attn.q_proj.weight", pieces[0]);
+    out.emplace_back(prefix + "self_attn.k_proj.weight", pieces[1]);
+    out.emplace_back(prefix + "self_attn.v_proj.weight", pieces[2]);
+    return;
+  }
+  if (part == "mlp.fc.weight") {
+    const std::vector<at::Tensor> pieces = v.t().split_with_sizes({r, r}, 0);
+    out.emplace_back(prefix + "mlp.gate_proj.weight", pieces[0]);
+    out.emplace_back(prefix + "mlp.up_proj.weight", pieces[1]);
+    return;
+  }
+  throw UserError("pretrained trunk: parameter '" + name + "' has no Llama name");
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const ensemble::PackedTransformer& model,
                                                                          int64_t member, bool gradients) {
   TORCH_CHECK(model.whole(), "pretrained trunk: a pipeline stage holds part of the model; use the whole model");
-  TORCH_CHECK(model.options().tie_lm_head(), "pretrained trunk: GPT-2 ties its LM head to wte; this model's is untied");
+  const Layout layout = layout_of(model.options());
+  if (layout == Layout::kNone) {
+    throw UserError(
+        "pretrained trunk: this model's blocks are neither GPT-2's nor Llama's; transformers has no layout "
+        "for them");
+  }
   TORCH_CHECK(member >= 0 && member < model.members(), "pretrained trunk: member ", member, " out of range for ",
               model.members(), " members");
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -263,6 +458,10 @@ std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const e
     const at::Tensor source = gradients ? params[i].grad() : params[i];
     TORCH_CHECK(source.defined(), "pretrained trunk: parameter ", spec.name, " has no gradient");
     at::Tensor value = source[member].detach().to(at::kFloat);
+    if (layout == Layout::kLlama) {
+      append_llama(tensors, model.options(), spec.name, value);
+      continue;
+    }
     if (spec.name == "cls.weight") value = value.t();  // (d, C) -> torch Linear's (C, d)
     const bool vector = spec.shape.size() == 2 && spec.shape[0] == 1;
     tensors.emplace_back(gpt2_name(spec.name, "transformer."), vector ? value.view({spec.shape[1]}) : value);
@@ -274,6 +473,29 @@ void save_pretrained_trunk(const ensemble::PackedTransformer& model, const fs::p
   const ensemble::PackedTransformerOptions& o = model.options();
   const auto tensors = pretrained_named_tensors(model, member);
   fs::create_directories(dir);
+  if (layout_of(o) == Layout::kLlama) {
+    const nlohmann::json config{{"model_type", "llama"},
+                                {"architectures", {"LlamaForCausalLM"}},
+                                {"vocab_size", o.vocab()},
+                                {"hidden_size", o.width()},
+                                {"intermediate_size", o.mlp_width()},
+                                {"num_hidden_layers", o.layers()},
+                                {"num_attention_heads", o.heads()},
+                                {"num_key_value_heads", o.key_value_heads()},
+                                {"max_position_embeddings", o.max_length()},
+                                {"rms_norm_eps", o.norm_eps()},
+                                {"rope_theta", o.rope_theta()},
+                                {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", o.rope_theta()}}},
+                                {"tie_word_embeddings", o.tie_lm_head()},
+                                {"hidden_act", "silu"},
+                                {"attention_bias", false},
+                                {"mlp_bias", false},
+                                {"num_labels", o.classes()},
+                                {"torch_dtype", "float32"}};
+    write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+    write_file_atomically(dir / "config.json", config.dump(2) + "\n");
+    return;
+  }
   nlohmann::json config{{"model_type", "gpt2"},
                         {"architectures", {"GPT2LMHeadModel"}},
                         {"vocab_size", o.vocab()},

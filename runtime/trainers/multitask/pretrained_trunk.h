@@ -7,12 +7,14 @@
 // the GPT-2 family (config model_type "gpt2": learned positions, pre-LayerNorm blocks,
 // GELU as its activation_function says — gelu_new/gelu_pytorch_tanh as the tanh form,
 // gelu exact —, the fused c_attn stored as Conv1D [in, out], which is the pack's own
-// (in, out) layout, and the LM head tied to wte), with float32, bfloat16 or float16
-// weights, loaded as float32. The PackedTransformer's blocks are GPT-2's: weights map
-// one to one (`transformer.h.{l}.attn.c_attn.weight` -> `block{l}.attn.qkv.weight`).
-// Refused, each a UserError naming it: another model_type (Llama's RMSNorm, rotary
-// positions, SwiGLU and grouped-query attention are not in the trunk yet), an untied LM
-// head, a missing or mis-shaped tensor, a malformed file.
+// (in, out) layout, and the LM head tied to wte) and the Llama family (model_type
+// "llama": RMSNorm, rotary positions of the default kind, grouped-query attention,
+// SwiGLU, no biases, tied or untied head; q/k/v and gate/up are stacked into the
+// pack's fused qkv and fc), with float32, bfloat16 or float16 weights, loaded as
+// float32. Refused, each a UserError naming it: another model_type, GPT-2 with an
+// untied head, Llama with scaled rotary positions or biases, a missing or mis-shaped
+// tensor, a malformed file. KV-cached decoding of a Llama trunk is not built yet
+// (PackedTransformer::decode_step refuses it).
 //
 // The classification head is the pack's own (cls: d -> classes, with bias): new,
 // drawn from the seed, unless the folder holds packtrain's own `score.weight` and
@@ -59,10 +61,10 @@ void load_pretrained_weights(const std::filesystem::path& dir, ensemble::PackedT
 std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const ensemble::PackedTransformer& model,
                                                                          int64_t member = 0, bool gradients = false);
 
-// Writes member `member` of `model` (a whole model, tied LM head) to `dir` as a GPT-2
-// checkpoint folder — config.json and model.safetensors in transformers' names, the
-// classifier as score.weight and score.bias — that transformers' GPT2LMHeadModel
-// loads with the same logits. Creates the folder; replaces the two files atomically.
+// Writes member `member` of `model` (a whole model of GPT-2's or Llama's layout) to
+// `dir` as a checkpoint folder — config.json and model.safetensors in transformers'
+// names, the classifier as score.weight and score.bias — that transformers'
+// GPT2LMHeadModel / LlamaForCausalLM loads with the same logits. Creates the folder; replaces the two files atomically.
 void save_pretrained_trunk(const ensemble::PackedTransformer& model, const std::filesystem::path& dir,
                            int64_t member = 0);
 

@@ -154,7 +154,7 @@ TEST(TrainerOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
 TEST(MultiTaskOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
   MultiTaskTrainerOptions changed = every_field_changed(multitask_option_schema());
   // Through the public pair too (which validates the combination).
-  changed.model().vocab(259).width(32).heads(2).layers(2).max_length(64).classes(3);
+  changed.model().vocab(259).width(32).heads(2).layers(2).max_length(64).classes(3).kv_heads(1);
   changed.buckets({16, 64}).pipeline_stages(1).pipeline_boundaries({}).micro_batches(1).batch_size(8).shared_inputs(
       true);
   EXPECT_EQ(to_json(multitask_options_from_json(to_json(changed))), to_json(changed));
