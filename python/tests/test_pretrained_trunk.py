@@ -41,28 +41,27 @@ def relative_gap(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def test_gpt2_logits_loss_and_gradients_equal_transformers(tmp_path):
-    model, path = small_gpt2(tmp_path)
-    trunk = _core.PretrainedTrunk(str(path), classes=2)
-    assert trunk.options["gelu_tanh"] and trunk.options["layers"] == 2 and trunk.options["max_length"] == 24
-    x = tokens()
+def expect_one_step_equals_transformers(trunk, model, x):
+    """The trunk's logits, next-token loss and every gradient of one step (under
+    transformers' names; score.* is packtrain's own classifier) are transformers'."""
     with torch.no_grad():
-        expected = model(x).logits
-    assert relative_gap(trunk.lm_logits(x), expected) <= 1e-5
-    # The next-token loss and every gradient of one step, under transformers' names.
+        assert relative_gap(trunk.lm_logits(x), model(x).logits) <= 1e-5
     out = model(x, labels=x)
     out.loss.backward()
     loss, grads = trunk.lm_loss_and_gradients(x)
     assert loss == pytest.approx(out.loss.item(), rel=1e-6)
     theirs = dict(model.named_parameters())
-    checked = 0
-    for name, grad in grads.items():
-        if name.startswith("score."):
-            continue  # packtrain's classifier: no transformers counterpart in an LM model
-        assert name in theirs, name
+    ours = {name: grad for name, grad in grads.items() if not name.startswith("score.")}
+    assert set(ours) == set(theirs)  # every parameter (a tied lm_head is wte's)
+    for name, grad in ours.items():
         assert relative_gap(grad, theirs[name].grad) <= 1e-4, name
-        checked += 1
-    assert checked == len(theirs)  # every transformers parameter (lm_head is tied to wte)
+
+
+def test_gpt2_logits_loss_and_gradients_equal_transformers(tmp_path):
+    model, path = small_gpt2(tmp_path)
+    trunk = _core.PretrainedTrunk(str(path), classes=2)
+    assert trunk.options["gelu_tanh"] and trunk.options["layers"] == 2 and trunk.options["max_length"] == 24
+    expect_one_step_equals_transformers(trunk, model, tokens())
 
 
 def test_kv_cached_greedy_generation_equals_transformers_token_for_token(tmp_path):
@@ -180,18 +179,7 @@ def test_llama_logits_and_loss_equal_transformers(tmp_path, variant):
     model, path = small_llama(tmp_path, **variant)
     trunk = _core.PretrainedTrunk(str(path))
     x = tokens(seed=5)
-    with torch.no_grad():
-        expected = model(x).logits
-    assert relative_gap(trunk.lm_logits(x), expected) <= 1e-5
-    out = model(x, labels=x)
-    out.loss.backward()
-    loss, grads = trunk.lm_loss_and_gradients(x)
-    assert loss == pytest.approx(out.loss.item(), rel=1e-6)
-    theirs = dict(model.named_parameters())
-    assert {n for n in grads if not n.startswith("score.")} == set(theirs)  # every parameter, split back by name
-    for name, grad in grads.items():
-        if not name.startswith("score."):
-            assert relative_gap(grad, theirs[name].grad) <= 1e-4, name
+    expect_one_step_equals_transformers(trunk, model, x)
     # Written back, transformers loads it with the same logits.
     trunk.save(str(tmp_path / "back"))
     again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
