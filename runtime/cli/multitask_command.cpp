@@ -576,7 +576,9 @@ void add_multitask_generate(CLI::App* mt, int& status) {
       "generate", "Continue --prompt with the LM head (KV cache; the decode step is a CUDA graph on a GPU).");
   generate->add_option("checkpoint", *gen_checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
   generate->add_option("--prompt", *prompt, "Text to continue")->required();
-  generate->add_option("--max-new-tokens", g->max_new_tokens, "Bytes to generate at most")
+  generate
+      ->add_option("--max-new-tokens", g->max_new_tokens,
+                   "Tokens to generate at most (bytes with packtrain's own trunk)")
       ->check(positive())
       ->capture_default_str();
   generate->add_option("--temperature", g->temperature, "Sampling temperature (0: greedy; finite)")
