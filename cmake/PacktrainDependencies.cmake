@@ -103,6 +103,9 @@ pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET GLOBAL libzip)
 # --- PCRE2: GPT-2's Unicode pre-tokenization pattern (runtime/data/bpe_tokenizer.cpp;
 # Debian's libpcre2-dev) ----------------------------------------------------------
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
+# --- SentencePiece: Llama's tokenizer (runtime/data/sentencepiece_tokenizer.cpp;
+# Debian's libsentencepiece-dev) ---------------------------------------------------
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET GLOBAL sentencepiece)
 
 if(PACKTRAIN_BUILD_TESTS)
   find_package(GTest REQUIRED)

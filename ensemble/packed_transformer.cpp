@@ -10,6 +10,8 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace packtrain::ensemble {
@@ -67,12 +69,106 @@ TransformerStage checked_stage(TransformerStage stage, const PackedTransformerOp
   return stage;
 }
 
+// The four adapted projections of a block: name, in and out widths.
+struct AdaptedSite {
+  const char* name;
+  int64_t in, out;
+};
+std::vector<AdaptedSite> adapted_sites(const PackedTransformerOptions& o) {
+  const int64_t d = o.width(), r = o.mlp_width(), dh = d / o.heads();
+  return {{"attn.qkv", d, (o.heads() + 2 * o.key_value_heads()) * dh},
+          {"attn.out", d, d},
+          {"mlp.fc", d, o.gated_mlp() ? 2 * r : r},
+          {"mlp.proj", r, d}};
+}
+
+// What adapter members train: each block's four adapters, then the classifier.
+std::vector<ParameterSpec> adapter_specs(const PackedTransformerOptions& o) {
+  std::vector<ParameterSpec> specs;
+  for (int64_t l = 0; l < o.layers(); ++l) {
+    for (const AdaptedSite& site : adapted_sites(o)) {
+      const std::string name = block_prefix(l) + "." + site.name;
+      specs.push_back({name + ".lora_a", {site.in, o.lora_rank()}});
+      specs.push_back({name + ".lora_b", {o.lora_rank(), site.out}});
+    }
+  }
+  specs.push_back({"cls.weight", {o.width(), o.classes()}});
+  specs.push_back({"cls.bias", {1, o.classes()}});
+  return specs;
+}
+
+// What each member holds: the stage's part of the model, or (adapters) its adapters.
 std::vector<ParameterSpec> stage_specs(const PackedTransformerOptions& o, const TransformerStage& stage) {
+  if (o.lora_rank() > 0) return adapter_specs(o);
   std::vector<ParameterSpec> out;
   for (ParameterSpec& spec : transformer_specs(o)) {
     if (stage_holds(spec.name, stage, o)) out.push_back(std::move(spec));
   }
   return out;
+}
+
+// The frozen shared trunk of adapter members: the whole model but the classifier.
+std::vector<ParameterSpec> shared_trunk_specs(const PackedTransformerOptions& o) {
+  std::vector<ParameterSpec> out;
+  if (o.lora_rank() == 0) return out;
+  for (ParameterSpec& spec : transformer_specs(o)) {
+    if (!spec.name.starts_with("cls.")) out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+// Draws `all` (a full model's parameters, in order) for each member of `pack` from
+// member_seed(seed, first_member + k) — GPT-2's scheme; the parameters `pack` does not
+// hold are drawn into scratch, so a stage's values are the full model's.
+void draw_gpt2(PackedParameters& pack, const std::vector<ParameterSpec>& all, uint64_t seed, int64_t first_member,
+               int64_t layers) {
+  // Residual projections are scaled by 1/sqrt(2 * layers), as GPT-2 does.
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  std::map<std::string, size_t> held;
+  for (size_t i = 0; i < pack.size(); ++i) held[pack.spec(i).name] = i;
+  std::vector<at::Tensor> rows;
+  std::vector<int64_t> selected;
+  for (int64_t k = 0; k < pack.members(); ++k) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, first_member + k));
+    at::Tensor row = at::empty({pack.per_member()}, at::kFloat);
+    for (const ParameterSpec& spec : all) {
+      const std::string& name = spec.name;
+      const auto it = held.find(name);
+      int64_t n = 1;
+      for (const int64_t size : spec.shape) n *= size;
+      at::Tensor slot = it != held.end() ? row.narrow(0, pack.row_offset(it->second), n) : at::empty({n}, at::kFloat);
+      const bool is_norm = name.find(".ln") != std::string::npos || name.starts_with("ln_f");
+      if (is_norm) {
+        slot.fill_(name.ends_with(".weight") ? 1.0 : 0.0);
+      } else if (name.ends_with(".bias")) {
+        slot.zero_();
+      } else {
+        const bool residual = name.ends_with("attn.out.weight") || name.ends_with("mlp.proj.weight");
+        slot.normal_(0.0, residual ? residual_std : 0.02, generator);
+      }
+    }
+    rows.push_back(row);
+    selected.push_back(k);
+  }
+  pack.write_member_rows(at::stack(rows), selected);
+}
+
+// Rotary positions (transformers' rotate_half form) on heads x (N, heads, P, dh) at
+// positions whose tables cos, sin are (P, dh).
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+}
+
+// cos and sin (max_length, dh) of every position's rotary angles, computed in float32
+// as transformers computes them, then cast to the model's dtype.
+std::pair<at::Tensor, at::Tensor> rotary_tables(const PackedTransformerOptions& o) {
+  const int64_t dh = o.width() / o.heads();
+  const auto f32 = c10::TensorOptions().dtype(at::kFloat).device(o.device());
+  const at::Tensor inverse = 1.0 / at::pow(o.rope_theta(), at::arange(0, dh, 2, f32) / static_cast<double>(dh));
+  const at::Tensor angles = at::outer(at::arange(o.max_length(), f32), inverse);  // (P, dh/2)
+  const at::Tensor both = at::cat({angles, angles}, -1);                          // (P, dh)
+  return {both.cos().to(o.dtype()), both.sin().to(o.dtype())};
 }
 
 }  // namespace
@@ -97,6 +193,10 @@ void PackedTransformerOptions::validate() const {
               "width, got ",
               width() / heads());
   TORCH_CHECK(mlp_hidden() >= 0, "transformer: mlp_hidden must be >= 0, got ", mlp_hidden());
+  TORCH_CHECK(lora_rank() >= 0, "transformer: lora_rank must be >= 0, got ", lora_rank());
+  TORCH_CHECK(lora_alpha() > 0 && std::isfinite(lora_alpha()), "transformer: lora_alpha must be positive, got ",
+              lora_alpha());
+  TORCH_CHECK(first_member() >= 0, "transformer: first_member must be >= 0, got ", first_member());
 }
 
 std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options, TransformerStage stage) {
@@ -109,20 +209,32 @@ PackedTransformer::PackedTransformer(PackedTransformerOptions options, Transform
       stage_(checked_stage(stage, options_)),
       parameters_(options_.members(), stage_specs(options_, stage_),
                   c10::TensorOptions().dtype(options_.dtype()).device(options_.device())) {
+  TORCH_CHECK(!adapted() || whole(), "transformer: adapters (lora_rank ", options_.lora_rank(),
+              ") need the whole model, not a pipeline stage");
+  if (adapted()) {
+    trunk_ = PackedParameters(1, shared_trunk_specs(options_), parameters_.flat().options());
+    for (const at::Tensor& t : trunk_.tensors()) t.requires_grad_(false);  // frozen: no weight gradients
+  }
+  for (const PackedParameters* pack : {&parameters_, &trunk_}) {
+    for (size_t i = 0; i < pack->size(); ++i) by_name_.emplace(pack->spec(i).name, (*pack)[i]);
+  }
   const auto optional = [&](const std::string& name) {  // a bias this shape has, or undefined
-    for (size_t i = 0; i < parameters_.size(); ++i) {
-      if (parameters_.spec(i).name == name) return parameters_[i];
-    }
-    return at::Tensor();
+    const auto it = by_name_.find(name);
+    return it == by_name_.end() ? at::Tensor() : it->second;
   };
   const auto linear = [&](const std::string& prefix) {
     return PackedLinear(param(prefix + ".weight"), optional(prefix + ".bias"), PackOfOne::kPlainGemm);
+  };
+  const auto adapter = [&](const std::string& prefix) -> Block::Adapter {
+    if (!adapted()) return {};
+    return {PackedLinear(param(prefix + ".lora_a"), {}), PackedLinear(param(prefix + ".lora_b"), {})};
   };
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     const std::string b = block_prefix(l);
     blocks_.push_back({param(b + ".ln1.weight"), optional(b + ".ln1.bias"), linear(b + ".attn.qkv"),
                        linear(b + ".attn.out"), param(b + ".ln2.weight"), optional(b + ".ln2.bias"),
-                       linear(b + ".mlp.fc"), linear(b + ".mlp.proj")});
+                       linear(b + ".mlp.fc"), linear(b + ".mlp.proj"), adapter(b + ".attn.qkv"),
+                       adapter(b + ".attn.out"), adapter(b + ".mlp.fc"), adapter(b + ".mlp.proj")});
   }
   if (last_stage()) {
     ln_f_weight_ = param("ln_f.weight");
@@ -130,7 +242,14 @@ PackedTransformer::PackedTransformer(PackedTransformerOptions options, Transform
     classifier_ = linear("cls");
     if (!options_.tie_lm_head()) lm_head_ = linear("lm");
   }
+  if (options_.rope_theta() > 0) std::tie(rotary_cos_, rotary_sin_) = rotary_tables(options_);
   reinitialize(options_.seed());
+}
+
+at::Tensor PackedTransformer::param(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  TORCH_CHECK(it != by_name_.end(), "transformer: no parameter '", name, "'");
+  return it->second;
 }
 
 const PackedTransformer::Block& PackedTransformer::block(int64_t layer) const {
@@ -156,33 +275,33 @@ const PackedLinear& PackedTransformer::lm_head() const {
 void PackedTransformer::reinitialize(uint64_t seed) {
   at::NoGradGuard no_grad;
   options_.seed(seed);
-  // Residual projections are scaled by 1/sqrt(2 * layers), as GPT-2 does.
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(options_.layers()));
+  if (!adapted()) {
+    draw_gpt2(parameters_, transformer_specs(options_), seed, options_.first_member(), options_.layers());
+    return;
+  }
+  // The shared trunk as a pack of one of this seed; the members' adapters as LoRA starts them.
+  draw_gpt2(trunk_, transformer_specs(options_), seed, 0, options_.layers());
+  draw_adapters(seed);
+}
+
+// Member k's adapters from member_seed(~seed, first_member + k) (not the trunk's
+// stream): A Kaiming-uniform as torch.nn.Linear's default (bound 1 / sqrt(in)), B
+// zero — so every member starts as the trunk —, the classifier N(0, 0.02) with a zero
+// bias.
+void PackedTransformer::draw_adapters(uint64_t seed) {
   std::vector<at::Tensor> rows;
   std::vector<int64_t> selected;
-  // Every parameter of the full model is drawn in its order (a stage draws the ones
-  // it does not hold into a scratch buffer), so a stage's values are the full model's.
-  const std::vector<ParameterSpec> all = transformer_specs(options_);
-  std::map<std::string, size_t> held;
-  for (size_t i = 0; i < parameters_.size(); ++i) held[parameters_.spec(i).name] = i;
   for (int64_t k = 0; k < members(); ++k) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(seed, k));
-    at::Tensor row = at::empty({parameters_.per_member()}, at::kFloat);
-    for (const ParameterSpec& spec : all) {
-      const std::string& name = spec.name;
-      const auto it = held.find(name);
-      int64_t n = 1;
-      for (const int64_t size : spec.shape) n *= size;
-      at::Tensor slot =
-          it != held.end() ? row.narrow(0, parameters_.row_offset(it->second), n) : at::empty({n}, at::kFloat);
-      const bool is_norm = name.find(".ln") != std::string::npos || name.starts_with("ln_f");
-      if (is_norm) {
-        slot.fill_(name.ends_with(".weight") ? 1.0 : 0.0);
-      } else if (name.ends_with(".bias")) {
-        slot.zero_();
-      } else {
-        const bool residual = name.ends_with("attn.out.weight") || name.ends_with("mlp.proj.weight");
-        slot.normal_(0.0, residual ? residual_std : 0.02, generator);
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(member_seed(~seed, options_.first_member() + k));
+    at::Tensor row = at::zeros({parameters_.per_member()}, at::kFloat);
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      const ParameterSpec& spec = parameters_.spec(i);
+      at::Tensor slot = row.narrow(0, parameters_.row_offset(i), parameters_.numel(i));
+      if (spec.name.ends_with(".lora_a")) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[0]));
+        slot.uniform_(-bound, bound, generator);
+      } else if (spec.name == "cls.weight") {
+        slot.normal_(0.0, 0.02, generator);
       }
     }
     rows.push_back(row);
@@ -200,21 +319,43 @@ void PackedTransformer::reinitialize(uint64_t seed) {
 at::Tensor PackedTransformer::norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
   const int64_t d = options_.width();
   const double eps = options_.norm_eps();
-  if (options_.rms_norm()) {  // Llama's: x / sqrt(mean(x^2) + eps) * weight
-    if (members() == 1) return at::rms_norm(x, {d}, weight.view({d}), eps);
+  const bool one = weight.size(0) == 1;  // a pack of one, or the adapters' shared trunk
+  if (options_.rms_norm()) {             // Llama's: x / sqrt(mean(x^2) + eps) * weight
+    if (one) return at::rms_norm(x, {d}, weight.view({d}), eps);
     return at::rms_norm(x, {d}, {}, eps) * weight;
   }
-  if (members() == 1) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), eps);
+  if (one) return at::layer_norm(x, {d}, weight.view({d}), bias.view({d}), eps);
   return at::addcmul(bias, at::layer_norm(x, {d}, {}, {}, eps), weight);
 }
 
+at::Tensor PackedTransformer::project(const PackedLinear& linear, const Block::Adapter* adapter,
+                                      const at::Tensor& x) const {
+  if (!adapted()) return linear.forward(x);
+  // The trunk's one GEMM over every member's rows: (Kx, N, in) -> (1, Kx * N, in).
+  const int64_t Kx = x.size(0), N = x.size(1);
+  const at::Tensor shared = linear.forward(x.reshape({1, Kx * N, x.size(2)})).view({Kx, N, linear.out_features()});
+  if (adapter == nullptr) return shared;
+  const at::Tensor in = Kx == 1 ? x.reshape({N, x.size(2)}) : x;  // one shared input: broadcast to the members
+  const double scale = options_.lora_alpha() / static_cast<double>(options_.lora_rank());
+  return shared + adapter->up.forward(adapter->down.forward(in) * scale);
+}
+
+at::Tensor PackedTransformer::project_onto(const at::Tensor& residual, const PackedLinear& linear,
+                                           const Block::Adapter* adapter, const at::Tensor& x) const {
+  if (!adapted()) return linear.forward_onto(residual, x);
+  return residual + project(linear, adapter, x);
+}
+
 at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, const Block& block) const {
-  const at::Tensor fc = block.mlp_fc.forward(norm(x, block.ln2_weight, block.ln2_bias));
+  const at::Tensor fc = project(block.mlp_fc, &block.mlp_fc_adapter, norm(x, block.ln2_weight, block.ln2_bias));
+  at::Tensor activated;
   if (options_.gated_mlp()) {  // SwiGLU: columns [gate | up]
     const int64_t r = options_.mlp_width();
-    return block.mlp_proj.forward_onto(x, at::silu(fc.narrow(-1, 0, r)) * fc.narrow(-1, r, r));
+    activated = at::silu(fc.narrow(-1, 0, r)) * fc.narrow(-1, r, r);
+  } else {
+    activated = at::gelu(fc, options_.gelu_tanh() ? "tanh" : "none");
   }
-  return block.mlp_proj.forward_onto(x, at::gelu(fc, options_.gelu_tanh() ? "tanh" : "none"));
+  return project_onto(x, block.mlp_proj, &block.mlp_proj_adapter, activated);
 }
 
 at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
@@ -222,38 +363,30 @@ at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
               ") does not hold the embeddings");
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
               "transformer trunk: tokens must be (B, T) int64, got ", tokens.scalar_type(), " ", tokens.sizes());
-  const int64_t K = members(), B = tokens.size(0), T = tokens.size(1), d = options_.width();
+  const at::Tensor table = param("tok_emb.weight");  // (K or, adapters, 1, V, d)
+  const int64_t K = table.size(0), B = tokens.size(0), T = tokens.size(1), d = options_.width();
   TORCH_CHECK(T >= 1 && T <= options_.max_length(), "transformer trunk: ", T, " tokens per row, the model has ",
               options_.max_length(), " positions");
   TORCH_CHECK(tokens.device() == parameters_.flat().device(), "transformer trunk: tokens are on ", tokens.device(),
               " but the model is on ", parameters_.flat().device());
-  const at::Tensor embedded = param("tok_emb.weight").index_select(1, tokens.reshape({-1})).view({K, B, T, d});
+  const at::Tensor embedded = table.index_select(1, tokens.reshape({-1})).view({K, B, T, d});
   if (options_.rope_theta() > 0) return embedded;  // rotary positions enter in attention
   return embedded + param("pos_emb.weight").narrow(1, 0, T).unsqueeze(1);
 }
 
 // Llama's attention on the qkv projection (K, B*T, (H + 2 KV) dh): rotary positions
-// 0..T-1 on q and k (transformers' rotate_half form, frequencies in float32 as it
-// computes them), each key/value head shared by H / KV query heads. (K*B, H, T, dh).
+// 0..T-1 on q and k, each key/value head shared by H / KV query heads. (K*B, H, T, dh).
 at::Tensor PackedTransformer::rotary_gqa_attention(const at::Tensor& projected, int64_t B, int64_t T) const {
-  const int64_t K = members(), H = options_.heads(), KV = options_.key_value_heads(), dh = options_.width() / H;
+  const int64_t K = projected.size(0), H = options_.heads(), KV = options_.key_value_heads();
+  const int64_t dh = options_.width() / H;
   const auto heads = [&](int64_t first, int64_t count) {
     return projected.narrow(-1, first * dh, count * dh).reshape({K * B, T, count, dh}).transpose(1, 2);
   };
   at::Tensor q = heads(0, H), k = heads(H, KV), v = heads(H + KV, KV);
   if (options_.rope_theta() > 0) {
-    const auto f32 = projected.options().dtype(at::kFloat);
-    const at::Tensor inverse =
-        1.0 / at::pow(options_.rope_theta(), at::arange(0, dh, 2, f32) / static_cast<double>(dh));
-    const at::Tensor angles = at::outer(at::arange(T, f32), inverse);  // (T, dh/2)
-    const at::Tensor both = at::cat({angles, angles}, -1);             // (T, dh)
-    const at::Tensor cos = both.cos().to(projected.scalar_type()), sin = both.sin().to(projected.scalar_type());
-    const auto rotate = [&](const at::Tensor& x) {
-      const at::Tensor half = at::cat({-x.narrow(-1, dh / 2, dh / 2), x.narrow(-1, 0, dh / 2)}, -1);
-      return x * cos + half * sin;
-    };
-    q = rotate(q);
-    k = rotate(k);
+    const at::Tensor cos = rotary_cos_.narrow(0, 0, T), sin = rotary_sin_.narrow(0, 0, T);
+    q = rotate(q, cos, sin);
+    k = rotate(k, cos, sin);
   }
   if (KV < H) {
     k = k.repeat_interleave(H / KV, 1);
@@ -262,33 +395,40 @@ at::Tensor PackedTransformer::rotary_gqa_attention(const at::Tensor& projected, 
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
 }
 
+at::Tensor PackedTransformer::attention_residual(const at::Tensor& x, const Block& block, int64_t B, int64_t T) const {
+  const int64_t d = options_.width(), H = options_.heads(), dh = d / H;
+  // q, k, v: (K*B, H, T, dh) strided views of the qkv output (columns [3][H][dh]),
+  // which SDPA reads in place. Unbinding dim 2 of (K*B, T, 3, H, dh) makes the
+  // backward one stack of the three gradients straight into the qkv output's layout
+  // (a copy into (3, K*B, H, T, dh) and three selects would cost a zeroed buffer and
+  // a copy per tensor, and the stack then a permuting copy).
+  const at::Tensor projected = project(block.qkv, &block.qkv_adapter, norm(x, block.ln1_weight, block.ln1_bias));
+  const int64_t Kq = projected.size(0);  // K, or (adapters) the members
+  at::Tensor attended;
+  if (options_.rope_theta() == 0 && options_.key_value_heads() == H) {
+    const std::vector<at::Tensor> qkv = projected.view({Kq * B, T, 3, H, dh}).unbind(2);
+    attended = at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2),
+                                                {}, 0.0, /*is_causal=*/true);
+  } else {
+    attended = rotary_gqa_attention(projected, B, T);
+  }
+  // (K*B, H, T, dh) -> (K, B*T, d): a view where the kernel returns it (K*B, T, H, dh)-major,
+  // as the fused CPU one does.
+  return project_onto(x, block.attn_out, &block.attn_out_adapter, attended.transpose(1, 2).reshape({Kq, B * T, d}));
+}
+
 at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
-  const int64_t K = members(), d = options_.width(), H = options_.heads(), dh = d / H;
-  TORCH_CHECK(hidden.dim() == 4 && hidden.size(0) == K && hidden.size(3) == d, "transformer blocks: input must be (", K,
-              ", B, T, ", d, "), got ", hidden.sizes());
+  const int64_t K = members(), d = options_.width();
+  // Adapters: the shared embedding (one member) enters; the members' adapters fan it out.
+  TORCH_CHECK(hidden.dim() == 4 && (hidden.size(0) == K || (adapted() && hidden.size(0) == 1)) && hidden.size(3) == d,
+              "transformer blocks: input must be (", K, ", B, T, ", d, "), got ", hidden.sizes());
   const int64_t B = hidden.size(1), T = hidden.size(2);
-  at::Tensor x = hidden.reshape({K, B * T, d});
+  at::Tensor x = hidden.reshape({hidden.size(0), B * T, d});
   for (const Block& block : blocks_) {
-    // q, k, v: (K*B, H, T, dh) strided views of the qkv output (columns [3][H][dh]),
-    // which SDPA reads in place. Unbinding dim 2 of (K*B, T, 3, H, dh) makes the
-    // backward one stack of the three gradients straight into the qkv output's layout
-    // (a copy into (3, K*B, H, T, dh) and three selects would cost a zeroed buffer and
-    // a copy per tensor, and the stack then a permuting copy).
-    const at::Tensor projected = block.qkv.forward(norm(x, block.ln1_weight, block.ln1_bias));
-    at::Tensor attended;
-    if (options_.rope_theta() == 0 && options_.key_value_heads() == H) {
-      const std::vector<at::Tensor> qkv = projected.view({K * B, T, 3, H, dh}).unbind(2);
-      attended = at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
-                                                  qkv[2].transpose(1, 2), {}, 0.0, /*is_causal=*/true);
-    } else {
-      attended = rotary_gqa_attention(projected, B, T);
-    }
-    // (K*B, H, T, dh) -> (K, B*T, d): a view where the kernel returns it (K*B, T, H, dh)-major,
-    // as the fused CPU one does.
-    x = block.attn_out.forward_onto(x, attended.transpose(1, 2).reshape({K, B * T, d}));
+    x = attention_residual(x, block, B, T);
     x = mlp_residual(x, block);
   }
-  return x.view({K, B, T, d});
+  return x.view({x.size(0), B, T, d});
 }
 
 at::Tensor PackedTransformer::final_norm(const at::Tensor& x) const {
@@ -319,11 +459,11 @@ at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
   const at::Tensor h = hidden.reshape({K, B * T, d});
   at::Tensor logits;
   if (!options_.tie_lm_head()) {
-    logits = lm_head_.forward(h);
-  } else if (K == 1) {
-    logits = at::mm(h.reshape({B * T, d}), param("tok_emb.weight").view({options_.vocab(), d}).t());
+    logits = project(lm_head_, nullptr, h);
+  } else if (const at::Tensor table = param("tok_emb.weight"); table.size(0) == 1) {  // one table for every row
+    logits = at::mm(h.reshape({K * B * T, d}), table.view({options_.vocab(), d}).t());
   } else {
-    logits = at::bmm(h, param("tok_emb.weight").transpose(1, 2));
+    logits = at::bmm(h, table.transpose(1, 2));
   }
   return logits.view({K, B, T, options_.vocab()});
 }
@@ -331,10 +471,10 @@ at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
 KvCache PackedTransformer::make_cache(int64_t rows) const {
   TORCH_CHECK(whole(), "KV cache: decoding needs the whole model, not a pipeline stage");
   TORCH_CHECK(rows >= 1, "KV cache: rows must be >= 1, got ", rows);
-  const int64_t H = options_.heads(), dh = options_.width() / H;
+  const int64_t KV = options_.key_value_heads(), dh = options_.width() / options_.heads();
   const auto opts = parameters_.flat().options();
   KvCache cache;
-  cache.keys = at::zeros({options_.layers(), members() * rows, H, options_.max_length(), dh}, opts);
+  cache.keys = at::zeros({options_.layers(), members() * rows, KV, options_.max_length(), dh}, opts);
   cache.values = at::zeros_like(cache.keys);
   cache.rows = rows;
   return cache;
@@ -342,32 +482,69 @@ KvCache PackedTransformer::make_cache(int64_t rows) const {
 
 at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Tensor& position, KvCache& cache) const {
   TORCH_CHECK(whole(), "decode step: decoding needs the whole model, not a pipeline stage");
-  TORCH_CHECK(options_.rope_theta() == 0 && options_.key_value_heads() == options_.heads(),
-              "decode step: KV-cached decoding of rotary or grouped-query attention (a Llama trunk) is not "
-              "supported yet");
   const int64_t K = members(), R = cache.rows, d = options_.width(), H = options_.heads(), dh = d / H;
+  const int64_t KV = options_.key_value_heads();
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == K && tokens.size(1) == R && tokens.scalar_type() == at::kLong,
               "decode step: tokens must be (", K, ", ", R, ") int64, got ", tokens.scalar_type(), " ", tokens.sizes());
   TORCH_CHECK(position.numel() == 1 && position.scalar_type() == at::kLong,
               "decode step: position must be a 1-element int64 tensor");
-  const at::Tensor index = tokens.unsqueeze(-1).expand({K, R, d});
-  at::Tensor x = param("tok_emb.weight").gather(1, index) + param("pos_emb.weight").index_select(1, position.view({1}));
-  const at::Tensor visible =
-      (at::arange(options_.max_length(), position.options()) <= position.view({1})).view({1, 1, 1, -1});
+  const at::Tensor at_position = position.view({1});
+  const at::Tensor table = param("tok_emb.weight");
+  at::Tensor x = table.size(0) == 1
+                     ? table.view({options_.vocab(), d}).index_select(0, tokens.reshape({-1})).view({K, R, d})
+                     : table.gather(1, tokens.unsqueeze(-1).expand({K, R, d}));
+  if (options_.rope_theta() == 0) x = x + param("pos_emb.weight").index_select(1, at_position);
+  at::Tensor cos, sin;  // (1, dh): the rotary angles at this position
+  if (options_.rope_theta() > 0) {
+    cos = rotary_cos_.index_select(0, at_position);
+    sin = rotary_sin_.index_select(0, at_position);
+  }
+  const at::Tensor visible = (at::arange(options_.max_length(), position.options()) <= at_position).view({1, 1, 1, -1});
   for (int64_t l = 0; l < options_.layers(); ++l) {
     const Block& block = blocks_[static_cast<size_t>(l)];
-    const at::Tensor qkv = block.qkv.forward(norm(x, block.ln1_weight, block.ln1_bias))
-                               .view({K, R, 3, H, dh})
-                               .permute({2, 0, 1, 3, 4})
-                               .reshape({3, K * R, H, 1, dh});
-    at::Tensor keys = cache.keys[l], values = cache.values[l];  // (K*R, H, max_length, dh) views
-    keys.index_copy_(2, position.view({1}), qkv[1]);
-    values.index_copy_(2, position.view({1}), qkv[2]);
-    const at::Tensor attended = at::scaled_dot_product_attention(qkv[0], keys, values, visible);
-    x = block.attn_out.forward_onto(x, attended.reshape({K, R, d}));
+    // (K, R, (H + 2 KV) dh) -> q (K*R, H, 1, dh), k and v (K*R, KV, 1, dh).
+    const at::Tensor projected = project(block.qkv, &block.qkv_adapter, norm(x, block.ln1_weight, block.ln1_bias));
+    const auto heads = [&](int64_t first, int64_t count) {
+      return projected.narrow(-1, first * dh, count * dh).reshape({K * R, count, 1, dh});
+    };
+    at::Tensor q = heads(0, H), k = heads(H, KV);
+    if (options_.rope_theta() > 0) {
+      q = rotate(q, cos, sin);
+      k = rotate(k, cos, sin);
+    }
+    at::Tensor keys = cache.keys[l], values = cache.values[l];  // (K*R, KV, max_length, dh) views
+    keys.index_copy_(2, at_position, k);
+    values.index_copy_(2, at_position, heads(H + KV, KV));
+    const at::Tensor attended = at::scaled_dot_product_attention(q, keys, values, visible, 0.0, false, std::nullopt,
+                                                                 /*enable_gqa=*/KV < H);
+    x = project_onto(x, block.attn_out, &block.attn_out_adapter, attended.reshape({K, R, d}));
     x = mlp_residual(x, block);
   }
   return norm(x, ln_f_weight_, ln_f_bias_);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> PackedTransformer::member_tensors(int64_t member,
+                                                                                  bool gradients) const {
+  TORCH_CHECK(whole(), "member tensors: a pipeline stage holds part of the model; use the whole model");
+  TORCH_CHECK(member >= 0 && member < members(), "member tensors: member ", member, " out of range for ", members(),
+              " members");
+  TORCH_CHECK(!(gradients && adapted()), "member tensors: adapter members have no trunk gradients");
+  at::NoGradGuard no_grad;
+  const double scale = adapted() ? options_.lora_alpha() / static_cast<double>(options_.lora_rank()) : 0.0;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const ParameterSpec& spec : transformer_specs(options_)) {
+    const at::Tensor source = param(spec.name);
+    const bool shared = source.size(0) == 1 && adapted();
+    at::Tensor value = gradients ? source.grad() : source;
+    TORCH_CHECK(value.defined(), "member tensors: parameter ", spec.name, " has no gradient");
+    value = value[shared ? 0 : member].detach();
+    const std::string prefix = spec.name.substr(0, spec.name.size() - std::string(".weight").size());
+    if (adapted() && spec.name.ends_with(".weight") && by_name_.contains(prefix + ".lora_a")) {
+      value = value + at::mm(param(prefix + ".lora_a")[member], param(prefix + ".lora_b")[member]) * scale;
+    }
+    out.emplace_back(spec.name, value);
+  }
+  return out;
 }
 
 }  // namespace packtrain::ensemble

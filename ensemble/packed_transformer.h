@@ -26,6 +26,16 @@
 // Decoding with a KV cache: decode_step runs one token per row at a position held in
 // a device tensor and attends over the whole preallocated cache with a mask built on
 // the device, so its shapes never change and the step can be captured as a graph.
+//
+// K adapters on one frozen trunk (lora_rank r > 0; issue 39): the trunk's parameters
+// are held once, in trunk_parameters() (one member, no gradients), and parameters()
+// holds only what the K members train — a low-rank adapter (LoRA: W + (alpha / r) A B,
+// A (in, r) drawn as Kaiming-uniform, B (r, out) zero) on every block's qkv, attention
+// output, MLP fc and MLP projection, and a classification head per member. Each
+// shared GEMM runs once for all members (the members' activations stacked into its
+// rows; the first block's input, the embedding, once for all), each adapter is a
+// baddbmm over the K members. Packed optimizers, checkpoints and the gradient
+// all-reduce see only the adapters. The whole model only (no pipeline stages).
 #pragma once
 
 #include "packtrain/ensemble/packed_linear.h"
@@ -36,6 +46,9 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace packtrain::ensemble {
@@ -66,7 +79,14 @@ struct PackedTransformerOptions {
   TORCH_ARG(double, rope_theta) = 0.0;
   TORCH_ARG(bool, gated_mlp) = false;
   TORCH_ARG(int64_t, mlp_hidden) = 0;
-  TORCH_ARG(uint64_t, seed) = 0;  // member i draws from member_seed(seed, i)
+  // Adapters on a frozen shared trunk (above): their rank (0: none, every member a full
+  // model) and scale alpha (the adapter adds (alpha / rank) x A B).
+  TORCH_ARG(int64_t, lora_rank) = 0;
+  TORCH_ARG(double, lora_alpha) = 16.0;
+  TORCH_ARG(uint64_t, seed) = 0;  // member i draws from member_seed(seed, first_member + i)
+  // The global index of member 0: a pack of one with first_member k starts as member k
+  // of a larger pack of the same seed (so a member can be trained alone).
+  TORCH_ARG(int64_t, first_member) = 0;
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Float;
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
 
@@ -85,13 +105,14 @@ struct TransformerStage {
 };
 
 // The per-member parameters a model of `options` holds for `stage` (throws for a
-// stage that is not a non-empty range of blocks): names and shapes, in order.
+// stage that is not a non-empty range of blocks): names and shapes, in order. With
+// adapters (lora_rank > 0), what the members train: the adapters and heads.
 std::vector<ParameterSpec> transformer_parameters(const PackedTransformerOptions& options, TransformerStage stage = {});
 
 // Keys and values of every layer for `rows` sequences per member, preallocated
 // for max_length positions.
 struct KvCache {
-  at::Tensor keys;    // (layers, K * rows, heads, max_length, head_dim)
+  at::Tensor keys;    // (layers, K * rows, key_value_heads, max_length, head_dim)
   at::Tensor values;  // same
   int64_t rows = 0;
 };
@@ -106,6 +127,12 @@ class PackedTransformer {
     at::Tensor ln2_weight, ln2_bias;  // (K, 1, d)
     PackedLinear mlp_fc;              // (K, d, r)
     PackedLinear mlp_proj;            // (K, r, d)
+    // With adapters: the four projections' (the linears above are the trunk's, one member).
+    struct Adapter {
+      PackedLinear down;  // A (K, in, rank)
+      PackedLinear up;    // B (K, rank, out)
+    };
+    Adapter qkv_adapter, attn_out_adapter, mlp_fc_adapter, mlp_proj_adapter;
   };
 
   // Throws (c10::Error) for a stage that is not a non-empty range of the model's blocks.
@@ -113,8 +140,19 @@ class PackedTransformer {
 
   const PackedTransformerOptions& options() const { return options_; }
   int64_t members() const { return options_.members(); }
+  // What the members train (with adapters: the adapters and heads only).
   PackedParameters& parameters() { return parameters_; }
   const PackedParameters& parameters() const { return parameters_; }
+  // Whether the members are adapters on one frozen trunk (lora_rank > 0), and that
+  // trunk's parameters (one member); without adapters, parameters().
+  bool adapted() const { return options_.lora_rank() > 0; }
+  PackedParameters& trunk_parameters() { return adapted() ? trunk_ : parameters_; }
+  const PackedParameters& trunk_parameters() const { return adapted() ? trunk_ : parameters_; }
+  // Member `member`'s value of every parameter of the full model, in
+  // transformer_parameters(options without adapters) order — with adapters the trunk's
+  // weights with the member's adapters merged in (W + (alpha / r) A B) — or, without
+  // adapters, their gradients (`gradients`). The whole model only.
+  std::vector<std::pair<std::string, at::Tensor>> member_tensors(int64_t member, bool gradients = false) const;
 
   // The blocks this model holds; whether it holds the embeddings (first stage) and the
   // final norm and heads (last stage). The whole model is both.
@@ -151,24 +189,36 @@ class PackedTransformer {
   at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& position, KvCache& cache) const;
 
   // Re-draws every member's parameters from `seed` in place (GPT-2's scheme: N(0,
-  // 0.02) weights and embeddings, zero biases, unit norms).
+  // 0.02) weights and embeddings, zero biases, unit norms; with adapters the trunk as a
+  // pack of one, the adapters as LoRA starts them).
   void reinitialize(uint64_t seed);
 
  private:
-  at::Tensor param(const std::string& name) const { return parameters_.at(name); }
+  at::Tensor param(const std::string& name) const;  // from parameters() or the trunk's
+  // y = x W (+ b) through a linear of the model, plus x's adapter (when given): x
+  // (Kx, N, in) with Kx the members or 1 (shared); the trunk's shared GEMM runs once
+  // over all Kx * N rows. And residual + that, the blocks' residual connections.
+  at::Tensor project(const PackedLinear& linear, const Block::Adapter* adapter, const at::Tensor& x) const;
+  at::Tensor project_onto(const at::Tensor& residual, const PackedLinear& linear, const Block::Adapter* adapter,
+                          const at::Tensor& x) const;
+  void draw_adapters(uint64_t seed);
   // x (K, N, d) normalized with weight and bias (K, 1, d).
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const;
   at::Tensor mlp_residual(const at::Tensor& x, const Block& block) const;  // x + mlp(x)
+  at::Tensor attention_residual(const at::Tensor& x, const Block& block, int64_t B, int64_t T) const;
   // Rotary / grouped-query attention of a qkv projection (rope_theta > 0 or kv_heads < heads).
   at::Tensor rotary_gqa_attention(const at::Tensor& projected, int64_t B, int64_t T) const;
 
   PackedTransformerOptions options_;
   TransformerStage stage_;
   PackedParameters parameters_;
-  std::vector<Block> blocks_;           // blocks first_layer .. end_layer - 1
-  at::Tensor ln_f_weight_, ln_f_bias_;  // (K, 1, d), last stage
-  PackedLinear classifier_;             // (K, d, C), last stage
-  PackedLinear lm_head_;                // (K, d, V), last stage with an untied LM head
+  PackedParameters trunk_;                     // with adapters: the frozen shared trunk (one member)
+  std::map<std::string, at::Tensor> by_name_;  // every parameter of both packs
+  std::vector<Block> blocks_;                  // blocks first_layer .. end_layer - 1
+  at::Tensor ln_f_weight_, ln_f_bias_;         // (K, 1, d), last stage
+  PackedLinear classifier_;                    // (K, d, C), last stage
+  PackedLinear lm_head_;                       // (K, d, V), last stage with an untied LM head
+  at::Tensor rotary_cos_, rotary_sin_;         // (max_length, dh) with rotary positions: made once, not per step
 };
 
 }  // namespace packtrain::ensemble

@@ -31,7 +31,7 @@ venv="$cache/venv-torch-$TORCH_VERSION"
 # --- Debian packages -------------------------------------------------------
 debs=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev libbenchmark-dev
       libfmt-dev libcli11-dev nlohmann-json3-dev pkg-config libzip-dev python3-venv libgloo-dev
-      libpcre2-dev clang-format)
+      libpcre2-dev libsentencepiece-dev clang-format)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -72,10 +72,11 @@ fi
 # adapters are tested against the real libraries), properscoring,
 # uncertainty-toolbox and torchmetrics (the calibration metrics' references),
 # scikit-build-core to build the package (pip install --no-build-isolation,
-# against this torch), and transformers with safetensors (the pretrained trunk's
-# reference: tests build small random GPT-2 models with it; nothing is downloaded).
-py_tools=(pytest scikit-learn scikit-build-core botorch baal properscoring uncertainty-toolbox torchmetrics transformers safetensors)
-if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal, properscoring, uncertainty_toolbox, torchmetrics, transformers, safetensors" 2>/dev/null; then
+# against this torch), transformers with safetensors (the pretrained trunk's
+# reference: tests build small random GPT-2 and Llama models with it; nothing is
+# downloaded), sentencepiece (Llama's tokenizer's reference) and peft (the adapters').
+py_tools=(pytest scikit-learn scikit-build-core botorch baal properscoring uncertainty-toolbox torchmetrics transformers safetensors sentencepiece peft)
+if ! "$venv/bin/python" -c "import pytest, sklearn, scikit_build_core, botorch, baal, properscoring, uncertainty_toolbox, torchmetrics, transformers, safetensors, sentencepiece, peft" 2>/dev/null; then
   step "setup: installing ${py_tools[*]} into $venv" "a minute or two" \
     "$venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}" "torch==$TORCH_VERSION"
 else

@@ -1,8 +1,9 @@
-"""Step time of a loaded GPT-2 trunk (issue 39, item 6): packtrain's trunk loaded from a
-checkpoint folder against transformers' GPT2LMHeadModel in eager PyTorch and under
-torch.compile, on the same batch: one next-token loss forward + backward (no optimizer:
-the part the trunk's code decides). Random models of the tests' small shape and of
-GPT-2 small's (124 M parameters), built here; nothing is downloaded. Medians of
+"""Step time of a loaded GPT-2 or Llama trunk (issue 39, item 6): packtrain's trunk
+loaded from a checkpoint folder against transformers' GPT2LMHeadModel /
+LlamaForCausalLM in eager PyTorch and under torch.compile, on the same batch: one
+next-token loss forward + backward (no optimizer: the part the trunk's code decides).
+Random models of a small shape and of GPT-2 small's (124 M parameters) for each family
+(the Llama one with grouped-query attention), built here; nothing is downloaded. Medians of
 --repeats timed steps after --warmup, every system in this one process (the same
 LibTorch, the same intra-op threads), interleaved round by round.
 
@@ -22,14 +23,28 @@ import transformers
 from packtrain import _core
 
 SHAPES = {
-    "small": dict(vocab_size=1000, n_positions=256, n_embd=64, n_layer=2, n_head=4),
-    "gpt2-small": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+    "small": ("gpt2", dict(vocab_size=1000, n_positions=256, n_embd=64, n_layer=2, n_head=4)),
+    "gpt2-small": ("gpt2", dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)),
+    "llama-small": ("llama", dict(vocab_size=1000, max_position_embeddings=256, hidden_size=64, intermediate_size=172,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
+    "llama-124m": ("llama", dict(vocab_size=32000, max_position_embeddings=1024, hidden_size=768,
+                                 intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                                 num_key_value_heads=4)),
 }
+
+
+def build(shape):
+    family, config = SHAPES[shape]
+    if family == "gpt2":
+        config = transformers.GPT2Config(**config, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return config, transformers.GPT2LMHeadModel(config)
+    config = transformers.LlamaConfig(**config, tie_word_embeddings=False)
+    return config, transformers.LlamaForCausalLM(config)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="small,gpt2-small")
+    parser.add_argument("--shapes", default="small,gpt2-small,llama-small,llama-124m")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
@@ -40,9 +55,9 @@ def main():
     torch.set_num_threads(args.threads)
     rows = []
     for shape in args.shapes.split(","):
-        config = transformers.GPT2Config(**SHAPES[shape], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         torch.manual_seed(0)
-        model = transformers.GPT2LMHeadModel(config).train()
+        config, model = build(shape)
+        model = model.train()
         folder = Path(tempfile.mkdtemp()) / shape
         model.save_pretrained(folder)
         trunk = _core.PretrainedTrunk(str(folder))

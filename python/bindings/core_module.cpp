@@ -10,6 +10,7 @@
 #include "packtrain/runtime/data/data_split.h"
 #include "packtrain/runtime/data/labelled_texts.h"
 #include "packtrain/runtime/data/run_data.h"
+#include "packtrain/runtime/data/text_tokenizer.h"
 #include "packtrain/runtime/measure/cpu_memory.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_trainer.h"
 #include "packtrain/runtime/trainers/ensemble/hyperparameter_sweep.h"
@@ -629,6 +630,8 @@ void add_multitask(py::module_& m) {
           },
           py::arg("texts"), py::arg("labels"))
       .def("score", &MultiTaskTrainer::score, py::arg("texts"), py::call_guard<py::gil_scoped_release>())
+      .def("member_scores", &MultiTaskTrainer::member_scores, py::arg("texts"),
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "generate",
           [](MultiTaskTrainer& t, const std::string& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
@@ -718,10 +721,25 @@ void add_pretrained(py::module_& m) {
     return out;
   };
   py::class_<PackedTransformer>(m, "PretrainedTrunk")
-      .def(py::init([](const std::string& dir, int64_t classes, uint64_t seed, const std::string& device) {
-             return packtrain::runtime::load_pretrained_trunk(dir, classes, seed, c10::Device(device));
+      // members > 1 with lora_rank r > 0: K adapters on the one loaded trunk.
+      .def(py::init([](const std::string& dir, int64_t classes, uint64_t seed, const std::string& device,
+                       int64_t members, int64_t lora_rank, double lora_alpha) {
+             auto model = std::make_unique<PackedTransformer>(packtrain::runtime::pretrained_trunk_options(dir, classes)
+                                                                  .seed(seed)
+                                                                  .device(c10::Device(device))
+                                                                  .members(members)
+                                                                  .lora_rank(lora_rank)
+                                                                  .lora_alpha(lora_alpha));
+             packtrain::runtime::load_pretrained_weights(dir, *model);
+             return model;
            }),
-           py::arg("dir"), py::arg("classes") = 2, py::arg("seed") = 0, py::arg("device") = "cpu")
+           py::arg("dir"), py::arg("classes") = 2, py::arg("seed") = 0, py::arg("device") = "cpu",
+           py::arg("members") = 1, py::arg("lora_rank") = 0, py::arg("lora_alpha") = 16.0)
+      // The live (K, ...) tensor of a parameter the members train (the adapters' with
+      // lora_rank): writable in place under torch.no_grad().
+      .def(
+          "parameter", [](PackedTransformer& t, const std::string& name) { return t.parameters().at(name); },
+          py::arg("name"))
       .def_property_readonly("options",
                              [](const PackedTransformer& t) {
                                const auto& o = t.options();
@@ -740,11 +758,11 @@ void add_pretrained(py::module_& m) {
       // tokens (B, T) int64 -> next-token logits (B, T, V)
       .def(
           "lm_logits",
-          [](const PackedTransformer& t, const at::Tensor& tokens) {
+          [](const PackedTransformer& t, const at::Tensor& tokens, int64_t member) {
             at::NoGradGuard no_grad;
-            return t.lm_logits(t.trunk(tokens))[0];
+            return t.lm_logits(t.trunk(tokens))[member];
           },
-          py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
+          py::arg("tokens"), py::arg("member") = 0, py::call_guard<py::gil_scoped_release>())
       // The mean cross-entropy of each next token (positions 1..T-1) and its gradients
       // (named=False: the loss only, the gradients left in the model, as a timed step).
       .def(
@@ -777,8 +795,11 @@ void add_pretrained(py::module_& m) {
           py::arg("dir"), py::call_guard<py::gil_scoped_release>());
 }
 
-// GPT-2's byte-level BPE from a tokenizer folder (runtime/data/bpe_tokenizer.h).
-void add_bpe_tokenizer(py::module_& m) {
+// GPT-2's byte-level BPE from a tokenizer folder (runtime/data/bpe_tokenizer.h), and
+// a checkpoint folder's tokenizer as the multi-task model reads text with it
+// (runtime/data/text_tokenizer.h: Llama's SentencePiece or GPT-2's BPE, with the
+// model's BOS/EOS convention).
+void add_tokenizers(py::module_& m) {
   using packtrain::runtime::BpeTokenizer;
   py::class_<BpeTokenizer>(m, "BpeTokenizer")
       .def(py::init([](const std::string& dir) { return BpeTokenizer::from_folder(dir); }), py::arg("dir"))
@@ -788,6 +809,23 @@ void add_bpe_tokenizer(py::module_& m) {
           py::arg("ids"))
       .def_property_readonly("vocab_size", &BpeTokenizer::vocab_size)
       .def("token_id", &BpeTokenizer::token_id, py::arg("token"));
+  using packtrain::runtime::TextTokenizer;
+  py::class_<TextTokenizer>(m, "CheckpointTokenizer")
+      .def(py::init([](const std::string& dir) { return packtrain::runtime::make_checkpoint_text_tokenizer(dir); }),
+           py::arg("dir"))
+      .def(
+          "encode",
+          [](const TextTokenizer& t, const std::string& text, int64_t max_tokens) {
+            return t.encode(text, max_tokens, nullptr);
+          },
+          py::arg("text"), py::arg("max_tokens"))
+      .def("encode_prompt", &TextTokenizer::encode_prompt, py::arg("text"), py::arg("max_tokens"))
+      .def(
+          "decode", [](const TextTokenizer& t, const std::vector<int64_t>& ids) { return py::bytes(t.decode(ids)); },
+          py::arg("ids"))
+      .def_property_readonly("pad", &TextTokenizer::pad)
+      .def_property_readonly("end", &TextTokenizer::end)
+      .def_property_readonly("vocab", &TextTokenizer::vocab);
 }
 
 void add_trainer_state(py::class_<EnsembleTrainer>& trainer) {
@@ -925,6 +963,6 @@ PYBIND11_MODULE(_core, m) {
   add_resume(m);
   add_multitask(m);
   add_pretrained(m);
-  add_bpe_tokenizer(m);
+  add_tokenizers(m);
   add_trainer(m);
 }

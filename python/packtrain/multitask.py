@@ -7,8 +7,11 @@ backward per step; on a GPU each length bucket's step is one captured graph).
     model.generate("The cat", max_new_tokens=40)     # one continuation per member
 
 Options and defaults are `packtrain multitask train`'s (read from the C++ trainer).
-`trunk="folder"` starts from a Hugging Face GPT-2 checkpoint (its shape, weights and
-tokenizer); save_pretrained() writes the trained trunk back as one.
+`trunk="folder"` starts from a Hugging Face GPT-2 or Llama checkpoint (its shape,
+weights and tokenizer); save_pretrained() writes the trained trunk back as one.
+`lora_rank=r` with a trunk trains each member as a low-rank adapter on that one frozen
+trunk (K adapters as one pack); member_probabilities() and uncertainty() give the
+ensemble's predictive distribution and its BALD score.
 """
 import json
 import os
@@ -56,6 +59,21 @@ class MultiTaskModel:
         """Class probabilities (N, C), the members' mean, as a numpy array."""
         self._check_fitted()
         return self._trainer.score(list(texts)).numpy()
+
+    def member_probabilities(self, texts):
+        """Each member's class probabilities (K, N, C): the ensemble's predictive
+        distribution (score() is their mean)."""
+        self._check_fitted()
+        return self._trainer.member_scores(list(texts)).numpy()
+
+    def uncertainty(self, texts):
+        """The ensemble's uncertainty about each text, for acquisition: `entropy` of the
+        mean prediction (total), `aleatoric_entropy` (the members' mean entropy) and
+        `mutual_information` (BALD: total - aleatoric), each (N,)."""
+        import torch
+        members = torch.from_numpy(self.member_probabilities(texts))
+        parts = _core.decompose({"member_probabilities": members})
+        return {name: value.numpy() for name, value in parts.items()}
 
     def evaluate(self, texts, labels):
         """Accuracy, Matthews correlation, LM loss per token and perplexity."""

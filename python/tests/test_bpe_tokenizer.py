@@ -73,7 +73,7 @@ def test_special_tokens_and_bad_input(trained, tmp_path):
     assert ours.token_id("<|pad|>") == tok.token_to_id("<|pad|>")
     with pytest.raises(ValueError, match="is not in the vocabulary"):
         ours.decode([10**6])
-    with pytest.raises(ValueError, match="neither tokenizer.json nor vocab.json and merges.txt"):
+    with pytest.raises(ValueError, match="neither tokenizer.model .* nor tokenizer.json, nor vocab.json and merges.txt"):
         _core.BpeTokenizer(str(tmp_path))
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "WordPiece"}}')
     with pytest.raises(ValueError, match="model type 'WordPiece' is not BPE"):

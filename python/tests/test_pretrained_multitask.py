@@ -1,10 +1,11 @@
-"""A GPT-2 checkpoint as the multi-task trunk (issue 39, item 4 on one process): a
+"""A GPT-2 or Llama checkpoint as the multi-task trunk (issue 39, item 4 on one process): a
 small random GPT-2 saved by transformers beside a byte-level BPE tokenizer trained here
 (nothing downloaded) is `MultiTaskModel(trunk=folder)`'s / `multitask train --trunk`'s
 starting point — its greedy generation is transformers' before training, both heads
 train in one step on it, the checkpoint reloads with the trunk's tokenizer, and
 save_pretrained / `multitask export` write a folder transformers loads with the same
-greedy continuation."""
+greedy continuation. A small random Llama beside a SentencePiece tokenizer.model does
+the same with its own tokenizer."""
 import json
 import os
 import subprocess
@@ -41,15 +42,21 @@ def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpt2_trunk")
     tok.save(str(path / "tokenizer.json"))
     eot = tok.token_to_id(EOT)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    save_random(transformers.GPT2LMHeadModel, transformers.GPT2Config(
         vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eot, eos_token_id=eot)).eval()
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eot, eos_token_id=eot), path)
+    return path
+
+
+def save_random(model_class, config, path):
+    """A random model of `config`, its weights moved off transformers' start (norms at
+    1, biases at 0), saved to `path`."""
+    torch.manual_seed(0)
+    model = model_class(config).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     model.save_pretrained(path)
-    return path
 
 
 def greedy_continuation(model_dir, prompt, new_tokens):
@@ -176,3 +183,82 @@ def test_packtrains_own_trunk_exports_as_a_gpt2_transformers_loads(tmp_path):
     expected = bytes(b for b in out if b < 256).decode("utf-8", errors="replace")
     assert len(expected) == 10  # ten bytes, no early end
     assert model.generate(prompt, max_new_tokens=10, temperature=0) == [expected]
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A small random Llama (grouped-query attention, untied head) beside a SentencePiece
+    tokenizer.model trained here, as a Llama checkpoint folder holds them."""
+    from test_sentencepiece_tokenizer import train_llama_tokenizer
+    path = tmp_path_factory.mktemp("llama_trunk")
+    sp = train_llama_tokenizer(path, vocab_size=400)
+    save_random(transformers.LlamaForCausalLM, transformers.LlamaConfig(
+        vocab_size=sp.get_piece_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        bos_token_id=sp.bos_id(), eos_token_id=sp.eos_id()), path)
+    return path
+
+
+def llama_greedy_continuation(model_dir, prompt, new_tokens):
+    """transformers' greedy continuation of BOS + `prompt`'s pieces, decoded up to EOS."""
+    import sentencepiece
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(Path(model_dir) / "tokenizer.model"))
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir).eval()
+    ids = [sp.bos_id(), *sp.encode(prompt)]
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                         attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         pad_token_id=sp.eos_id())[0, len(ids):].tolist()
+    return sp.decode(out[:out.index(sp.eos_id())] if sp.eos_id() in out else out)
+
+
+def test_a_llama_trunk_with_its_sentencepiece_tokenizer_generates_trains_and_saves_back(llama_folder, tmp_path):
+    pytest.importorskip("sentencepiece")
+    texts, labels = fortunes("train.tsv")
+    untrained = packtrain.MultiTaskModel(trunk=str(llama_folder), **OPTIONS).fit(texts[:64], labels[:64], epochs=0)
+    expected = llama_greedy_continuation(llama_folder, PROMPT, 12)
+    assert len(expected) > 5
+    assert untrained.generate(PROMPT, max_new_tokens=12, temperature=0) == [expected, expected]
+    model = packtrain.MultiTaskModel(trunk=str(llama_folder), **OPTIONS).fit(texts[:200], labels[:200], epochs=3)
+    history = model.history_
+    assert history[-1]["lm_loss"] < history[0]["lm_loss"]
+    assert history[-1]["classification_loss"] < history[0]["classification_loss"]
+    trained = model.generate(PROMPT, max_new_tokens=12, temperature=0)
+    model.save_pretrained(tmp_path / "hf", member=0)
+    assert (tmp_path / "hf" / "tokenizer.model").exists()
+    assert llama_greedy_continuation(tmp_path / "hf", PROMPT, 12) == trained[0]
+
+
+def test_k_adapters_train_as_one_pack_each_as_it_would_alone(folder, tmp_path):
+    """K LoRA adapters on the one frozen trunk (lora_rank): member k of the pack ends
+    where one adapter trained alone (first_member=k, the same seed and batches) ends;
+    the ensemble's predictive distribution and its BALD score come per text (baal is
+    the reference); a member saved back is a plain GPT-2 transformers loads."""
+    baal_heuristics = pytest.importorskip("baal.active.heuristics")
+    texts, labels = fortunes("train.tsv")
+    dev, _ = fortunes("dev.tsv")
+    adapters = dict(OPTIONS, lora_rank=4, lora_alpha=8.0, lr=1e-2, seed=3)
+    pack = packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 3}).fit(texts[:96], labels[:96],
+                                                                                          epochs=2)
+    assert pack.history_[-1]["classification_loss"] < pack.history_[0]["classification_loss"]
+    members = pack.member_probabilities(dev[:40])
+    assert members.shape == (3, 40, 5)
+    np.testing.assert_allclose(members.mean(0), pack.score(dev[:40]), rtol=1e-12)
+    for k in range(3):
+        alone = packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 1, "first_member": k})
+        alone.fit(texts[:96], labels[:96], epochs=2)
+        np.testing.assert_allclose(alone.member_probabilities(dev[:40])[0], members[k], atol=2e-4)
+    assert np.abs(members[0] - members[1]).max() > 1e-3  # the members differ
+    u = pack.uncertainty(dev[:40])
+    by_baal = members.transpose(1, 2, 0)  # (N, C, K): baal's layout
+    np.testing.assert_allclose(u["mutual_information"], baal_heuristics.BALD().compute_score(by_baal), atol=1e-9)
+    np.testing.assert_allclose(u["entropy"], baal_heuristics.Entropy().compute_score(by_baal), atol=1e-9)
+    # Member 2 saved back: the trunk with its adapter merged in, greedy as packtrain's member 2.
+    pack.save_pretrained(tmp_path / "hf", member=2)
+    assert greedy_continuation(tmp_path / "hf", PROMPT, 12) == pack.generate(PROMPT, max_new_tokens=12,
+                                                                             temperature=0)[2]
+    # The checkpoint holds the adapters only and reloads onto the same trunk.
+    pack.save(tmp_path / "pack.ckpt")
+    np.testing.assert_array_equal(packtrain.MultiTaskModel.load(tmp_path / "pack.ckpt").score(dev[:5]),
+                                  pack.score(dev[:5]))
+    with pytest.raises(ValueError, match="lora_rank=4 trains adapters on a pretrained trunk"):
+        packtrain.MultiTaskModel(**{**adapters, "trunk": ""}).fit(texts[:16], labels[:16], epochs=1)

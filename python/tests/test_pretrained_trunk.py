@@ -1,8 +1,7 @@
-"""Bring your own language model (issue 39): GPT-2 checkpoints saved by transformers
-(small random models built here; nothing is downloaded) load as packtrain's trunk
-with transformers' logits, next-token loss and gradients, and greedy KV-cached
-generation token for token; sharded and bfloat16
-checkpoints load too; the trunk saved back loads in transformers with the same logits;
+"""Bring your own language model (issue 39): GPT-2 and Llama checkpoints saved by
+transformers (small random models built here; nothing is downloaded) load as
+packtrain's trunk with transformers' logits, next-token loss and gradients, and greedy
+KV-cached generation token for token; sharded and bfloat16 checkpoints load too; the trunk saved back loads in transformers with the same logits;
 what packtrain cannot load is refused by name.
 
 The reference is transformers itself (PyPI), not a copy of its formulas."""
@@ -185,3 +184,55 @@ def test_llama_logits_and_loss_equal_transformers(tmp_path, variant):
     again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
     with torch.no_grad():
         assert relative_gap(trunk.lm_logits(x), again(x).logits) <= 1e-5
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(tie_word_embeddings=True, num_key_value_heads=1)])
+def test_llama_kv_cached_greedy_generation_equals_transformers_token_for_token(tmp_path, variant):
+    """Rotary positions at the decode step's position and grouped-query attention over
+    the cache's key/value heads: transformers' greedy tokens, one for one."""
+    model, path = small_llama(tmp_path, seed=6, **variant)
+    trunk = _core.PretrainedTrunk(str(path))
+    for prompt in ([7], [2, 71, 82, 81, 8]):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=14, do_sample=False, pad_token_id=0,
+                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):]
+        assert trunk.greedy(prompt, 14) == expected.tolist()
+
+
+def test_adapters_on_one_loaded_trunk_compute_what_peft_computes(tmp_path):
+    """K LoRA adapters on the one frozen GPT-2 trunk (lora_rank): member k with peft's
+    adapter weights (LoraConfig on c_attn, c_proj and c_fc, GPT-2's Conv1D layout) gives
+    peft's logits; before any is set, every member is the trunk itself."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (scripts/setup.sh installs it)")
+    import copy
+    model, path = small_gpt2(tmp_path, seed=7)
+    rank, alpha, K = 4, 8.0, 3
+    trunk = _core.PretrainedTrunk(str(path), members=K, lora_rank=rank, lora_alpha=alpha)
+    x = tokens(seed=8)
+    with torch.no_grad():
+        plain = model(x).logits
+        for k in range(K):
+            assert relative_gap(trunk.lm_logits(x, member=k)[None], plain) <= 1e-5  # B starts at zero
+    sites = {"attn.qkv": "attn.c_attn", "attn.out": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+    references = []
+    for k in range(K):
+        torch.manual_seed(100 + k)
+        config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=True,
+                                 target_modules=["c_attn", "c_proj", "c_fc"], init_lora_weights=False)
+        ref = peft.get_peft_model(copy.deepcopy(model), config).eval()
+        with torch.no_grad():
+            for layer, block in enumerate(ref.base_model.model.transformer.h):
+                for ours, theirs in sites.items():
+                    module = block.get_submodule(theirs)
+                    trunk.parameter(f"block{layer}.{ours}.lora_a")[k].copy_(module.lora_A["default"].weight.t())
+                    trunk.parameter(f"block{layer}.{ours}.lora_b")[k].copy_(module.lora_B["default"].weight.t())
+            references.append(ref(x).logits)
+    with torch.no_grad():
+        for k in range(K):
+            assert relative_gap(trunk.lm_logits(x, member=k)[None], references[k]) <= 1e-5, k
+        assert relative_gap(references[0], references[1]) > 1e-3  # the members differ
+    # Saved back, member 0 is one plain GPT-2 with its adapter merged in.
+    assert {"transformer.h.0.attn.c_attn.weight", "score.weight"} <= set(trunk.named_tensors())
+    trunk.save(str(tmp_path / "merged"))
+    merged = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        assert relative_gap(merged(x).logits, references[0]) <= 1e-5

@@ -90,10 +90,15 @@ void describe(const Session& s, RunDriver& driver) {
     for (const runtime::MemoryPart& p : e.parts) {
       parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", runtime::format_bytes(p.bytes), p.what);
     }
+    const std::string members =
+        m.lora_rank() > 0
+            ? fmt::format("{} adapter(s) of rank {} on it, {:.3f} M trained parameters each (a full copy: {:.1f} M)",
+                          m.members(), m.lora_rank(), runtime::trained_parameters_per_member(options) / 1e6,
+                          runtime::transformer_parameters_per_member(options) / 1e6)
+            : fmt::format("{:.1f} M parameters per member", runtime::transformer_parameters_per_member(options) / 1e6);
     driver.note(fmt::format(
-        "multitask: trunk {} (GPT-2, {:.1f} M parameters per member, its BPE tokenizer: {} tokens); this run "
-        "needs about {} ({}) of {} available",
-        options.trunk(), runtime::transformer_parameters_per_member(options) / 1e6, s.trainer.tokenizer().vocab(),
+        "multitask: trunk {} ({}, {}; its tokenizer: {} tokens); this run needs about {} ({}) of {} available",
+        options.trunk(), m.rms_norm() ? "Llama" : "GPT-2", members, s.trainer.tokenizer().vocab(),
         runtime::format_bytes(e.bytes(runtime::MemoryPlace::kHost)), parts,
         runtime::format_bytes(runtime::available_memory(m.device()).host)));
   }

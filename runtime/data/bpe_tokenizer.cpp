@@ -224,7 +224,8 @@ BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir) {
   const fs::path vocab_file = dir / "vocab.json", merges_file = dir / "merges.txt";
   if (!fs::exists(vocab_file) || !fs::exists(merges_file)) {
     throw UserError("tokenizer folder '" + dir.string() +
-                    "' has neither tokenizer.json nor vocab.json and merges.txt (GPT-2's byte-level BPE)");
+                    "' has no tokenizer: neither tokenizer.model (Llama's SentencePiece) nor tokenizer.json, "
+                    "nor vocab.json and merges.txt (GPT-2's byte-level BPE)");
   }
   std::unordered_map<std::string, int64_t> vocab = vocab_from(read_json(vocab_file), vocab_file);
   std::ifstream in(merges_file);

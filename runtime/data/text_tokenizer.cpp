@@ -4,10 +4,12 @@
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/data/bpe_tokenizer.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
+#include "packtrain/runtime/data/sentencepiece_tokenizer.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 
 namespace packtrain::runtime {
@@ -72,11 +74,60 @@ class BpeTextTokenizer final : public TextTokenizer {
   int64_t end_;
 };
 
+// Llama's convention (its tokenizer's add_bos_token): a sentence is BOS, its pieces,
+// EOS; a prompt BOS and its pieces; EOS also pads.
+class SentencePieceTextTokenizer final : public TextTokenizer {
+ public:
+  explicit SentencePieceTextTokenizer(SentencePieceTokenizer pieces) : pieces_(std::move(pieces)) {}
+  std::vector<int64_t> encode(std::string_view text, int64_t max_tokens, bool* truncated) const override {
+    TORCH_CHECK(max_tokens >= 3, "tokenizer: max_tokens must be >= 3, got ", max_tokens);
+    std::vector<int64_t> ids = with_bos(text);
+    const bool cut = static_cast<int64_t>(ids.size()) + 1 > max_tokens;
+    if (cut) ids.resize(static_cast<size_t>(max_tokens - 1));
+    if (truncated != nullptr) *truncated = cut;
+    ids.push_back(pieces_.eos());
+    return ids;
+  }
+  std::vector<int64_t> encode_prompt(std::string_view text, int64_t max_tokens) const override {
+    std::vector<int64_t> ids = with_bos(text);
+    if (static_cast<int64_t>(ids.size()) > max_tokens) {
+      throw UserError("the prompt has " + std::to_string(ids.size()) + " tokens with BOS; the model has " +
+                      std::to_string(max_tokens) + " positions");
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    const auto stop = std::find(ids.begin(), ids.end(), pieces_.eos());
+    return pieces_.decode(std::vector<int64_t>(ids.begin(), stop));  // BOS is a control id: no text
+  }
+  int64_t pad() const override { return pieces_.eos(); }
+  int64_t end() const override { return pieces_.eos(); }
+  int64_t vocab() const override { return pieces_.vocab_size(); }
+  const char* unit() const override { return "token"; }
+
+ private:
+  std::vector<int64_t> with_bos(std::string_view text) const {
+    std::vector<int64_t> ids{pieces_.bos()};
+    const std::vector<int64_t> body = pieces_.encode(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
+  }
+  SentencePieceTokenizer pieces_;
+};
+
 }  // namespace
 
 std::unique_ptr<TextTokenizer> make_byte_text_tokenizer() { return std::make_unique<ByteTextTokenizer>(); }
 
 std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir) {
+  if (const std::filesystem::path model = dir / "tokenizer.model"; std::filesystem::exists(model)) {
+    SentencePieceTokenizer pieces(model);
+    if (pieces.bos() < 0 || pieces.eos() < 0) {
+      throw UserError("tokenizer file '" + model.string() +
+                      "' has no BOS or no EOS id (Llama's sentences start with BOS and end with EOS)");
+    }
+    return std::make_unique<SentencePieceTextTokenizer>(std::move(pieces));
+  }
   BpeTokenizer bpe = BpeTokenizer::from_folder(dir);
   const std::optional<int64_t> end = bpe.token_id("<|endoftext|>");
   if (!end) {

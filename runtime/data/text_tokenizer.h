@@ -1,8 +1,10 @@
 // TextTokenizer: how a multi-task model reads and writes text — the byte tokenizer of
 // packtrain's own trunk (byte_tokenizer.h: BOS, bytes, EOS; vocab 259), or a loaded
-// trunk's own tokenizer (bpe_tokenizer.h: GPT-2's byte-level BPE from the checkpoint
-// folder; a sentence is its tokens then <|endoftext|>, a prompt its tokens, as GPT-2
-// was trained). The trainer, `score` and `generate` go through this seam only.
+// trunk's own tokenizer: GPT-2's byte-level BPE from the checkpoint folder
+// (bpe_tokenizer.h; a sentence is its tokens then <|endoftext|>, a prompt its tokens,
+// as GPT-2 was trained) or Llama's SentencePiece model (sentencepiece_tokenizer.h; a
+// sentence is BOS, its pieces, EOS, a prompt BOS and its pieces). The trainer, `score`
+// and `generate` go through this seam only.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +34,10 @@ class TextTokenizer {
 
 // packtrain's own trunk's tokenizer (ByteTokenizer).
 std::unique_ptr<TextTokenizer> make_byte_text_tokenizer();
-// A checkpoint folder's GPT-2 byte-level BPE (tokenizer.json, or vocab.json +
-// merges.txt); its end token <|endoftext|> (a UserError naming the folder when it
-// has none, or no tokenizer files).
+// A checkpoint folder's tokenizer: Llama's SentencePiece tokenizer.model when the
+// folder holds one, else GPT-2's byte-level BPE (tokenizer.json, or vocab.json +
+// merges.txt) with its end token <|endoftext|>. A UserError naming the folder when it
+// has no tokenizer files, or they lack the end (and, SentencePiece, BOS) token.
 std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir);
 
 }  // namespace packtrain::runtime

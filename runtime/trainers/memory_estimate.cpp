@@ -303,15 +303,24 @@ MemoryEstimate estimate_active_learning(const EnsembleTrainerOptions& options, c
   return e;
 }
 
+namespace {
+double scalars(const std::vector<ensemble::ParameterSpec>& specs) {
+  double n = 0;
+  for (const ensemble::ParameterSpec& spec : specs) {
+    double size = 1;
+    for (const int64_t s : spec.shape) size *= static_cast<double>(s);
+    n += size;
+  }
+  return n;
+}
+}  // namespace
+
 double transformer_parameters_per_member(const MultiTaskTrainerOptions& options) {
-  const ensemble::PackedTransformerOptions& m = options.model();
-  const double V = static_cast<double>(m.vocab()), d = static_cast<double>(m.width()),
-               r = static_cast<double>(m.mlp_width()), L = static_cast<double>(m.max_length()),
-               C = static_cast<double>(m.classes());
-  // Two norms, qkv, attention out, MLP fc and proj, each with its bias.
-  const double block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * r + r) + (r * d + d);
-  return V * d + L * d + static_cast<double>(m.layers()) * block + 2 * d + (d * C + C) +
-         (m.tie_lm_head() ? 0 : d * V + V);
+  return scalars(ensemble::transformer_parameters(ensemble::PackedTransformerOptions(options.model()).lora_rank(0)));
+}
+
+double trained_parameters_per_member(const MultiTaskTrainerOptions& options) {
+  return scalars(ensemble::transformer_parameters(options.model()));
 }
 
 MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, int64_t training_examples,
@@ -330,10 +339,16 @@ MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, in
   e.sizes = fmt::format("{} member(s), width {}, {} layers, {} heads, length {}, batch {}", m.members(), m.width(),
                         m.layers(), m.heads(), static_cast<int64_t>(T), options.batch_size());
 
-  // Weights, gradients and AdamW's two moments; initialization draws the members'
-  // rows on the host (float32) and stacks them before the moments exist.
-  const double S = K * transformer_parameters_per_member(options) * bytes;
-  add(e, "weights, gradients and adamw state", 4 * S);
+  // Weights, gradients and AdamW's two moments of what the members train;
+  // initialization draws the members' rows on the host (float32) and stacks them
+  // before the moments exist. Adapters: the frozen trunk's weights once, no more.
+  const double S = K * trained_parameters_per_member(options) * bytes;
+  if (m.lora_rank() > 0) {
+    add(e, "the shared frozen trunk", transformer_parameters_per_member(options) * bytes);
+    add(e, "adapters' weights, gradients and adamw state", 4 * S);
+  } else {
+    add(e, "weights, gradients and adamw state", 4 * S);
+  }
   if (m.device().is_cuda()) add(e, "initialization", 2 * S / bytes * kFloat, MemoryPlace::kHost);
   // Saving copies weights and moments to the host, pickles them and frames the file: 3x.
   if (checkpoints) add(e, "checkpoint writing", 3 * 3 * S, MemoryPlace::kHost);

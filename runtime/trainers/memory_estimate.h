@@ -69,8 +69,11 @@ MemoryEstimate estimate_active_learning(const EnsembleTrainerOptions& options, c
 
 // --- the multi-task transformer
 
-// Scalars per member of the PackedTransformer the options describe.
+// Scalars of one full copy of the PackedTransformer the options describe (adapters
+// aside), and what each member trains: the same, or with adapters (lora_rank > 0) its
+// adapters and classifier only, on the one frozen trunk the members share.
 double transformer_parameters_per_member(const MultiTaskTrainerOptions& options);
+double trained_parameters_per_member(const MultiTaskTrainerOptions& options);
 MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, int64_t training_examples,
                                       bool checkpoints);
 

@@ -2,7 +2,9 @@
 // of the two-model approach (two forwards through the shared trunk, summed loss);
 // decoding with the KV cache equals recomputing the whole prefix; padding is never
 // read; member k of a pack is the model a pack of one builds with the same seed; its
-// linear layers stay views of the flat buffer through loads and reinitialization.
+// linear layers stay views of the flat buffer through loads and reinitialization; K
+// adapters on one frozen trunk are each the trunk with its adapter merged, decode
+// through the cache, and train as each adapter alone would.
 #include "packtrain/ensemble/packed_transformer.h"
 #include "packtrain/ensemble/multitask_step.h"
 #include "packtrain/ensemble/optimizers/adam.h"
@@ -37,6 +39,19 @@ PackedTransformerOptions small(c10::Device device, int64_t members = 2) {
       .seed(5)
       .dtype(at::kDouble)
       .device(device);
+}
+
+// Llama's block on `o`'s shape: RMSNorm, rotary positions, grouped-query attention,
+// SwiGLU, no biases, an untied head.
+PackedTransformerOptions llama_block(PackedTransformerOptions o) {
+  return o.heads(4)
+      .kv_heads(2)
+      .rms_norm(true)
+      .linear_bias(false)
+      .rope_theta(100.0)
+      .gated_mlp(true)
+      .mlp_hidden(24)
+      .tie_lm_head(false);
 }
 
 // Right-padded random rows with lengths between 3 and T.
@@ -94,21 +109,28 @@ TEST_P(PackedTransformerTest, OneTrunkForwardGivesTheTwoModelGradients_Different
   expect_one_forward_equals_two(device(), false);
 }
 
-TEST_P(PackedTransformerTest, KvCacheDecodingEqualsFullRecomputation) {
-  PackedTransformer model(small(device()));
+// Decoding one token at a time through the KV cache gives the logits of the whole prefix.
+void expect_cache_decoding_equals_full_recomputation(const PackedTransformer& model, c10::Device device,
+                                                     const std::string& what) {
   const int64_t K = model.members(), n = 9;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
-  const at::Tensor tokens = at::randint(0, 259, {1, n}, gen, at::kLong).to(device());
+  const at::Tensor tokens = at::randint(0, 259, {1, n}, gen, at::kLong).to(device);
   at::NoGradGuard no_grad;
   const at::Tensor full = model.lm_logits(model.trunk(tokens));  // (K, 1, n, V)
   KvCache cache = model.make_cache(1);
-  at::Tensor position = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device()));
+  at::Tensor position = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device));
   for (int64_t t = 0; t < n; ++t) {
     position.fill_(t);
     const at::Tensor token = tokens.narrow(1, t, 1).expand({K, 1}).contiguous();
     const at::Tensor logits = model.lm_logits(model.decode_step(token, position, cache).unsqueeze(2));  // (K,1,1,V)
-    EXPECT_TRUE(all_close(logits.squeeze(2), full.narrow(2, t, 1).squeeze(2), 1e-10)) << "position " << t;
+    EXPECT_TRUE(all_close(logits.squeeze(2), full.narrow(2, t, 1).squeeze(2), 1e-10)) << what << " position " << t;
   }
+}
+
+TEST_P(PackedTransformerTest, KvCacheDecodingEqualsFullRecomputation) {
+  expect_cache_decoding_equals_full_recomputation(PackedTransformer(small(device())), device(), "gpt2");
+  // Llama's: rotary angles at the step's position, the cache holding the key/value heads.
+  expect_cache_decoding_equals_full_recomputation(PackedTransformer(llama_block(small(device()))), device(), "llama");
 }
 
 TEST_P(PackedTransformerTest, PaddingIsNeverRead) {
@@ -282,6 +304,89 @@ TEST_P(PackedTransformerTest, AStageHoldsTheLayersOfItsBlocksOnly) {
   EXPECT_THROW(first.classifier(), c10::Error);
   EXPECT_THROW(last.block(0), c10::Error);
   EXPECT_THROW(PackedTransformer(small(device())).lm_head(), c10::Error) << "a tied LM head has no weights";
+}
+
+// K adapters on one frozen trunk (lora_rank > 0), on GPT-2's block and on Llama's.
+std::vector<std::pair<std::string, PackedTransformerOptions>> adapter_shapes(c10::Device device, int64_t members) {
+  const PackedTransformerOptions gpt2 = small(device, members).lora_rank(3).lora_alpha(6.0);
+  return {{"gpt2", gpt2}, {"llama", llama_block(gpt2)}};
+}
+
+// Moves every adapter off its start (B starts at zero: the members would be the trunk).
+void perturb_adapters(PackedTransformer& model, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  const at::Tensor& flat = model.parameters().flat();
+  flat.add_(at::randn({flat.numel()}, gen, at::kDouble).to(flat.device(), flat.scalar_type()) * 0.05);
+}
+
+// A plain pack of one holding `adapted`'s member k merged (member_tensors).
+PackedTransformer merged_member(const PackedTransformer& adapted, int64_t k) {
+  PackedTransformer plain(PackedTransformerOptions(adapted.options()).members(1).lora_rank(0));
+  at::NoGradGuard no_grad;
+  for (const auto& [name, value] : adapted.member_tensors(k)) plain.parameters().at(name)[0].copy_(value);
+  return plain;
+}
+
+TEST_P(PackedTransformerTest, AdapterMembersAreTheTrunkWithTheirAdaptersMerged) {
+  for (const auto& [what, options] : adapter_shapes(device(), 3)) {
+    PackedTransformer pack(options);
+    EXPECT_EQ(pack.trunk_parameters().members(), 1) << what;
+    EXPECT_LT(pack.parameters().per_member() * 5, pack.trunk_parameters().per_member()) << what;
+    at::NoGradGuard no_grad;
+    const TextBatch batch = random_batch(3, 9, 11, device());
+    // At the start (B = 0) every member is the trunk, its own classifier aside.
+    const at::Tensor start = pack.lm_logits(pack.trunk(batch.tokens));  // (3, B, T, V)
+    EXPECT_TRUE(all_close(start[2], start[0], 1e-12)) << what;
+    perturb_adapters(pack, 12);
+    const at::Tensor hidden = pack.trunk(batch.tokens);
+    const at::Tensor logits = pack.lm_logits(hidden), classes = pack.classify(hidden, batch.lengths);
+    EXPECT_FALSE(at::allclose(logits[2], logits[0])) << what << ": members must differ";
+    for (int64_t k = 0; k < 3; ++k) {
+      const PackedTransformer plain = merged_member(pack, k);
+      const at::Tensor h = plain.trunk(batch.tokens);
+      EXPECT_TRUE(all_close(plain.lm_logits(h)[0], logits[k], 1e-10)) << what << " member " << k;
+      EXPECT_TRUE(all_close(plain.classify(h, batch.lengths)[0], classes[k], 1e-10)) << what << " member " << k;
+    }
+  }
+}
+
+TEST_P(PackedTransformerTest, AdapterKvCacheDecodingEqualsFullRecomputation) {
+  for (const auto& [what, options] : adapter_shapes(device(), 2)) {
+    PackedTransformer model(options);
+    perturb_adapters(model, 13);
+    expect_cache_decoding_equals_full_recomputation(model, device(), what);
+  }
+}
+
+// The pack's point: member k trains exactly as one adapter trained alone on the same
+// trunk (a pack of one with first_member k), while the trunk stays frozen.
+TEST_P(PackedTransformerTest, AnAdapterPackTrainsEachMemberAsItsAdapterAlone) {
+  for (const auto& [what, options] : adapter_shapes(device(), 3)) {
+    PackedTransformer pack(options);
+    const at::Tensor trunk_before = pack.trunk_parameters().flat().clone();
+    PackedAdam optimizer(pack.parameters(), adamw_options().lr(1e-2));
+    const at::Tensor labels = at::tensor({0, 2, 1, 1}, at::kLong).to(device());
+    std::vector<TextBatch> batches;
+    for (uint64_t s = 0; s < 4; ++s) batches.push_back(random_batch(4, 10, 20 + s, device()));
+    for (const TextBatch& b : batches) multitask_train_step(pack, optimizer, b, labels, b, {});
+    EXPECT_TRUE(all_equal(pack.trunk_parameters().flat(), trunk_before)) << what << ": the trunk is frozen";
+    for (int64_t k = 0; k < 3; ++k) {
+      PackedTransformer alone(PackedTransformerOptions(options).members(1).first_member(k));
+      EXPECT_TRUE(all_equal(alone.trunk_parameters().flat(), trunk_before)) << what << ": one trunk for every seed";
+      PackedAdam own(alone.parameters(), adamw_options().lr(1e-2));
+      for (const TextBatch& b : batches) multitask_train_step(alone, own, b, labels, b, {});
+      EXPECT_TRUE(all_close(alone.parameters().member_row(0), pack.parameters().member_row(k), 1e-10))
+          << what << " member " << k;
+    }
+    EXPECT_FALSE(at::allclose(pack.parameters().member_row(0), pack.parameters().member_row(1)));
+  }
+}
+
+TEST_P(PackedTransformerTest, AdaptersNeedTheWholeModel) {
+  EXPECT_THROW(PackedTransformer(small(device()).layers(2).lora_rank(2), {0, 1}), c10::Error);
+  EXPECT_THROW(PackedTransformer(small(device()).lora_rank(-1)), c10::Error);
+  EXPECT_THROW(PackedTransformer(small(device()).lora_rank(2).lora_alpha(0)), c10::Error);
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(PackedTransformerTest);

@@ -109,9 +109,10 @@ struct MultiTaskTrainerOptions {
 // The one description of the options (packtrain/base/option_schema.h): validate's
 // ranges, JSON, `multitask train`'s flags and the Python MultiTaskModel's options
 // come from it (multitask_trainer_options.cpp). Version 2 added format_version;
-// version 3 trunk and the model's gelu_tanh and norm_eps.
+// version 3 trunk and the model's gelu_tanh, norm_eps and Llama fields; version 4 the
+// adapters (the model's lora_rank, lora_alpha, first_member).
 const OptionSchema<MultiTaskTrainerOptions>& multitask_option_schema();
-inline constexpr int kMultiTaskOptionsFormat = 3;
+inline constexpr int kMultiTaskOptionsFormat = 4;
 // `options` with a loaded trunk's shape (options.trunk()'s config.json) in its model
 // options; unchanged without a trunk. UserError naming the folder or key.
 MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions options);
@@ -214,6 +215,9 @@ class MultiTaskTrainer {
 
   // (N, C) class probabilities, the mean over members (float64, CPU).
   at::Tensor score(const std::vector<std::string>& texts);
+  // (K, N, C) each member's class probabilities (float64, CPU): the ensemble's
+  // predictive distribution, whose spread the acquisition functions (BALD) read.
+  at::Tensor member_scores(const std::vector<std::string>& texts);
   // One continuation per member (without the prompt), cut at EOS.
   std::vector<std::string> generate(const std::string& prompt, const GenerateOptions& options);
   // The call a user asked for: score `text` and generate a response to it.

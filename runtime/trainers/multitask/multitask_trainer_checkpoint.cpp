@@ -379,8 +379,8 @@ void MultiTaskTrainer::save_pretrained(const std::filesystem::path& dir, int64_t
   }
   save_pretrained_trunk(*model_, dir, member);
   if (options_.trunk().empty()) return;
-  for (const char* name :
-       {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                           "special_tokens_map.json"}) {
     const std::filesystem::path from = std::filesystem::path(options_.trunk()) / name;
     if (std::filesystem::exists(from)) {
       std::filesystem::copy_file(from, dir / name, std::filesystem::copy_options::overwrite_existing);

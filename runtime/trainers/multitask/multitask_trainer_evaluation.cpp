@@ -85,7 +85,9 @@ TaskMetrics MultiTaskTrainer::evaluate_pipelined(const std::vector<Bucket>& buck
                       static_cast<int64_t>(counts[C * C + K].item<double>()));
 }
 
-at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
+at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) { return member_scores(texts).mean(0); }
+
+at::Tensor MultiTaskTrainer::member_scores(const std::vector<std::string>& texts) {
   if (pipeline_) {
     throw DataError(
         "score and generate need the whole model: load the pipeline run's checkpoint in one process "
@@ -97,7 +99,8 @@ at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
   data.source = "score";
   int64_t truncated = 0;
   const std::vector<Bucket> buckets = tokenize(data, &truncated);
-  at::Tensor out = at::zeros({static_cast<int64_t>(texts.size()), options_.model().classes()}, at::kDouble);
+  const int64_t K = options_.model().members();
+  at::Tensor out = at::zeros({K, static_cast<int64_t>(texts.size()), options_.model().classes()}, at::kDouble);
   at::NoGradGuard no_grad;
   const int64_t E = options_.eval_batch_size();
   for (const Bucket& b : buckets) {
@@ -105,9 +108,9 @@ at::Tensor MultiTaskTrainer::score(const std::vector<std::string>& texts) {
       const int64_t n = std::min(E, b.size() - first);
       const at::Tensor tokens = b.tokens.narrow(0, first, n);
       const at::Tensor probabilities =
-          at::softmax(model_->classify(model_->trunk(tokens), b.lengths.narrow(0, first, n)), -1).mean(0);
-      const at::Tensor host = probabilities.to(at::kCPU, at::kDouble);
-      for (int64_t i = 0; i < n; ++i) out[b.index[static_cast<size_t>(first + i)]].copy_(host[i]);
+          at::softmax(model_->classify(model_->trunk(tokens), b.lengths.narrow(0, first, n)), -1);  // (K, n, C)
+      const at::Tensor rows = at::tensor(std::vector<int64_t>(b.index.begin() + first, b.index.begin() + first + n));
+      out.index_copy_(1, rows, probabilities.to(at::kCPU, at::kDouble));
     }
   }
   return out;

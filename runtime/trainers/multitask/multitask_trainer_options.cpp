@@ -23,6 +23,31 @@ using Schema = OptionSchema<MultiTaskTrainerOptions>;
 inline constexpr EnumNames<c10::ScalarType, 2> kDtypeNames{
     "dtype", {{{c10::ScalarType::Float, "float32"}, {c10::ScalarType::Double, "float64"}}}};
 
+// K adapters on one frozen trunk instead of K full copies (PackedTransformerOptions).
+void describe_adapters(Schema& s) {
+  s.option(PACKTRAIN_NESTED_OPTION(model, lora_rank))
+      .help_text(
+          "Train each member as a low-rank adapter of this rank (LoRA on every block's qkv, attention output and "
+          "MLP projections, plus its own classifier) on one frozen --trunk held once, instead of a full copy per "
+          "member; 0: full copies")
+      .in_group("Model")
+      .at_least(0)
+      .added_in(4, 0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, lora_alpha))
+      .help_text("The adapters' scale: each adds (lora_alpha / lora_rank) x A B to its projection")
+      .in_group("Model")
+      .above(0)
+      .finite_only()
+      .added_in(4, 16.0);
+  s.option(PACKTRAIN_NESTED_OPTION(model, first_member))
+      .help_text(
+          "The global index of member 0: member k draws its start from the seed as member first_member + k of a "
+          "larger pack would (to train one member of a pack alone)")
+      .in_group("Model")
+      .at_least(0)
+      .added_in(4, 0);
+}
+
 // The transformer's shape (the model's own fields, at the top level of the JSON).
 void describe_model(Schema& s) {
   s.option(PACKTRAIN_NESTED_OPTION(model, members))
@@ -88,11 +113,13 @@ void describe_model(Schema& s) {
   s.option(PACKTRAIN_OPTION(trunk))
       .help_text(
           "A Hugging Face GPT-2 or Llama checkpoint folder (config.json, model.safetensors or a sharded index, "
-          "tokenizer.json or vocab.json + merges.txt) as the trunk: its config replaces the width, layers, heads "
-          "and positions, its weights the trunk and LM head, its tokenizer the byte tokenizer; \"\": train "
+          "Llama's tokenizer.model or GPT-2's tokenizer.json or vocab.json + merges.txt) as the trunk: its config "
+          "replaces the width, layers, heads and positions, its weights the trunk and LM head, its tokenizer the byte "
+          "tokenizer; \"\": train "
           "packtrain's own trunk from scratch")
       .in_group("Model")
       .added_in(3, "");
+  describe_adapters(s);
   s.choice(PACKTRAIN_NESTED_OPTION(model, dtype), kDtypeNames).help_text("Parameter dtype").no_flag();
 }
 
@@ -245,6 +272,18 @@ void MultiTaskTrainerOptions::validate() const {
   if (classification_weight() + lm_weight() <= 0) {
     throw UserError(fmt::format("task weights must be >= 0 and not both 0, got classification_weight={}, lm_weight={}",
                                 classification_weight(), lm_weight()));
+  }
+  if (model().lora_rank() > 0 && trunk().empty()) {
+    throw UserError(
+        fmt::format("model.lora_rank={} trains adapters on a pretrained trunk: give --trunk DIR (a "
+                    "random frozen trunk has nothing to adapt)",
+                    model().lora_rank()));
+  }
+  if (model().lora_rank() > 0 && pipeline_stages() > 1) {
+    throw UserError(
+        fmt::format("adapters (model.lora_rank={}) share one trunk on one rank: pipeline_stages must be 1, "
+                    "got {}",
+                    model().lora_rank(), pipeline_stages()));
   }
 }
 

@@ -312,8 +312,9 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
 void load_pretrained_weights(const fs::path& dir, ensemble::PackedTransformer& model) {
   const ensemble::PackedTransformerOptions& options = model.options();
   const CheckpointTensors tensors(dir);
+  // With adapters the frozen shared trunk (one member, no classifier), else every member's.
   if (read_json(dir / "config.json", "config").value("model_type", std::string()) == "llama") {
-    ensemble::PackedParameters& params = model.parameters();
+    ensemble::PackedParameters& params = model.trunk_parameters();
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       if (params.spec(i).name.starts_with("cls.")) continue;  // a new head: as drawn from the seed
@@ -322,7 +323,7 @@ void load_pretrained_weights(const fs::path& dir, ensemble::PackedTransformer& m
     return;
   }
   const std::string prefix = tensors.contains("transformer.wte.weight") ? "transformer." : "";
-  ensemble::PackedParameters& params = model.parameters();
+  ensemble::PackedParameters& params = model.trunk_parameters();
   const bool has_classifier = tensors.contains("score.weight");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -449,22 +450,17 @@ std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const e
         "pretrained trunk: this model's blocks are neither GPT-2's nor Llama's; transformers has no layout "
         "for them");
   }
-  TORCH_CHECK(member >= 0 && member < model.members(), "pretrained trunk: member ", member, " out of range for ",
-              model.members(), " members");
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  const ensemble::PackedParameters& params = model.parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ensemble::ParameterSpec& spec = params.spec(i);
-    const at::Tensor source = gradients ? params[i].grad() : params[i];
-    TORCH_CHECK(source.defined(), "pretrained trunk: parameter ", spec.name, " has no gradient");
-    at::Tensor value = source[member].detach().to(at::kFloat);
+  // Adapters merged into the trunk's weights: member `member` as one plain model.
+  for (auto& [name, member_value] : model.member_tensors(member, gradients)) {
+    at::Tensor value = member_value.to(at::kFloat);
     if (layout == Layout::kLlama) {
-      append_llama(tensors, model.options(), spec.name, value);
+      append_llama(tensors, model.options(), name, value);
       continue;
     }
-    if (spec.name == "cls.weight") value = value.t();  // (d, C) -> torch Linear's (C, d)
-    const bool vector = spec.shape.size() == 2 && spec.shape[0] == 1;
-    tensors.emplace_back(gpt2_name(spec.name, "transformer."), vector ? value.view({spec.shape[1]}) : value);
+    if (name == "cls.weight") value = value.t();                 // (d, C) -> torch Linear's (C, d)
+    const bool vector = value.dim() == 2 && value.size(0) == 1;  // norms' and biases' (1, d)
+    tensors.emplace_back(gpt2_name(name, "transformer."), vector ? value.view({value.size(1)}) : value);
   }
   return tensors;
 }

@@ -13,8 +13,8 @@
 // pack's fused qkv and fc), with float32, bfloat16 or float16 weights, loaded as
 // float32. Refused, each a UserError naming it: another model_type, GPT-2 with an
 // untied head, Llama with scaled rotary positions or biases, a missing or mis-shaped
-// tensor, a malformed file. KV-cached decoding of a Llama trunk is not built yet
-// (PackedTransformer::decode_step refuses it).
+// tensor, a malformed file. Both decode through the KV cache (a Llama trunk's holds
+// its key/value heads; rotary angles are taken at the step's position).
 //
 // The classification head is the pack's own (cls: d -> classes, with bias): new,
 // drawn from the seed, unless the folder holds packtrain's own `score.weight` and
@@ -50,14 +50,16 @@ std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const std::fi
                                                                    c10::Device device = c10::Device(c10::kCPU));
 
 // Writes the checkpoint's weights into every member of `model` (any stage of a
-// pipeline: the parameters it holds), whose options must be the checkpoint's shape
-// (pretrained_trunk_options); the classifier only where the folder has score.weight.
-// UserError naming a missing or mis-shaped tensor and its file.
+// pipeline: the parameters it holds; with adapters into the one frozen trunk), whose options must be the checkpoint's
+// shape (pretrained_trunk_options); the classifier only where the folder has score.weight. UserError naming a missing
+// or mis-shaped tensor and its file.
 void load_pretrained_weights(const std::filesystem::path& dir, ensemble::PackedTransformer& model);
 
 // Member `member`'s parameters (gradients: their .grad()) under transformers' GPT-2
-// names and in its layouts (norms and biases as vectors, the classifier as score's
-// (C, d)), the LM head tied; what save_pretrained_trunk writes. A whole model.
+// or Llama names and in its layouts (norms and biases as vectors, the classifier as
+// score's (C, d)); an adapter member's with its adapters merged into the trunk's
+// weights (PackedTransformer::member_tensors; no gradients). What
+// save_pretrained_trunk writes. A whole model.
 std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const ensemble::PackedTransformer& model,
                                                                          int64_t member = 0, bool gradients = false);
 
