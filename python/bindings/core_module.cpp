@@ -587,6 +587,16 @@ void add_checkpoints(py::module_& m) {
       .def_property_readonly("classes", [](const LoadedEnsemble& e) { return e.first().classes(); });
 }
 
+py::dict epoch_report_dict(const packtrain::runtime::MultiTaskEpochReport& r) {
+  py::dict d;
+  d["epoch"] = r.epoch;
+  d["steps"] = r.steps;
+  d["classification_loss"] = r.classification_loss;
+  d["lm_loss"] = r.lm_loss;
+  d["seconds"] = r.seconds;
+  return d;
+}
+
 void add_multitask(py::module_& m) {
   // The multi-task transformer (runtime::MultiTaskTrainer): options as its JSON.
   m.def("default_multitask_options",
@@ -612,16 +622,7 @@ void add_multitask(py::module_& m) {
           },
           py::arg("texts"), py::arg("labels"))
       .def("train_epoch",
-           [](MultiTaskTrainer& t) {
-             const packtrain::runtime::MultiTaskEpochReport r = without_gil([&] { return t.train_epoch(); });
-             py::dict d;
-             d["epoch"] = r.epoch;
-             d["steps"] = r.steps;
-             d["classification_loss"] = r.classification_loss;
-             d["lm_loss"] = r.lm_loss;
-             d["seconds"] = r.seconds;
-             return d;
-           })
+           [](MultiTaskTrainer& t) { return epoch_report_dict(without_gil([&] { return t.train_epoch(); })); })
       .def(
           "evaluate",
           [](MultiTaskTrainer& t, const std::vector<std::string>& texts, const std::vector<int64_t>& labels) {
