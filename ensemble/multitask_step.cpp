@@ -9,10 +9,10 @@
 namespace packtrain::ensemble {
 
 namespace {
-// (B, T-1) float mask: true where position t's next token is a real token.
+// (B, T) float mask: true where position t's next token is a real token (never at T-1).
 at::Tensor target_mask(const TextBatch& batch, c10::ScalarType dtype) {
   const int64_t T = batch.tokens.size(1);
-  const at::Tensor positions = at::arange(T - 1, batch.lengths.options()).view({1, -1});
+  const at::Tensor positions = at::arange(T, batch.lengths.options()).view({1, -1});
   return (positions < (batch.lengths - 1).view({-1, 1})).to(dtype);
 }
 }  // namespace
@@ -25,9 +25,12 @@ at::Tensor packed_lm_loss(const at::Tensor& logits, const TextBatch& batch) {
   TORCH_CHECK(batch.tokens.size(0) == B && batch.tokens.size(1) == T, "packed_lm_loss: tokens ", batch.tokens.sizes(),
               " do not match logits ", logits.sizes());
   TORCH_CHECK(T >= 2, "packed_lm_loss: rows need at least 2 positions, got ", T);
-  const at::Tensor log_probs = at::log_softmax(logits.narrow(2, 0, T - 1), 3);
-  const at::Tensor targets = batch.tokens.narrow(1, 1, T - 1).view({1, B, T - 1, 1}).expand({K, B, T - 1, 1});
-  const at::Tensor nll = -log_probs.gather(3, targets).squeeze(3);  // (K, B, T-1)
+  // Every position's log-probabilities, the last one's masked out: a slice of the
+  // logits would make its backward zero-fill and copy a full-size gradient.
+  const at::Tensor log_probs = at::log_softmax(logits, 3);
+  const at::Tensor next = at::cat({batch.tokens.narrow(1, 1, T - 1), batch.tokens.narrow(1, 0, 1)}, 1);  // (B, T)
+  const at::Tensor targets = next.view({1, B, T, 1}).expand({K, B, T, 1});
+  const at::Tensor nll = -log_probs.gather(3, targets).squeeze(3);  // (K, B, T)
   const at::Tensor mask = target_mask(batch, logits.scalar_type());
   return (nll * mask).sum({1, 2}) / mask.sum().clamp_min(1);
 }

@@ -155,9 +155,11 @@ void draw_gpt2(PackedParameters& pack, const std::vector<ParameterSpec>& all, ui
 
 // Rotary positions (transformers' rotate_half form) on heads x (N, heads, P, dh) at
 // positions whose tables cos, sin are (P, dh).
+// Halves by chunk, not two narrows: the backward is one cat, not two zero-filled
+// full-size gradients.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+  const std::vector<at::Tensor> halves = x.chunk(2, -1);
+  return x * cos + at::cat({-halves[1], halves[0]}, -1) * sin;
 }
 
 // cos and sin (max_length, dh) of every position's rotary angles, computed in float32
@@ -349,9 +351,9 @@ at::Tensor PackedTransformer::project_onto(const at::Tensor& residual, const Pac
 at::Tensor PackedTransformer::mlp_residual(const at::Tensor& x, const Block& block) const {
   const at::Tensor fc = project(block.mlp_fc, &block.mlp_fc_adapter, norm(x, block.ln2_weight, block.ln2_bias));
   at::Tensor activated;
-  if (options_.gated_mlp()) {  // SwiGLU: columns [gate | up]
-    const int64_t r = options_.mlp_width();
-    activated = at::silu(fc.narrow(-1, 0, r)) * fc.narrow(-1, r, r);
+  if (options_.gated_mlp()) {  // SwiGLU: columns [gate | up] (chunk: one cat backward)
+    const std::vector<at::Tensor> gate_up = fc.chunk(2, -1);
+    activated = at::silu(gate_up[0]) * gate_up[1];
   } else {
     activated = at::gelu(fc, options_.gelu_tanh() ? "tanh" : "none");
   }
@@ -375,24 +377,21 @@ at::Tensor PackedTransformer::embed(const at::Tensor& tokens) const {
 }
 
 // Llama's attention on the qkv projection (K, B*T, (H + 2 KV) dh): rotary positions
-// 0..T-1 on q and k, each key/value head shared by H / KV query heads. (K*B, H, T, dh).
+// 0..T-1 on q and k, each key/value head shared by H / KV query heads (SDPA's
+// enable_gqa: no repeated copies). (K*B, H, T, dh). q, k, v are one split of the
+// projection (its backward one cat; narrows would each zero-fill a full gradient).
 at::Tensor PackedTransformer::rotary_gqa_attention(const at::Tensor& projected, int64_t B, int64_t T) const {
   const int64_t K = projected.size(0), H = options_.heads(), KV = options_.key_value_heads();
   const int64_t dh = options_.width() / H;
-  const auto heads = [&](int64_t first, int64_t count) {
-    return projected.narrow(-1, first * dh, count * dh).reshape({K * B, T, count, dh}).transpose(1, 2);
-  };
-  at::Tensor q = heads(0, H), k = heads(H, KV), v = heads(H + KV, KV);
+  std::vector<at::Tensor> qkv = projected.reshape({K * B, T, H + 2 * KV, dh}).split_with_sizes({H, KV, KV}, 2);
+  for (at::Tensor& part : qkv) part = part.transpose(1, 2);
   if (options_.rope_theta() > 0) {
     const at::Tensor cos = rotary_cos_.narrow(0, 0, T), sin = rotary_sin_.narrow(0, 0, T);
-    q = rotate(q, cos, sin);
-    k = rotate(k, cos, sin);
+    qkv[0] = rotate(qkv[0], cos, sin);
+    qkv[1] = rotate(qkv[1], cos, sin);
   }
-  if (KV < H) {
-    k = k.repeat_interleave(H / KV, 1);
-    v = v.repeat_interleave(H / KV, 1);
-  }
-  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  return at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                          /*enable_gqa=*/KV < H);
 }
 
 at::Tensor PackedTransformer::attention_residual(const at::Tensor& x, const Block& block, int64_t B, int64_t T) const {

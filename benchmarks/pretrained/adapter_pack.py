@@ -110,7 +110,7 @@ def main():
     # packtrain: the K adapters as one pack (every sentence in one bucket of --length).
     pack = packtrain.MultiTaskModel(trunk=str(folder), members=args.members, lora_rank=args.rank, lora_alpha=alpha,
                                     buckets=[args.length], batch_size=args.batch, lr=lr, warmup_steps=0,
-                                    weight_decay=0.0, device="cpu")
+                                    weight_decay=0.0, classes=classes, device="cpu")
     pack.fit(texts, labels, epochs=args.epochs)
     per_step = [r["seconds"] / r["steps"] for r in pack.history_[1:] or pack.history_]
     packtrain_s = statistics.median(per_step)

@@ -774,9 +774,12 @@ void add_pretrained(py::module_& m) {
             {
               py::gil_scoped_release release;
               const at::Tensor logits = t.lm_logits(t.trunk(tokens))[0];
-              const int64_t T = tokens.size(1), V = logits.size(-1);
-              loss = at::cross_entropy_loss(logits.narrow(1, 0, T - 1).reshape({-1, V}),
-                                            tokens.narrow(1, 1, T - 1).reshape({-1}));
+              // Labels shifted, the last position ignored (as transformers does): no slice of the logits.
+              const int64_t B = tokens.size(0), T = tokens.size(1), V = logits.size(-1);
+              const at::Tensor targets =
+                  at::cat({tokens.narrow(1, 1, T - 1), at::full({B, 1}, -100, tokens.options())}, 1);
+              loss =
+                  at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}), {}, at::Reduction::Mean, -100);
               loss.backward();
             }
             if (!named) return py::make_tuple(loss.item<double>(), py::none());

@@ -229,22 +229,25 @@ def test_a_llama_trunk_with_its_sentencepiece_tokenizer_generates_trains_and_sav
 
 
 def test_k_adapters_train_as_one_pack_each_as_it_would_alone(folder, tmp_path):
-    """K LoRA adapters on the one frozen trunk (lora_rank): member k of the pack ends
-    where one adapter trained alone (first_member=k, the same seed and batches) ends;
+    """K LoRA adapters on the one frozen trunk (lora_rank), each with its own learning
+    rate (member_lrs): member k of the pack ends where one adapter trained alone
+    (first_member=k, lr its rate, the same seed and batches) ends;
     the ensemble's predictive distribution and its BALD score come per text (baal is
     the reference); a member saved back is a plain GPT-2 transformers loads."""
     baal_heuristics = pytest.importorskip("baal.active.heuristics")
     texts, labels = fortunes("train.tsv")
     dev, _ = fortunes("dev.tsv")
-    adapters = dict(OPTIONS, lora_rank=4, lora_alpha=8.0, lr=1e-2, seed=3)
-    pack = packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 3}).fit(texts[:96], labels[:96],
-                                                                                          epochs=2)
+    adapters = dict(OPTIONS, lora_rank=4, lora_alpha=8.0, seed=3)
+    rates = [1e-2, 3e-3, 2e-2]
+    pack = packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 3, "member_lrs": rates})
+    pack.fit(texts[:96], labels[:96], epochs=2)
     assert pack.history_[-1]["classification_loss"] < pack.history_[0]["classification_loss"]
     members = pack.member_probabilities(dev[:40])
     assert members.shape == (3, 40, 5)
     np.testing.assert_allclose(members.mean(0), pack.score(dev[:40]), rtol=1e-12)
     for k in range(3):
-        alone = packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 1, "first_member": k})
+        alone = packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 1, "first_member": k,
+                                                               "lr": rates[k]})
         alone.fit(texts[:96], labels[:96], epochs=2)
         np.testing.assert_allclose(alone.member_probabilities(dev[:40])[0], members[k], atol=2e-4)
     assert np.abs(members[0] - members[1]).max() > 1e-3  # the members differ
@@ -260,5 +263,37 @@ def test_k_adapters_train_as_one_pack_each_as_it_would_alone(folder, tmp_path):
     pack.save(tmp_path / "pack.ckpt")
     np.testing.assert_array_equal(packtrain.MultiTaskModel.load(tmp_path / "pack.ckpt").score(dev[:5]),
                                   pack.score(dev[:5]))
+    with pytest.raises(ValueError, match="member_lrs holds 2 learning rates for 3 members"):
+        packtrain.MultiTaskModel(trunk=str(folder), **{**adapters, "members": 3, "member_lrs": [1e-3, 1e-3]}).fit(
+            texts[:16], labels[:16], epochs=1)
     with pytest.raises(ValueError, match="lora_rank=4 trains adapters on a pretrained trunk"):
         packtrain.MultiTaskModel(**{**adapters, "trunk": ""}).fit(texts[:16], labels[:16], epochs=1)
+
+
+@pytest.mark.skipif(not CLI, reason="needs the packtrain CLI (PACKTRAIN_BINARY)")
+def test_a_llama_trunk_trains_from_the_cli_and_splits_over_two_pipeline_ranks(llama_folder, tmp_path):
+    """`multitask train --trunk LLAMA` reads the sentence files with the SentencePiece
+    tokenizer; over two pipeline ranks (rotary blocks on both stages, the untied head on
+    the last) it ends where one process ends, and the checkpoint generates."""
+    pytest.importorskip("sentencepiece")
+    texts, labels = fortunes("train.tsv")
+    train = tmp_path / "t.tsv"
+    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:48], texts[:48])))
+    common = ["multitask", "train", "--trunk", str(llama_folder), "--train", str(train), "--dev",
+              str(DATA / "fortunes-languages" / "dev.tsv"), "--class-names",
+              str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64", "--batch", "8", "--epochs", "1",
+              "--device", "cpu", "--json"]
+    one = subprocess.run([CLI, *common, "-o", str(tmp_path / "one.ckpt")], capture_output=True, text=True)
+    assert one.returncode == 0, one.stdout + one.stderr
+    split = subprocess.run([CLI, "launch", "--nproc", "2", "--", *common, "--pipeline-stages", "2", "-o",
+                            str(tmp_path / "split.ckpt")], capture_output=True, text=True, timeout=600)
+    assert split.returncode == 0, split.stdout + split.stderr
+    rank0 = "\n".join(line[len("[rank 0] "):] for line in split.stdout.splitlines() if line.startswith("[rank 0] "))
+    ours, theirs = json.loads(one.stdout)["dev_metrics"], json.loads(rank0[rank0.index("{"):])["dev_metrics"]
+    for key in ("accuracy", "lm_loss"):
+        assert theirs[key] == pytest.approx(ours[key], rel=1e-4), key
+    generated = subprocess.run([CLI, "multitask", "generate", str(tmp_path / "one.ckpt"), "--prompt", PROMPT,
+                                "--temperature", "0", "--max-new-tokens", "8", "--json", "--device", "cpu"],
+                               capture_output=True, text=True)
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    assert len(json.loads(generated.stdout)["continuations"]) == 1  # one member

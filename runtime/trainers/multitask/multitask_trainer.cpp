@@ -146,6 +146,9 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
   if (!options_.trunk().empty()) load_pretrained_weights(options_.trunk(), *model_);  // every member's trunk
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
       model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));
+  if (!options_.member_lrs().empty()) {
+    optimizer_->set_lr(at::tensor(options_.member_lrs(), at::kDouble).to(device_));
+  }
   if (options_.warmup_steps() > 0) {
     optimizer_->set_schedule(
         ensemble::LrSchedule().kind(ensemble::LrScheduleKind::kLinearWarmup).warmup_steps(options_.warmup_steps()));

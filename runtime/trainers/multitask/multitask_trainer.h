@@ -66,6 +66,8 @@ struct MultiTaskTrainerOptions {
   // exceed the model's max_length and is where longer texts are cut.
   TORCH_ARG(std::vector<int64_t>, buckets) = std::vector<int64_t>{32, 64, 128};
   TORCH_ARG(double, lr) = 1e-3;
+  // One learning rate per member (K values) in place of lr; empty: lr for every member.
+  TORCH_ARG(std::vector<double>, member_lrs) = {};
   TORCH_ARG(double, weight_decay) = 0.01;
   TORCH_ARG(int64_t, warmup_steps) = 100;
   TORCH_ARG(double, classification_weight) = 1.0;

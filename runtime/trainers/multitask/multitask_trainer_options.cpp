@@ -134,6 +134,10 @@ void describe_training(Schema& s) {
       .in_group("Training")
       .at_least(3);
   s.option(PACKTRAIN_OPTION(lr)).help_text("AdamW learning rate").in_group("Training").at_least(0).finite_only();
+  s.option(PACKTRAIN_OPTION(member_lrs))
+      .help_text("One AdamW learning rate per member (K comma-separated values) in place of --lr; empty: --lr for all")
+      .in_group("Training")
+      .added_in(4, std::vector<double>{});
   s.option(PACKTRAIN_OPTION(weight_decay))
       .help_text("AdamW weight decay")
       .in_group("Training")
@@ -272,6 +276,15 @@ void MultiTaskTrainerOptions::validate() const {
   if (classification_weight() + lm_weight() <= 0) {
     throw UserError(fmt::format("task weights must be >= 0 and not both 0, got classification_weight={}, lm_weight={}",
                                 classification_weight(), lm_weight()));
+  }
+  if (!member_lrs().empty() && static_cast<int64_t>(member_lrs().size()) != model().members()) {
+    throw UserError(fmt::format("member_lrs holds {} learning rates for {} members: give one per member",
+                                member_lrs().size(), model().members()));
+  }
+  for (size_t k = 0; k < member_lrs().size(); ++k) {
+    if (!(member_lrs()[k] >= 0) || !std::isfinite(member_lrs()[k])) {
+      throw UserError(fmt::format("member_lrs[{}] must be >= 0 and finite, got {}", k, member_lrs()[k]));
+    }
   }
   if (model().lora_rank() > 0 && trunk().empty()) {
     throw UserError(
