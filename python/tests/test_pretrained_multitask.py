@@ -126,27 +126,33 @@ def test_multitask_train_trunk_and_export_from_the_cli(folder, tmp_path):
     assert bad.returncode == 2 and "config.json" in bad.stdout + bad.stderr
 
 
+def train_one_and_split(trunk, tmp_path, sentences, epochs):
+    """`multitask train --trunk` on the first `sentences` sentences, in one process
+    (one.ckpt) and over two pipeline ranks (split.ckpt): (its arguments, one process's
+    dev metrics, rank 0's)."""
+    texts, labels = fortunes("train.tsv")
+    train = tmp_path / "t.tsv"
+    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:sentences], texts[:sentences])))
+    common = ["multitask", "train", "--trunk", str(trunk), "--train", str(train), "--dev",
+              str(DATA / "fortunes-languages" / "dev.tsv"), "--class-names",
+              str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64", "--batch", "8", "--epochs",
+              str(epochs), "--device", "cpu", "--json"]
+    one = subprocess.run([CLI, *common, "-o", str(tmp_path / "one.ckpt")], capture_output=True, text=True)
+    assert one.returncode == 0, one.stdout + one.stderr
+    split = subprocess.run([CLI, "launch", "--nproc", "2", "--", *common, "--pipeline-stages", "2", "-o",
+                            str(tmp_path / "split.ckpt")], capture_output=True, text=True, timeout=600)
+    assert split.returncode == 0, split.stdout + split.stderr
+    rank0 = "\n".join(line[len("[rank 0] "):] for line in split.stdout.splitlines() if line.startswith("[rank 0] "))
+    return common, json.loads(one.stdout)["dev_metrics"], json.loads(rank0[rank0.index("{"):])["dev_metrics"]
+
+
 @pytest.mark.skipif(not CLI, reason="needs the packtrain CLI (PACKTRAIN_BINARY)")
 def test_a_loaded_trunk_split_over_two_pipeline_ranks_trains_as_one_process(folder, tmp_path):
     """`launch --nproc 2 -- multitask train --trunk DIR --pipeline-stages 2`: the loaded
     blocks placed over two ranks, the tied embedding's copies on the first and last
     stage; the run ends where one process ends (dev metrics, greedy continuation).
     Data parallel over two ranks ends near it."""
-    texts, labels = fortunes("train.tsv")
-    train = tmp_path / "t.tsv"
-    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:64], texts[:64])))
-    common = ["multitask", "train", "--trunk", str(folder), "--train", str(train), "--dev",
-              str(DATA / "fortunes-languages" / "dev.tsv"), "--class-names",
-              str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64", "--batch", "8", "--epochs", "2",
-              "--device", "cpu", "--json"]
-    one = subprocess.run([CLI, *common, "-o", str(tmp_path / "one.ckpt")], capture_output=True, text=True)
-    assert one.returncode == 0, one.stdout + one.stderr
-    split = subprocess.run([CLI, "launch", "--nproc", "2", "--", *common, "--pipeline-stages", "2", "-o",
-                            str(tmp_path / "split.ckpt")], capture_output=True, text=True, timeout=600)
-    assert split.returncode == 0, split.stdout + split.stderr
-    ours = json.loads(one.stdout)["dev_metrics"]
-    rank0 = "\n".join(line[len("[rank 0] "):] for line in split.stdout.splitlines() if line.startswith("[rank 0] "))
-    theirs = json.loads(rank0[rank0.index("{"):])["dev_metrics"]
+    common, ours, theirs = train_one_and_split(folder, tmp_path, sentences=64, epochs=2)
     for key in ("accuracy", "lm_loss"):
         assert theirs[key] == pytest.approx(ours[key], rel=1e-4), key
 
@@ -276,20 +282,7 @@ def test_a_llama_trunk_trains_from_the_cli_and_splits_over_two_pipeline_ranks(ll
     tokenizer; over two pipeline ranks (rotary blocks on both stages, the untied head on
     the last) it ends where one process ends, and the checkpoint generates."""
     pytest.importorskip("sentencepiece")
-    texts, labels = fortunes("train.tsv")
-    train = tmp_path / "t.tsv"
-    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:48], texts[:48])))
-    common = ["multitask", "train", "--trunk", str(llama_folder), "--train", str(train), "--dev",
-              str(DATA / "fortunes-languages" / "dev.tsv"), "--class-names",
-              str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64", "--batch", "8", "--epochs", "1",
-              "--device", "cpu", "--json"]
-    one = subprocess.run([CLI, *common, "-o", str(tmp_path / "one.ckpt")], capture_output=True, text=True)
-    assert one.returncode == 0, one.stdout + one.stderr
-    split = subprocess.run([CLI, "launch", "--nproc", "2", "--", *common, "--pipeline-stages", "2", "-o",
-                            str(tmp_path / "split.ckpt")], capture_output=True, text=True, timeout=600)
-    assert split.returncode == 0, split.stdout + split.stderr
-    rank0 = "\n".join(line[len("[rank 0] "):] for line in split.stdout.splitlines() if line.startswith("[rank 0] "))
-    ours, theirs = json.loads(one.stdout)["dev_metrics"], json.loads(rank0[rank0.index("{"):])["dev_metrics"]
+    _, ours, theirs = train_one_and_split(llama_folder, tmp_path, sentences=48, epochs=1)
     for key in ("accuracy", "lm_loss"):
         assert theirs[key] == pytest.approx(ours[key], rel=1e-4), key
     generated = subprocess.run([CLI, "multitask", "generate", str(tmp_path / "one.ckpt"), "--prompt", PROMPT,
