@@ -303,24 +303,42 @@ MemoryEstimate estimate_active_learning(const EnsembleTrainerOptions& options, c
   return e;
 }
 
+// The counts of ensemble::transformer_parameters, in doubles: finite for any sizes,
+// however absurd (the estimate must refuse them, not overflow or throw).
 namespace {
-double scalars(const std::vector<ensemble::ParameterSpec>& specs) {
-  double n = 0;
-  for (const ensemble::ParameterSpec& spec : specs) {
-    double size = 1;
-    for (const int64_t s : spec.shape) size *= static_cast<double>(s);
-    n += size;
-  }
-  return n;
+struct TransformerWidths {
+  double d, r, qkv, fc;
+};
+TransformerWidths widths(const ensemble::PackedTransformerOptions& m) {
+  const double d = static_cast<double>(m.width()), r = static_cast<double>(m.mlp_width());
+  const double dh = d / static_cast<double>(std::max<int64_t>(m.heads(), 1));
+  const double heads = static_cast<double>(m.heads()) + 2.0 * static_cast<double>(m.key_value_heads());
+  return {d, r, heads * dh, m.gated_mlp() ? 2 * r : r};
 }
 }  // namespace
 
 double transformer_parameters_per_member(const MultiTaskTrainerOptions& options) {
-  return scalars(ensemble::transformer_parameters(ensemble::PackedTransformerOptions(options.model()).lora_rank(0)));
+  const ensemble::PackedTransformerOptions& m = options.model();
+  const auto [d, r, qkv, fc] = widths(m);
+  const double V = static_cast<double>(m.vocab()), L = static_cast<double>(m.max_length()),
+               C = static_cast<double>(m.classes());
+  const double norm = m.rms_norm() ? d : 2 * d;
+  const auto bias = [&](double n) { return m.linear_bias() ? n : 0.0; };
+  // Two norms, qkv, attention out, MLP fc and proj, with their biases.
+  const double block = 2 * norm + (d * qkv + bias(qkv)) + (d * d + bias(d)) + (d * fc + bias(fc)) + (r * d + bias(d));
+  return V * d + (m.rope_theta() > 0 ? 0 : L * d) + static_cast<double>(m.layers()) * block + norm + (d * C + C) +
+         (m.tie_lm_head() ? 0 : d * V + bias(V));
 }
 
 double trained_parameters_per_member(const MultiTaskTrainerOptions& options) {
-  return scalars(ensemble::transformer_parameters(options.model()));
+  const ensemble::PackedTransformerOptions& m = options.model();
+  if (m.lora_rank() == 0) return transformer_parameters_per_member(options);
+  const auto [d, r, qkv, fc] = widths(m);
+  const double C = static_cast<double>(m.classes());
+  // Each block's four adapters A (in, rank) and B (rank, out), and the classifier.
+  return static_cast<double>(m.layers()) * static_cast<double>(m.lora_rank()) *
+             ((d + qkv) + (d + d) + (d + fc) + (r + d)) +
+         d * C + C;
 }
 
 MemoryEstimate estimate_multitask_run(const MultiTaskTrainerOptions& options, int64_t training_examples,

@@ -75,6 +75,20 @@ TEST(MemoryEstimate, ParameterCountsEqualRealPacks) {
     EXPECT_EQ(static_cast<double>(model.parameters().flat().numel()), 2 * transformer_parameters_per_member(options))
         << (tied ? "tied" : "untied") << " LM head";
   }
+  // Llama's block (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no
+  // biases), and K adapters on it: the trunk's count once, the adapters' per member.
+  for (const int64_t rank : {0, 3}) {
+    MultiTaskTrainerOptions options;
+    options.model().members(2).width(16).layers(2).heads(4).kv_heads(2).max_length(24).rms_norm(true).linear_bias(
+        false);
+    options.model().rope_theta(100.0).gated_mlp(true).mlp_hidden(24).tie_lm_head(false).lora_rank(rank);
+    const ensemble::PackedTransformer model(options.model());
+    EXPECT_EQ(static_cast<double>(model.parameters().flat().numel()), 2 * trained_parameters_per_member(options))
+        << "rank " << rank;
+    EXPECT_EQ(static_cast<double>(model.trunk_parameters().per_member()) + (rank > 0 ? 16 * 2 + 2 : 0),
+              transformer_parameters_per_member(options))
+        << "rank " << rank << ": a full copy (the classifier lives with the adapters)";
+  }
 }
 
 // Against a measured allocation: the weights, gradients and optimizer state a real

@@ -157,6 +157,7 @@ TEST(MultiTaskOptionSchema, EveryFieldRoundTripsAtANonDefaultValue) {
   changed.model().vocab(259).width(32).heads(2).layers(2).max_length(64).classes(3).kv_heads(1);
   changed.buckets({16, 64}).pipeline_stages(1).pipeline_boundaries({}).micro_batches(1).batch_size(8).shared_inputs(
       true);
+  changed.member_lrs(std::vector<double>(static_cast<size_t>(changed.model().members()), 2e-3));  // one per member
   EXPECT_EQ(to_json(multitask_options_from_json(to_json(changed))), to_json(changed));
 }
 
