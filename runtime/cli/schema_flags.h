@@ -166,6 +166,9 @@ void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
     } else if (f.kind == OptionKind::kIntegers) {  // --buckets 32,64,128
       option = detail::add_typed<std::vector<int64_t>>(app, f, options, f.help)->delimiter(',');
       option->type_name("INT");
+    } else if (f.kind == OptionKind::kNumbers) {  // --member-lrs 0.01,0.003 (not swept)
+      option = detail::add_typed<std::vector<double>>(app, f, options, f.help)->delimiter(',');
+      option->type_name("FLOAT");
     } else if (f.kind == OptionKind::kInteger) {
       option = detail::add_typed<int64_t>(app, f, options, f.help);
     } else if (f.kind == OptionKind::kUnsigned) {
