@@ -122,7 +122,7 @@ def test_multitask_train_trunk_and_export_from_the_cli(folder, tmp_path):
     assert json.loads(generated.stdout)["continuations"][0] == greedy_continuation(tmp_path / "out", PROMPT, 12)
     # --member-lrs reads one float per member: a count that is not K is refused by name.
     rates = subprocess.run([CLI, "multitask", "train", "--trunk", str(folder), "--train", str(train), "--dev", str(dev),
-                            "--members", "3", "--member-lrs", "1e-3,2.5e-3", "--device", "cpu"],
+                            "--buckets", "32,64", "--members", "3", "--member-lrs", "1e-3,2.5e-3", "--device", "cpu"],
                            capture_output=True, text=True)
     assert rates.returncode == 2 and "member_lrs holds 2 learning rates for 3 members" in rates.stderr, rates.stderr
     # A folder that is not a checkpoint: exit 2 naming it.
