@@ -594,6 +594,11 @@ py::dict epoch_report_dict(const packtrain::runtime::MultiTaskEpochReport& r) {
   d["classification_loss"] = r.classification_loss;
   d["lm_loss"] = r.lm_loss;
   d["seconds"] = r.seconds;
+  if (!r.member_validation_loss.empty()) {
+    d["member_validation_loss"] = r.member_validation_loss;
+    d["members_training"] = r.members_training;
+    d["events"] = r.events;
+  }
   return d;
 }
 
@@ -621,8 +626,16 @@ void add_multitask(py::module_& m) {
             return without_gil([&] { return t.set_training_data(data); });
           },
           py::arg("texts"), py::arg("labels"))
+      .def(
+          "set_validation_data",
+          [](MultiTaskTrainer& t, const std::vector<std::string>& texts, const std::vector<int64_t>& labels) {
+            t.set_validation_data(labelled_texts(texts, labels));
+          },
+          py::arg("texts"), py::arg("labels"))
       .def("train_epoch",
            [](MultiTaskTrainer& t) { return epoch_report_dict(without_gil([&] { return t.train_epoch(); })); })
+      .def_property_readonly("members_training", &MultiTaskTrainer::members_training)
+      .def("restore_best_members", &MultiTaskTrainer::restore_best_members, py::call_guard<py::gil_scoped_release>())
       .def(
           "evaluate",
           [](MultiTaskTrainer& t, const std::vector<std::string>& texts, const std::vector<int64_t>& labels) {

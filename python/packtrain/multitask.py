@@ -33,22 +33,34 @@ class MultiTaskModel:
         self.device = device
         self._trainer = None
 
-    def fit(self, texts, labels, epochs=6, callback=None):
+    def fit(self, texts, labels, epochs=6, callback=None, validation=None):
         """Trains `epochs` epochs on the sentences and their labels (0 .. classes-1).
         `callback(report)` after each epoch (epoch, steps, classification_loss,
-        lm_loss, seconds); returning False stops."""
+        lm_loss, seconds; with patience also member_validation_loss,
+        members_training and events); returning False stops. `validation=(texts,
+        labels)`: the sentences early stopping (patience=N) watches; the fit ends
+        when every member has stopped, each member at its best epoch's weights."""
         texts, labels = list(texts), [int(v) for v in labels]
+        if self.options["patience"] > 0 and validation is None:
+            raise ValueError(f"patience={self.options['patience']} watches each member's loss on validation "
+                             "sentences: pass fit(..., validation=(texts, labels))")
         self._trainer = _core.MultiTask(json.dumps(self.options), _resolve_device(self.device))
         self.truncated_ = self._trainer.set_training_data(texts, labels)
+        if validation is not None:
+            val_texts, val_labels = validation
+            self._trainer.set_validation_data(list(val_texts), [int(v) for v in val_labels])
         self.history_ = []
         return self._train(int(epochs), callback)
 
     def _train(self, epochs, callback):
         for _ in range(epochs):
+            if self._trainer.members_training == 0:
+                break
             report = self._trainer.train_epoch()
             self.history_.append(report)
             if callback is not None and callback(report) is False:
                 break
+        self._trainer.restore_best_members()  # patience: each member at its best epoch (no-op without)
         return self
 
     def _check_fitted(self):

@@ -295,3 +295,62 @@ def test_a_llama_trunk_trains_from_the_cli_and_splits_over_two_pipeline_ranks(ll
                                capture_output=True, text=True)
     assert generated.returncode == 0, generated.stdout + generated.stderr
     assert len(json.loads(generated.stdout)["continuations"]) == 1  # one member
+
+
+def test_adapter_members_stop_early_each_at_its_own_best_epoch(folder, tmp_path):
+    """patience=1 on K adapters of one trunk, one learning fast enough to overfit: the
+    validation loss the run reports for each member after each epoch is scikit-learn's
+    log_loss of that member's probabilities, the run ends when every member has
+    stopped, and each member ends with the probabilities of its best epoch. From the
+    CLI, --patience does the same on the dev file and says who stopped."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    texts, labels = fortunes("train.tsv")
+    dev, dev_labels = fortunes("dev.tsv")
+    dev, dev_labels = dev[:40], dev_labels[:40]
+    options = dict(OPTIONS, lora_rank=4, lora_alpha=8.0, seed=3, members=3, member_lrs=[3e-3, 3e-2, 0.3],
+                   patience=1)
+    seen = []  # (each member's log loss by scikit-learn, each member's probabilities) after every epoch
+
+    def after_epoch(report):
+        p = pack.member_probabilities(dev)
+        seen.append(([metrics.log_loss(dev_labels, p[k], labels=range(5)) for k in range(3)], p))
+
+    pack = packtrain.MultiTaskModel(trunk=str(folder), **options)
+    with pytest.raises(ValueError, match="patience=1 watches each member's loss on validation sentences"):
+        pack.fit(texts[:64], labels[:64], epochs=2)
+    pack.fit(texts[:64], labels[:64], epochs=12, validation=(dev, dev_labels), callback=after_epoch)
+    assert len(pack.history_) < 12, "no member stopped: the test exercises nothing"
+    assert pack.history_[-1]["members_training"] == 0
+    best = [None] * 3  # per member: [loss, probabilities, stopped, epoch] of its best epoch
+    for epoch, (report, (losses, probabilities)) in enumerate(zip(pack.history_, seen), start=1):
+        for k in range(3):
+            if best[k] is not None and best[k][2]:
+                np.testing.assert_array_equal(probabilities[k], best[k][1])  # frozen at its best
+                continue
+            if any(f"member {k} stopped early at epoch {epoch}" in e for e in report["events"]):
+                # Measured no better on this epoch's weights, then its best epoch's restored.
+                assert report["member_validation_loss"][k] >= best[k][0]
+                np.testing.assert_allclose(probabilities[k], best[k][1], atol=1e-12)
+                best[k][2] = True
+                continue
+            assert report["member_validation_loss"][k] == pytest.approx(losses[k], rel=1e-6), (epoch, k)
+            assert best[k] is None or losses[k] < best[k][0], f"member {k} should have stopped at epoch {epoch}"
+            best[k] = [losses[k], probabilities[k], False, epoch]
+    assert all(b[2] for b in best)
+    final = pack.member_probabilities(dev)
+    for k in range(3):
+        np.testing.assert_allclose(final[k], best[k][1], atol=1e-12, err_msg=f"member {k}")
+    if not CLI:
+        return
+    train = tmp_path / "t.tsv"
+    train.write_text("".join(f"{label}\t{text}\n" for label, text in zip(labels[:64], texts[:64])))
+    run = subprocess.run([CLI, "multitask", "train", "--trunk", str(folder), "--train", str(train), "--dev",
+                          str(DATA / "fortunes-languages" / "dev.tsv"), "--class-names",
+                          str(DATA / "fortunes-languages" / "labels.txt"), "--buckets", "32,64", "--batch", "8",
+                          "--members", "2", "--lora-rank", "4", "--member-lrs", "0.003,0.5", "--patience", "1",
+                          "--epochs", "12", "--device", "cpu", "--json", "-o", str(tmp_path / "p.ckpt")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    epochs = json.loads(run.stdout)["epochs"]
+    assert len(epochs) < 12 and epochs[-1]["members_training"] == 0
+    assert any("member 1 stopped early at epoch" in e for epoch in epochs for e in epoch["events"])

@@ -224,7 +224,7 @@ int run_session(const Session& s, RunDriver& driver) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = s.trainer.epochs_done();
   bool go_on = true;
-  while (go_on && s.trainer.epochs_done() < s.files.epochs) {
+  while (go_on && s.trainer.epochs_done() < s.files.epochs && s.trainer.members_training() > 0) {
     const runtime::MultiTaskEpochReport r = s.trainer.train_epoch();
     stop_if_diverged(s, driver, r);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -233,12 +233,27 @@ int run_session(const Session& s, RunDriver& driver) {
         "epoch {}/{}: classification loss {:.4f}, LM loss {:.4f} per token, {:.1f} steps/s, "
         "ETA {:.0f} s",
         r.epoch, s.files.epochs, r.classification_loss, r.lm_loss, static_cast<double>(r.steps) / r.seconds, eta));
-    epochs.push_back({{"epoch", r.epoch},
-                      {"classification_loss", r.classification_loss},
-                      {"lm_loss", r.lm_loss},
-                      {"seconds", r.seconds},
-                      {"steps", r.steps}});
+    for (const std::string& event : r.events) driver.note("multitask: " + event);
+    nlohmann::json epoch = {{"epoch", r.epoch},
+                            {"classification_loss", r.classification_loss},
+                            {"lm_loss", r.lm_loss},
+                            {"seconds", r.seconds},
+                            {"steps", r.steps}};
+    if (!r.member_validation_loss.empty()) {
+      epoch["member_validation_loss"] = r.member_validation_loss;
+      epoch["members_training"] = r.members_training;
+      epoch["events"] = r.events;
+    }
+    epochs.push_back(std::move(epoch));
     go_on = driver.after_epoch(r.epoch, s.files.epochs, s.trainer.steps_done(), save);
+  }
+  if (go_on && s.trainer.options().patience() > 0) {
+    // Finished (not interrupted: that one resumes exactly): each member at its best epoch.
+    s.trainer.restore_best_members();
+    if (s.trainer.members_training() == 0 && s.trainer.epochs_done() < s.files.epochs) {
+      driver.note(fmt::format("multitask: every member stopped early; the run ends after epoch {} of {}",
+                              s.trainer.epochs_done(), s.files.epochs));
+    }
   }
   DeferredWriteError writes;                // the dev metrics are printed before a failed final write ends the run
   const bool saved = writes.attempt(save);  // the last epoch done, also when interrupted
@@ -347,6 +362,7 @@ int run_train(const MultiTaskTrainArgs& a) {
   runtime::MultiTaskTrainer trainer(options, options.pipeline_stages() > 1 ? group.get() : nullptr);
   if (!trainer.pipelined()) trainer.set_process_group(group.get());
   const int64_t truncated = trainer.set_training_data(train);
+  trainer.set_validation_data(dev);  // early stopping's (--patience)
   check_stage_outputs(trainer, a.checkpoint.path, files.epochs, inputs);
   return run_session({trainer, files, dev, truncated, group.get()}, driver);
 }

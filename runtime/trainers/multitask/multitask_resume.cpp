@@ -73,6 +73,7 @@ ResumedMultiTask resume_multitask(const MultiTaskCheckpoint& checkpoint, const M
                "resume it where more memory is free");
   if (!trainer.pipelined()) trainer.set_process_group(options.group);  // every rank loaded the same checkpoint
   out.truncated = trainer.set_training_data(out.train);
+  trainer.set_validation_data(out.dev);  // early stopping watches the dev sentences, as when it was trained
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 
 #include "multitask_trainer_internal.h"
+#include "packtrain/base/user_error.h"
 #include "packtrain/graphs/captured_step.h"
 #include "packtrain/profiling/nvtx.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
@@ -320,6 +321,18 @@ void MultiTaskTrainer::set_process_group(distributed::ProcessGroup* group) {
 
 MultiTaskEpochReport MultiTaskTrainer::train_epoch() {
   if (train_buckets_.empty()) throw std::logic_error("train_epoch: no training data (call set_training_data)");
+  if (options_.patience() > 0 && validation_.texts.empty()) {  // refused before the epoch, not after it
+    throw UserError(
+        fmt::format("early stopping (patience={}) watches the members' loss on validation sentences: none were given "
+                    "(set_validation_data; the CLI's --dev, Python's fit(validation=...))",
+                    options_.patience()));
+  }
+  MultiTaskEpochReport report = run_epoch();
+  watch_validation(report);
+  return report;
+}
+
+MultiTaskEpochReport MultiTaskTrainer::run_epoch() {
   PACKTRAIN_NVTX_RANGE("epoch");
   const auto start = std::chrono::steady_clock::now();
   // The order depends on the seed and the epoch only, so a run resumed from a

@@ -27,6 +27,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -81,6 +82,11 @@ struct MultiTaskTrainerOptions {
   // reads another order of the training sentences (two forwards, still one backward).
   TORCH_ARG(bool, shared_inputs) = true;
   TORCH_ARG(int64_t, eval_batch_size) = 64;
+  // Early stopping per member (0: off): after each epoch every member's classification
+  // loss on the validation sentences (set_validation_data) is measured; a member with
+  // no better loss for this many epochs stops (frozen at its best epoch's weights) and
+  // the run ends when none trains. A finished run ends with each member's best weights.
+  TORCH_ARG(int64_t, patience) = 0;
   TORCH_ARG(uint64_t, seed) = 0;    // model initialization and batch order
   TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
   // Pipeline model parallel (runtime/trainers/multitask/multitask_pipeline.h): the model's
@@ -112,9 +118,10 @@ struct MultiTaskTrainerOptions {
 // ranges, JSON, `multitask train`'s flags and the Python MultiTaskModel's options
 // come from it (multitask_trainer_options.cpp). Version 2 added format_version;
 // version 3 trunk and the model's gelu_tanh, norm_eps and Llama fields; version 4 the
-// adapters (the model's lora_rank, lora_alpha, first_member).
+// adapters (the model's lora_rank, lora_alpha, first_member) and member_lrs; version 5
+// patience.
 const OptionSchema<MultiTaskTrainerOptions>& multitask_option_schema();
-inline constexpr int kMultiTaskOptionsFormat = 4;
+inline constexpr int kMultiTaskOptionsFormat = 5;
 // `options` with a loaded trunk's shape (options.trunk()'s config.json) in its model
 // options; unchanged without a trunk. UserError naming the folder or key.
 MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions options);
@@ -139,6 +146,20 @@ struct MultiTaskEpochReport {
   int64_t steps = 0;                            // this epoch
   double classification_loss = 0, lm_loss = 0;  // training means over the epoch (members averaged)
   double seconds = 0;
+  // With patience: each member's validation classification loss after this epoch (a
+  // stopped member's is that of the epoch it stopped), the members still training, and
+  // in words the members that stopped this epoch.
+  std::vector<double> member_validation_loss;
+  int64_t members_training = 0;
+  std::vector<std::string> events;
+};
+
+// A member's early-stopping record: its best validation loss and the 1-based epoch of
+// it (0: none yet), and whether it has stopped.
+struct MemberBest {
+  double loss = std::numeric_limits<double>::infinity();
+  int64_t epoch = 0;
+  bool stopped = false;
 };
 
 struct GenerateOptions {
@@ -211,8 +232,18 @@ class MultiTaskTrainer {
   int64_t training_examples() const { return training_examples_; }
   int64_t steps_per_epoch() const;
 
-  // One epoch over the training data in a seeded order.
+  // The sentences early stopping (options.patience()) watches; kept, tokenized at
+  // each epoch's end. A run with patience needs them before its first epoch.
+  void set_validation_data(const LabelledTexts& validation);
+  // One epoch over the training data in a seeded order (only the members still
+  // training update), then, with patience, the members' validation losses.
   MultiTaskEpochReport train_epoch();
+  // Members still training: all without patience; the run is over at 0.
+  int64_t members_training() const;
+  const std::vector<MemberBest>& member_best() const { return member_best_; }
+  // Each member that has a best epoch gets that epoch's weights back (a finished run
+  // calls it; an interrupted one does not, so that it resumes exactly).
+  void restore_best_members();
   TaskMetrics evaluate(const LabelledTexts& data);
 
   // (N, C) class probabilities, the mean over members (float64, CPU).
@@ -283,7 +314,13 @@ class MultiTaskTrainer {
                                                         distributed::ProcessGroup& run, int64_t rows);
   MultiTaskEpochReport train_pipelined(const std::vector<std::pair<size_t, std::vector<int64_t>>>& plan);
   TaskMetrics evaluate_pipelined(const std::vector<Bucket>& buckets);
+  MultiTaskEpochReport run_epoch();  // train_epoch's steps
+  // Patience: the members' validation losses after an epoch, who improved (their
+  // weights kept in best_rows_), who stopped (restored and masked).
+  void watch_validation(MultiTaskEpochReport& report);
   void save_stage(const std::filesystem::path& path, const std::string& extra) const;
+  // Early stopping's records from a checkpoint's dict (read from `file`), if it has them.
+  void restore_member_best(const c10::IValue& payload, const std::filesystem::path& file);
 
   MultiTaskTrainerOptions options_;
   c10::Device device_;
@@ -308,6 +345,12 @@ class MultiTaskTrainer {
   // (C) the classification loss's class weights on the device with balance_classes
   // (undefined without: unweighted), read in place by the steps, captured or not.
   at::Tensor class_weights_;
+  // Early stopping: the validation sentences, each member's record and its best
+  // epoch's weights, (K, P) on the device (member_row's layout; undefined until the
+  // first epoch with patience).
+  LabelledTexts validation_;
+  std::vector<MemberBest> member_best_;
+  at::Tensor best_rows_;
   std::vector<distributed::StagePlacement> placement_;
   mutable std::filesystem::path committed_stage_file_, committed_manifest_;
 };

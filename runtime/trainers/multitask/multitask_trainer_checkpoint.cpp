@@ -162,7 +162,21 @@ void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string
     save_stage(path, extra);
     return;
   }
-  save_checkpoint(path, trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_));
+  c10::impl::GenericDict d = trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_);
+  if (best_rows_.defined()) {  // early stopping's records, so a resumed run stops as this one would
+    std::vector<double> loss;
+    std::vector<int64_t> epoch, stopped;
+    for (const MemberBest& m : member_best_) {
+      loss.push_back(m.loss);
+      epoch.push_back(m.epoch);
+      stopped.push_back(m.stopped ? 1 : 0);
+    }
+    d.insert("member_best_rows", best_rows_.to(at::kCPU).clone());
+    d.insert("member_best_loss", at::tensor(loss, at::kDouble));
+    d.insert("member_best_epoch", at::tensor(epoch, at::kLong));
+    d.insert("member_stopped", at::tensor(stopped, at::kLong));
+  }
+  save_checkpoint(path, d);
 }
 
 void MultiTaskTrainer::save_stage(const std::filesystem::path& path, const std::string& extra) const {
@@ -344,6 +358,7 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const MultiTaskCheckpoi
   if (top.at("format").toStringRef() == kMultiTaskFormat) {
     trainer = std::make_unique<MultiTaskTrainer>(on_device(options_of(top, path), device, log));
     restore_weights(*trainer, top, path);
+    trainer->restore_member_best(c10::IValue(top), path);
   } else if (pipeline != nullptr) {
     // A pipeline run's manifest, resumed on a pipeline: this rank's stage.
     const auto [file, d] = rank_stage_dict(checkpoint, top, *pipeline);
@@ -368,6 +383,27 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const MultiTaskCheckpoi
   trainer->steps_done_ = progress.at("steps").toInt();
   if (extra != nullptr) *extra = progress.at("extra").toStringRef();
   return trainer;
+}
+
+void MultiTaskTrainer::restore_member_best(const c10::IValue& payload, const std::filesystem::path& file) {
+  const c10::impl::GenericDict d = payload.toGenericDict();
+  if (!d.contains("member_best_rows")) return;  // no early stopping yet (or an older checkpoint)
+  const int64_t K = model_->members();
+  const at::Tensor rows = d.at("member_best_rows").toTensor();
+  const at::Tensor loss = d.at("member_best_loss").toTensor(), epoch = d.at("member_best_epoch").toTensor(),
+                   stopped = d.at("member_stopped").toTensor();
+  const int64_t P = model_->parameters().flat().numel() / std::max<int64_t>(K, 1);
+  if (rows.dim() != 2 || rows.size(0) != K || rows.size(1) != P || loss.numel() != K || epoch.numel() != K ||
+      stopped.numel() != K) {
+    throw DataError(
+        fmt::format("{}: the early-stopping records do not match the model's {} members", file.string(), K));
+  }
+  best_rows_ = rows.to(model_->parameters().flat().options());
+  member_best_.assign(static_cast<size_t>(K), MemberBest{});
+  for (int64_t k = 0; k < K; ++k) {
+    member_best_[static_cast<size_t>(k)] = {loss[k].item<double>(), epoch[k].item<int64_t>(),
+                                            stopped[k].item<int64_t>() != 0};
+  }
 }
 
 void MultiTaskTrainer::save_pretrained(const std::filesystem::path& dir, int64_t member) const {

@@ -170,6 +170,13 @@ void describe_training(Schema& s) {
       .help_text("The LM task reads another order of the sentences (two trunk forwards, still one backward)")
       .in_group("Training");
   s.option(PACKTRAIN_OPTION(eval_batch_size)).help_text("Sentences per evaluation batch").no_flag().above(0);
+  s.option(PACKTRAIN_OPTION(patience))
+      .help_text(
+          "Early stopping per member: a member whose dev classification loss has not improved for this many "
+          "epochs stops at its best epoch's weights; the run ends when none trains (0: off)")
+      .in_group("Training")
+      .at_least(0)
+      .added_in(5, int64_t{0});
   s.option(PACKTRAIN_OPTION(seed)).help_text("Initialization and batch order").in_group("Training");
   s.option(PACKTRAIN_OPTION(capture))
       .flag_name("--no-capture")
@@ -291,6 +298,12 @@ void MultiTaskTrainerOptions::validate() const {
         fmt::format("model.lora_rank={} trains adapters on a pretrained trunk: give --trunk DIR (a "
                     "random frozen trunk has nothing to adapt)",
                     model().lora_rank()));
+  }
+  if (patience() > 0 && pipeline_stages() > 1) {
+    throw UserError(
+        fmt::format("early stopping (patience={}) watches each member's validation loss in one process: "
+                    "pipeline_stages must be 1, got {}",
+                    patience(), pipeline_stages()));
   }
   if (model().lora_rank() > 0 && pipeline_stages() > 1) {
     throw UserError(

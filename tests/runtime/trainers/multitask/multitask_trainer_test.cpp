@@ -2,7 +2,8 @@
 // step equals the eager step; graph decoding equals eager decoding token for token;
 // checkpoints round-trip and resume exactly; bad TSV rows are reported by line;
 // eager steps say why in the log; option errors name the field and value; options
-// JSON refuses unknown keys and fills missing ones from the defaults.
+// JSON refuses unknown keys and fills missing ones from the defaults; early stopping
+// per member stops each at its own best epoch and resumes exactly.
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/runtime/data/byte_tokenizer.h"
@@ -16,7 +17,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <set>
@@ -324,6 +327,123 @@ TEST_P(MultiTaskTrainerTest, ALoadedTrainerLogsWhereLoadIsTold) {
   EXPECT_EQ(log.count({"step 'decode' runs eagerly: capture is switched off"}), 1u) << log.text();
 }
 
+// Each member's classification loss on `dev` (K), computed here from its own
+// probabilities: the figure early stopping must watch.
+std::vector<double> member_dev_losses(MultiTaskTrainer& trainer, const LabelledTexts& dev) {
+  const at::Tensor p = trainer.member_scores(dev.texts);  // (K, N, C) float64
+  std::vector<double> out;
+  for (int64_t k = 0; k < p.size(0); ++k) {
+    double sum = 0;
+    constexpr double eps = std::numeric_limits<double>::epsilon();  // scikit-learn's log_loss clip
+    for (size_t i = 0; i < dev.size(); ++i) {
+      sum -= std::log(std::clamp(p[k][static_cast<int64_t>(i)][dev.labels[i]].item<double>(), eps, 1 - eps));
+    }
+    out.push_back(sum / static_cast<double>(dev.size()));
+  }
+  return out;
+}
+
+at::Tensor member_rows(MultiTaskTrainer& trainer) {
+  std::vector<at::Tensor> rows;
+  for (int64_t k = 0; k < trainer.model().members(); ++k) rows.push_back(trainer.model().parameters().member_row(k));
+  return at::stack(rows).clone();
+}
+
+// Patience 1 on a pack whose members learn at 3e-3, 3e-2 and 1.0: this test keeps its
+// own books (each member's dev loss after every epoch, its best epoch and the weights
+// then) and the trainer must agree: the losses it reports, who stops when, a stopped
+// member frozen at its best weights from then on, and at the end every member at its
+// own best epoch's weights. The fast members stop early; the run ends when all have.
+TEST_P(MultiTaskTrainerTest, EachMemberStopsAtItsOwnBestEpochWithThatEpochsWeights) {
+  const int64_t K = 3, patience = 1;
+  MultiTaskTrainerOptions options = tiny(device()).patience(patience).member_lrs({3e-3, 3e-2, 1.0});
+  options.model().members(K);
+  MultiTaskTrainer trainer(options);
+  const LabelledTexts train = synthetic(40, 5), dev = synthetic(24, 6);
+  trainer.set_training_data(train);
+  trainer.set_validation_data(dev);
+  std::vector<double> best_loss(K, std::numeric_limits<double>::infinity());
+  std::vector<int64_t> best_epoch(K, 0), stopped_at(K, 0);
+  at::Tensor best_rows = member_rows(trainer);
+  for (int64_t epoch = 1; epoch <= 20 && trainer.members_training() > 0; ++epoch) {
+    const MultiTaskEpochReport r = trainer.train_epoch();
+    const std::vector<double> loss = member_dev_losses(trainer, dev);
+    const at::Tensor rows = member_rows(trainer);
+    ASSERT_EQ(r.member_validation_loss.size(), static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) {
+      if (stopped_at[k] > 0) {  // frozen at its best weights since it stopped
+        EXPECT_TRUE(all_close(rows[k], best_rows[k], 0)) << "member " << k << " moved after stopping";
+        continue;
+      }
+      if (trainer.member_best()[k].stopped) {
+        // Stopped now: measured on this epoch's weights (no better), then its best restored.
+        stopped_at[k] = epoch;
+        EXPECT_GE(r.member_validation_loss[k], best_loss[k]) << "member " << k;
+        EXPECT_GE(epoch - best_epoch[k], patience) << "member " << k << " stopped too soon";
+        EXPECT_TRUE(all_close(rows[k], best_rows[k], 0)) << "member " << k << " stopped without its best weights";
+        EXPECT_NEAR(loss[k], best_loss[k], 1e-12 * std::max(1.0, loss[k])) << "member " << k;
+        continue;
+      }
+      EXPECT_NEAR(r.member_validation_loss[k], loss[k], 1e-9 * std::max(1.0, loss[k])) << "member " << k;
+      if (loss[k] < best_loss[k]) {
+        best_loss[k] = loss[k];
+        best_epoch[k] = epoch;
+        best_rows[k].copy_(rows[k]);
+      } else {
+        EXPECT_LT(epoch - best_epoch[k], patience) << "member " << k << " should have stopped at epoch " << epoch;
+      }
+      EXPECT_EQ(trainer.member_best()[k].epoch, best_epoch[k]) << "member " << k << " at epoch " << epoch;
+    }
+    EXPECT_EQ(r.members_training, std::count(stopped_at.begin(), stopped_at.end(), 0));
+    EXPECT_EQ(r.events.size(), static_cast<size_t>(std::count(stopped_at.begin(), stopped_at.end(), epoch)));
+  }
+  EXPECT_GT(stopped_at[2], 0) << "the member at lr 1.0 never stopped: the test exercises nothing";
+  trainer.restore_best_members();
+  EXPECT_TRUE(all_close(member_rows(trainer), best_rows, 0)) << "every member ends at its best epoch's weights";
+}
+
+// A run with patience saved mid-way and resumed stops as the uninterrupted one does
+// (the records and best weights are in the checkpoint); without validation sentences
+// it is refused before any step.
+TEST_P(MultiTaskTrainerTest, EarlyStoppingResumesExactlyAndNeedsValidationSentences) {
+  ScopedTempDir dir("packtrain-multitask-patience");
+  MultiTaskTrainerOptions options = tiny(device()).patience(1).member_lrs({3e-3, 1.0});
+  options.model().members(2);
+  const LabelledTexts train = synthetic(40, 5), dev = synthetic(24, 6);
+  MultiTaskTrainer straight(options), first(options);
+  for (MultiTaskTrainer* t : {&straight, &first}) {
+    t->set_training_data(train);
+    t->set_validation_data(dev);
+  }
+  for (int e = 0; e < 3; ++e) {
+    straight.train_epoch();
+    first.train_epoch();
+  }
+  first.save(dir.path() / "mt.ckpt");
+  auto resumed = MultiTaskTrainer::load(dir.path() / "mt.ckpt", device());
+  ASSERT_EQ(resumed->member_best().size(), 2u);
+  resumed->set_training_data(train);
+  resumed->set_validation_data(dev);
+  for (int e = 0; e < 3; ++e) {
+    straight.train_epoch();
+    resumed->train_epoch();
+  }
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(resumed->member_best()[k].epoch, straight.member_best()[k].epoch) << "member " << k;
+    EXPECT_EQ(resumed->member_best()[k].stopped, straight.member_best()[k].stopped) << "member " << k;
+  }
+  straight.restore_best_members();
+  resumed->restore_best_members();
+  EXPECT_TRUE(all_close(resumed->model().parameters().flat(), straight.model().parameters().flat(),
+                        equal_runs_tolerance(device())));
+
+  MultiTaskTrainer without(options);
+  without.set_training_data(train);
+  EXPECT_TRUE(
+      contains(error_of([&] { without.train_epoch(); }), "early stopping (patience=1) watches the members' loss"));
+  EXPECT_EQ(without.steps_done(), 0);
+}
+
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(MultiTaskTrainerTest);
 
 TEST(MultiTaskTrainerOptionsTest, ValidateNamesTheFieldAndValue) {
@@ -346,6 +466,10 @@ TEST(MultiTaskTrainerOptionsTest, ValidateNamesTheFieldAndValue) {
       {MultiTaskTrainerOptions(t).classification_weight(0).lm_weight(0),
        {"task weights", "classification_weight=0", "lm_weight=0"}},
       {MultiTaskTrainerOptions(t).model(ensemble::PackedTransformerOptions(t.model()).heads(3)), {"multiple of heads"}},
+      {MultiTaskTrainerOptions(t).patience(-1), {"patience must be >= 0, got -1"}},
+      {MultiTaskTrainerOptions(t).patience(2).pipeline_stages(2).model(
+           ensemble::PackedTransformerOptions(t.model()).layers(2)),
+       {"early stopping (patience=2)", "pipeline_stages must be 1, got 2"}},
   };
   for (const auto& c : cases) {
     const std::string message = error_of([&] { c.options.validate(); });
