@@ -14,5 +14,5 @@ step "building everything in build/ (ninja counts the files)" \
   "about 40 min on 2 cores from nothing, less with ccache's cache; seconds when built" \
   cmake --build --preset default
 bash scripts/install_python.sh  # its steps print their own lines: seconds here
-step "running every test (ctest; the python_tests entry alone takes about 7 min)" "about 40 min on 2 cores" \
+step "running every test (ctest: one entry per test binary; cli_tests alone takes about 13 min)" "about 20 min on 2 cores" \
   ctest --preset default
