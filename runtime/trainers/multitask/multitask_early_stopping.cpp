@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 namespace packtrain::runtime {
 
@@ -43,10 +44,12 @@ void MultiTaskTrainer::watch_validation(MultiTaskEpochReport& report) {
       return rows;
     }());
   }
+  const at::Tensor losses = loss.contiguous();  // (K) float64 on the CPU: read once, not per member
+  const double* loss_of = losses.data_ptr<double>();
   std::vector<int64_t> improved, stopped;
   for (int64_t k = 0; k < K; ++k) {
     MemberBest& m = member_best_[static_cast<size_t>(k)];
-    const double v = loss[k].item<double>();
+    const double v = loss_of[k];
     report.member_validation_loss.push_back(m.stopped ? m.loss : v);
     if (m.stopped) continue;
     if (std::isfinite(v) && v < m.loss) {
@@ -64,14 +67,7 @@ void MultiTaskTrainer::watch_validation(MultiTaskEpochReport& report) {
     }
   }
   for (const int64_t k : improved) best_rows_[k].copy_(parameters.member_row(k));
-  std::vector<int64_t> restore;
-  for (const int64_t k : stopped) {
-    if (member_best_[static_cast<size_t>(k)].epoch > 0) restore.push_back(k);
-  }
-  if (!restore.empty()) {
-    parameters.write_member_rows(best_rows_.index_select(0, at::tensor(restore, at::kLong).to(best_rows_.device())),
-                                 restore);
-  }
+  write_best_rows(stopped);
   if (!stopped.empty()) {
     std::vector<uint8_t> training;
     for (const MemberBest& m : member_best_) training.push_back(m.stopped ? 0 : 1);
@@ -81,9 +77,15 @@ void MultiTaskTrainer::watch_validation(MultiTaskEpochReport& report) {
 }
 
 void MultiTaskTrainer::restore_best_members() {
+  std::vector<int64_t> all(member_best_.size());
+  std::iota(all.begin(), all.end(), 0);
+  write_best_rows(all);
+}
+
+void MultiTaskTrainer::write_best_rows(const std::vector<int64_t>& members) {
   if (!best_rows_.defined()) return;
-  std::vector<int64_t> with_best;
-  for (int64_t k = 0; k < static_cast<int64_t>(member_best_.size()); ++k) {
+  std::vector<int64_t> with_best;  // a member that never improved has no best weights to return to
+  for (const int64_t k : members) {
     if (member_best_[static_cast<size_t>(k)].epoch > 0) with_best.push_back(k);
   }
   if (with_best.empty()) return;

@@ -147,8 +147,8 @@ struct MultiTaskEpochReport {
   double classification_loss = 0, lm_loss = 0;  // training means over the epoch (members averaged)
   double seconds = 0;
   // With patience: each member's validation classification loss after this epoch (a
-  // stopped member's is that of the epoch it stopped), the members still training, and
-  // in words the members that stopped this epoch.
+  // member stopped in an earlier epoch reports its best), the members still training,
+  // and in words the members that stopped this epoch.
   std::vector<double> member_validation_loss;
   int64_t members_training = 0;
   std::vector<std::string> events;
@@ -318,6 +318,8 @@ class MultiTaskTrainer {
   // Patience: the members' validation losses after an epoch, who improved (their
   // weights kept in best_rows_), who stopped (restored and masked).
   void watch_validation(MultiTaskEpochReport& report);
+  // The best epoch's weights back into those of `members` that have one.
+  void write_best_rows(const std::vector<int64_t>& members);
   void save_stage(const std::filesystem::path& path, const std::string& extra) const;
   // Early stopping's records from a checkpoint's dict (read from `file`), if it has them.
   void restore_member_best(const c10::IValue& payload, const std::filesystem::path& file);
