@@ -2,6 +2,7 @@
 
 #include "packtrain/base/cpu_clones.h"
 #include "packtrain/base/denormals.h"
+#include "packtrain/ensemble/bfloat16_rounding.h"
 #include "packtrain/ensemble/member_chunks.h"
 
 #include <ATen/ATen.h>
@@ -51,35 +52,56 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
   }
 }
 
+// Mixed (bf16-mixed): v rounded to bfloat16 where autocast's result is a bfloat16
+// tensor; v itself in float32 or float64 arithmetic.
+template <bool Mixed, typename T>
+[[gnu::always_inline]] inline T rounded(T v) {
+  if constexpr (Mixed) {
+    return round_to_bfloat16(v);
+  } else {
+    return v;
+  }
+}
+
+template <bool Mixed, typename T>
+[[gnu::always_inline]] inline void round_in_place(T* __restrict p, int64_t n) {
+  if constexpr (Mixed) {
+    for (int64_t i = 0; i < n; ++i) p[i] = round_to_bfloat16(p[i]);
+  }
+}
+
 // Rows of z (B x d) get the bias; below the output layer a = act(z) too. One pass.
-template <typename T>
+// Mixed: z is rounded once after the bias (as bfloat16 baddbmm rounds), a after the
+// activation.
+template <bool Mixed, typename T>
 [[gnu::always_inline]] inline void add_bias_activate(Activation kind, bool hidden, T* __restrict z, T* __restrict a,
                                                      const T* __restrict bias, int64_t B, int64_t d) {
   for (int64_t r = 0; r < B; ++r) {
     T* __restrict zr = z + r * d;
     T* __restrict ar = a + r * d;
-    for (int64_t j = 0; j < d; ++j) zr[j] += bias[j];
+    for (int64_t j = 0; j < d; ++j) zr[j] = rounded<Mixed>(zr[j] + bias[j]);
     if (!hidden) continue;
     switch (kind) {  // as ATen's kernels compute them
       case Activation::kReLU:
         for (int64_t j = 0; j < d; ++j) ar[j] = zr[j] > T(0) ? zr[j] : T(0);
         break;
       case Activation::kTanh:
-        for (int64_t j = 0; j < d; ++j) ar[j] = std::tanh(zr[j]);
+        for (int64_t j = 0; j < d; ++j) ar[j] = rounded<Mixed>(std::tanh(zr[j]));
         break;
       case Activation::kSiLU:
-        for (int64_t j = 0; j < d; ++j) ar[j] = zr[j] / (T(1) + std::exp(-zr[j]));
+        for (int64_t j = 0; j < d; ++j) ar[j] = rounded<Mixed>(zr[j] / (T(1) + std::exp(-zr[j])));
         break;
       case Activation::kGELU:  // exact (erf) GELU, at::gelu's default
-        for (int64_t j = 0; j < d; ++j) ar[j] = zr[j] * T(0.5) * (T(1) + std::erf(zr[j] * T(std::numbers::sqrt2 / 2)));
+        for (int64_t j = 0; j < d; ++j)
+          ar[j] = rounded<Mixed>(zr[j] * T(0.5) * (T(1) + std::erf(zr[j] * T(std::numbers::sqrt2 / 2))));
         break;
     }
   }
 }
 
 // g (B x d) *= act'(z) given z and a = act(z) (ATen's backward formulas), and the
-// bias gradient gb = column sums of the result. One pass.
-template <typename T>
+// bias gradient gb = column sums of the result. One pass. Mixed: both rounded.
+template <bool Mixed, typename T>
 [[gnu::always_inline]] inline void activation_backward(Activation kind, const T* __restrict z, const T* __restrict a,
                                                        T* __restrict g, T* __restrict gb, int64_t B, int64_t d) {
   std::fill(gb, gb + d, T(0));
@@ -93,32 +115,34 @@ template <typename T>
         for (int64_t j = 0; j < d; ++j) gr[j] = ar[j] > T(0) ? gr[j] : T(0);
         break;
       case Activation::kTanh:
-        for (int64_t j = 0; j < d; ++j) gr[j] = gr[j] * (T(1) - ar[j] * ar[j]);
+        for (int64_t j = 0; j < d; ++j) gr[j] = rounded<Mixed>(gr[j] * (T(1) - ar[j] * ar[j]));
         break;
       case Activation::kSiLU:
         for (int64_t j = 0; j < d; ++j) {
           const T s = T(1) / (T(1) + std::exp(-zr[j]));
-          gr[j] = gr[j] * s * (T(1) + zr[j] * (T(1) - s));
+          gr[j] = rounded<Mixed>(gr[j] * s * (T(1) + zr[j] * (T(1) - s)));
         }
         break;
       case Activation::kGELU:
         for (int64_t j = 0; j < d; ++j) {
           const T cdf = T(0.5) * (T(1) + std::erf(zr[j] * T(std::numbers::sqrt2 / 2)));
           const T pdf = std::exp(T(-0.5) * zr[j] * zr[j]) * inv_sqrt_2pi;
-          gr[j] = gr[j] * (cdf + zr[j] * pdf);
+          gr[j] = rounded<Mixed>(gr[j] * (cdf + zr[j] * pdf));
         }
         break;
     }
     for (int64_t j = 0; j < d; ++j) gb[j] += gr[j];
   }
+  round_in_place<Mixed>(gb, d);
 }
 
-// gb = column sums of g (B x d).
-template <typename T>
+// gb = column sums of g (B x d); Mixed: rounded once, as a bfloat16 sum is.
+template <bool Mixed, typename T>
 [[gnu::always_inline]] inline void column_sums(const T* __restrict g, T* __restrict gb, int64_t B, int64_t d) {
   std::fill(gb, gb + d, T(0));
   for (int64_t r = 0; r < B; ++r)
     for (int64_t j = 0; j < d; ++j) gb[j] += g[r * d + j];
+  round_in_place<Mixed>(gb, d);
 }
 
 // One member's mean loss over its batch, and its gradient with respect to the
@@ -231,22 +255,26 @@ struct Workspace {
   }
 };
 
-// out = a * m elementwise over n values (the product autograd's h * noise computes).
-template <typename T>
+// out = a * m elementwise over n values (the product autograd's h * noise computes;
+// Mixed: rounded, as the next product's bfloat16 operand).
+template <bool Mixed, typename T>
 [[gnu::always_inline]] inline void multiply(const T* __restrict a, const T* __restrict m, T* __restrict out,
                                             int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * m[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = rounded<Mixed>(a[i] * m[i]);
 }
 
-// g *= m elementwise over n values.
-template <typename T>
+// g *= m elementwise over n values (Mixed: rounded, the gradient of a bfloat16 a).
+template <bool Mixed, typename T>
 [[gnu::always_inline]] inline void multiply_in_place(T* __restrict g, const T* __restrict m, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] *= m[i];
+  for (int64_t i = 0; i < n; ++i) g[i] = rounded<Mixed>(g[i] * m[i]);
 }
 
 // Members [begin, end): forward, loss and backward of each while its activations
-// are in cache.
-template <typename T>
+// are in cache. Mixed (bf16-mixed): s's input, weights and biases are already
+// rounded to bfloat16, and every product's result and gradient is rounded where
+// autocast's would be, so the float32 GEMMs below multiply bfloat16 values exactly
+// and accumulate in float32, as a bfloat16 GEMM does (up to summation order).
+template <bool Mixed, typename T>
 [[gnu::always_inline]] inline void step_members(const StepPointers<T>& s, Workspace<T>& w, int64_t begin, int64_t end) {
   const int64_t L = static_cast<int64_t>(s.layers.size()), B = s.B;
   const std::vector<T*>& z = w.z;
@@ -261,8 +289,8 @@ template <typename T>
       const LayerPointers<T>& p = s.layers[l];
       gemm<T>(false, false, B, p.d_out, p.d_in, l == 0 ? input : d[l - 1], p.d_in, p.w + k * p.d_in * p.d_out, p.d_out,
               T(0), z[l], p.d_out);
-      add_bias_activate(s.activation, l + 1 < L, z[l], a[l], p.b + k * p.d_out, B, p.d_out);
-      if (dropout && l + 1 < L) multiply(a[l], s.noise[l] + k * B * p.d_out, d[l], B * p.d_out);
+      add_bias_activate<Mixed>(s.activation, l + 1 < L, z[l], a[l], p.b + k * p.d_out, B, p.d_out);
+      if (dropout && l + 1 < L) multiply<Mixed>(a[l], s.noise[l] + k * B * p.d_out, d[l], B * p.d_out);
     }
     // Loss, its gradient with respect to the output, the output bias's gradient.
     T* grad = w.g_buf.data();
@@ -271,18 +299,21 @@ template <typename T>
     s.losses[k] =
         static_cast<T>(loss_and_gradient<T>(s.kind, z[L - 1], B, out.d_out, s.y ? s.y + k * s.y_stride : nullptr,
                                             s.labels ? s.labels + k * s.y_stride : nullptr, s.min_variance, grad));
-    column_sums(grad, out.gb + k * out.d_out, B, out.d_out);
+    round_in_place<Mixed>(grad, B * out.d_out);  // the bfloat16 output's gradient
+    column_sums<Mixed>(grad, out.gb + k * out.d_out, B, out.d_out);
     // Backward: dW_l = d_{l-1}^T dz_l; dz_{l-1} = (dz_l W_l^T) [* noise_{l-1}] *
     // act'(z_{l-1}), whose column sums are b_{l-1}'s gradient.
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerPointers<T>& p = s.layers[l];
       gemm<T>(true, false, p.d_in, p.d_out, B, l == 0 ? input : d[l - 1], p.d_in, grad, p.d_out, T(0),
               p.gw + k * p.d_in * p.d_out, p.d_out);
+      round_in_place<Mixed>(p.gw + k * p.d_in * p.d_out, p.d_in * p.d_out);
       if (l == 0) break;
       gemm<T>(false, true, B, p.d_in, p.d_out, grad, p.d_out, p.w + k * p.d_in * p.d_out, p.d_out, T(0), spare, p.d_in);
-      if (dropout) multiply_in_place(spare, s.noise[l - 1] + k * B * p.d_in, B * p.d_in);
+      round_in_place<Mixed>(spare, B * p.d_in);
+      if (dropout) multiply_in_place<Mixed>(spare, s.noise[l - 1] + k * B * p.d_in, B * p.d_in);
       const LayerPointers<T>& below = s.layers[l - 1];
-      activation_backward(s.activation, z[l - 1], a[l - 1], spare, below.gb + k * below.d_out, B, p.d_in);
+      activation_backward<Mixed>(s.activation, z[l - 1], a[l - 1], spare, below.gb + k * below.d_out, B, p.d_in);
       std::swap(grad, spare);
     }
   }
@@ -291,23 +322,36 @@ template <typename T>
 // The elementwise loops vectorize for the widest instruction set the CPU has.
 PACKTRAIN_CPU_CLONES void step_members_f32(const StepPointers<float>& s, Workspace<float>& w, int64_t begin,
                                            int64_t end) {
-  step_members(s, w, begin, end);
+  step_members<false>(s, w, begin, end);
+}
+PACKTRAIN_CPU_CLONES void step_members_bf16_mixed(const StepPointers<float>& s, Workspace<float>& w, int64_t begin,
+                                                  int64_t end) {
+  step_members<true>(s, w, begin, end);
 }
 PACKTRAIN_CPU_CLONES void step_members_f64(const StepPointers<double>& s, Workspace<double>& w, int64_t begin,
                                            int64_t end) {
-  step_members(s, w, begin, end);
+  step_members<false>(s, w, begin, end);
 }
 
 template <typename T>
-void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y, LossKind kind, double min_variance,
+void fused_gradients(PackedMLP& model, const at::Tensor& x_in, const at::Tensor& y, LossKind kind, double min_variance,
                      const at::Tensor& losses) {
+  // bf16-mixed: the products' operands as autocast's casts make them, rounded once
+  // per step (a pass over the weights, 1/B of the GEMMs' work); the step reads its
+  // weights, biases and input from these copies.
+  const bool mixed = model.precision() == Precision::kBF16Mixed;
+  const at::Tensor& flat = model.parameters().flat();
+  const at::Tensor operands = mixed ? flat.to(at::kBFloat16).to(flat.scalar_type()) : flat;
+  const at::Tensor x = mixed ? x_in.to(at::kBFloat16).to(x_in.scalar_type()) : x_in;
+  const auto operand = [&](const at::Tensor& parameter) {  // the same offset in `operands`
+    return operands.data_ptr<T>() + (parameter.data_ptr<T>() - flat.data_ptr<T>());
+  };
   StepPointers<T> s;
   s.B = x.size(-2);
   s.widest = s.activations = 0;
   for (const PackedLinear& linear : model.linears()) {
-    s.layers.push_back({linear.weight().data_ptr<T>(), linear.bias().data_ptr<T>(),
-                        linear.weight().grad().data_ptr<T>(), linear.bias().grad().data_ptr<T>(), linear.in_features(),
-                        linear.out_features()});
+    s.layers.push_back({operand(linear.weight()), operand(linear.bias()), linear.weight().grad().data_ptr<T>(),
+                        linear.bias().grad().data_ptr<T>(), linear.in_features(), linear.out_features()});
     s.widest = std::max({s.widest, linear.in_features(), linear.out_features()});
     s.activations += s.B * linear.out_features();
   }
@@ -353,7 +397,11 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x, const at::Tensor& y,
     Workspace<T> w(s);
     for (int64_t begin, end; chunks.next(begin, end);) {
       if constexpr (std::is_same_v<T, float>) {
-        step_members_f32(s, w, begin, end);
+        if (mixed) {
+          step_members_bf16_mixed(s, w, begin, end);
+        } else {
+          step_members_f32(s, w, begin, end);
+        }
       } else {
         step_members_f64(s, w, begin, end);
       }
@@ -370,6 +418,8 @@ bool cpu_fused_step_applies(const PackedMLP& model, const at::Tensor& x, const a
   const PackedMLPOptions& o = model.options();
   const at::Tensor& flat = model.parameters().flat();
   if (!flat.is_cpu() || (o.dtype() != at::kFloat && o.dtype() != at::kDouble)) return false;
+  // bf16-mixed rounds float32 only (autocast leaves float64 alone: so does autograd's path).
+  if (model.precision() == Precision::kBF16Mixed && o.dtype() != at::kFloat) return false;
   if (o.layer_norm()) return false;
   for (const PackedLinear& linear : model.linears()) {
     if (!linear.weight().is_contiguous() || !linear.bias().is_contiguous() || !contiguous_grad(linear.weight()) ||

@@ -13,6 +13,11 @@
 // and cross-entropy, shared (B, I) or per-member (K, B, I) inputs and targets, and
 // dropout (one rate or per-member rates: the masks are drawn as forward draws them,
 // so the same generator state drops the same units).
+// bf16-mixed precision (float32 packs): torch.autocast's rounding points
+// (ensemble/precision.h) applied here, so the fused step computes what autograd
+// under autocast computes, up to summation order. The GEMMs stay float32 (sgemm of
+// bfloat16-rounded operands: exact products, float32 sums), which is how fast
+// bfloat16 runs on a CPU without bfloat16 matrix units (cpu_has_bf16_matrix_units).
 // Not handled (packed_train_step keeps autograd): layer norm, any other device or
 // dtype, and inputs autograd would reject (it then reports them).
 #pragma once

@@ -356,7 +356,7 @@ void PackedCNN::check_input(const at::Tensor& x) const {
               dtype());
 }
 
-at::Tensor PackedCNN::forward(const at::Tensor& x) const {
+at::Tensor PackedCNN::forward_layers(const at::Tensor& x) const {
   check_input(x);
   const ExactFloat32Scope exact;  // float32 convolutions, also when predicting
   at::Tensor f = features(x);

@@ -147,10 +147,6 @@ class PackedCNN : public PackedModel {
   PackedParameters& parameters() override { return parameters_; }
   const PackedParameters& parameters() const override { return parameters_; }
 
-  // x: (B, I) shared by all members, or (K, B, I) per member, I = C*H*W or C*L.
-  // Returns (K, B, O).
-  at::Tensor forward(const at::Tensor& x) const override;
-
   // Dropout's masks, seed and data-parallel rows: PackedMLP's (packed_mlp.h), from
   // the mask source; dropout_noise(h) takes the head's (K, B, H) activations and is
   // undefined when no member drops units.
@@ -161,6 +157,8 @@ class PackedCNN : public PackedModel {
   StandaloneMember standalone_member(int64_t member) const override;
 
  private:
+  // x: (B, I) shared by all members, or (K, B, I) per member, I = C*H*W or C*L.
+  at::Tensor forward_layers(const at::Tensor& x) const override;
   // Checks x's rank, width, K, dtype and device; throws naming both shapes.
   void check_input(const at::Tensor& x) const;
   // The convolution blocks, flattened to (K, B, F) in each member's (C, H, W) order.

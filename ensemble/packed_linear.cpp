@@ -1,6 +1,7 @@
 #include "packtrain/ensemble/packed_linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
 namespace packtrain::ensemble {
@@ -49,6 +50,10 @@ at::Tensor PackedLinear::forward_onto(const at::Tensor& residual, const at::Tens
   TORCH_CHECK(residual.dim() == 3 && residual.size(0) == members() && residual.size(1) == B && residual.size(2) == O,
               "packed linear residual for input ", x.sizes(), ": expected [", members(), ", ", B, ", ", O, "], got ",
               residual.sizes());
+  // Under autocast (bf16-mixed) the sum stays float32, as a float32 residual plus a
+  // bfloat16 product is in PyTorch; the fused forms below would round the residual
+  // to bfloat16 (baddbmm's operands) or refuse the mix (in place).
+  if (at::autocast::is_autocast_enabled(residual.device().type())) return residual + forward(x);
   // The in-place GEMM writes a fresh sum, never a view of the residual or the bias.
   if (plain_gemm()) {
     const int64_t I = in_features();

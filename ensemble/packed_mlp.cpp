@@ -124,7 +124,7 @@ PackedMLP::PackedMLP(PackedMLPOptions options) : options_(std::move(options)) {
   reinitialize(options_.seed());
 }
 
-at::Tensor PackedMLP::forward(const at::Tensor& x) const {
+at::Tensor PackedMLP::forward_layers(const at::Tensor& x) const {
   linears_.front().check_input(x);
   at::Tensor h = x;
   for (int64_t l = 0; l < options_.depth(); ++l) {
@@ -144,27 +144,29 @@ at::Tensor PackedMLP::dropout_noise(const at::Tensor& h) const {
   TORCH_CHECK(h.dim() == 3 && h.size(0) == members(), "dropout_noise: expected (K, B, H) activations, got ", h.sizes());
   const int64_t K = members(), B = h.size(1), H = h.size(2);
   const int64_t offset = dropout_rows_ > 0 ? dropout_row_offset_ : 0;
+  // bf16-mixed: the masks keep the pack's dtype (h is bfloat16 under autocast), as the
+  // fused step's do; the product is rounded where the next layer's GEMM reads it.
+  const c10::ScalarType dtype = precision_ == Precision::kBF16Mixed ? options_.dtype() : h.scalar_type();
   TORCH_CHECK(dropout_rows_ == 0 || offset + B <= dropout_rows_, "dropout_noise: rows ", offset, "..", offset + B,
               " outside a batch of ", dropout_rows_);
   if (h.is_cuda()) {
 #if defined(PACKTRAIN_HAVE_CUDA_KERNELS)
     // The kernel writes float32 or float64; half-precision packs take float32's masks.
-    const bool native = h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble;
-    at::Tensor noise =
-        at::empty({K, B, H}, h.options().dtype(native ? h.scalar_type() : at::kFloat).requires_grad(false));
+    const bool native = dtype == at::kFloat || dtype == at::kDouble;
+    at::Tensor noise = at::empty({K, B, H}, h.options().dtype(native ? dtype : at::kFloat).requires_grad(false));
     C10_CUDA_CHECK(static_cast<cudaError_t>(detail::launch_dropout_mask(
         noise.scalar_type() == at::kDouble, noise.data_ptr(), K, B, H, keep_.data_ptr<double>(),
         options_.first_member(), offset, dropout_state_.data_ptr<int64_t>(),
         c10::cuda::getCurrentCUDAStream(h.device().index()).stream())));
-    return native ? noise : noise.to(h.scalar_type());
+    return native ? noise : noise.to(dtype);
 #else
     // A build without packtrain's CUDA kernels: the device's default generator
     // (the masks then do not follow from the seed).
-    const at::Tensor keep = keep_.to(h.scalar_type()).view({K, 1, 1});
-    return at::empty({K, B, H}, h.options().requires_grad(false)).bernoulli_(keep).div_(keep);
+    const at::Tensor keep = keep_.to(dtype).view({K, 1, 1});
+    return at::empty({K, B, H}, h.options().dtype(dtype).requires_grad(false)).bernoulli_(keep).div_(keep);
 #endif
   }
-  at::Tensor noise = at::empty({K, B, H}, h.options().requires_grad(false));
+  at::Tensor noise = at::empty({K, B, H}, h.options().dtype(dtype).requires_grad(false));
   int64_t* state = dropout_state_.data_ptr<int64_t>();
   const int64_t draw = state[1]++;
   detail::fill_dropout_mask_cpu(noise, keep_rates_, static_cast<uint64_t>(state[0]), draw, options_.first_member(),
@@ -237,6 +239,10 @@ StandaloneMember PackedMLP::standalone_member(int64_t member) const {
 std::optional<at::Tensor> PackedMLP::fused_gradients(const at::Tensor& x, const at::Tensor& y, LossKind kind,
                                                      double min_variance) {
   if (!cpu_fused_step_applies(*this, x, y, kind)) return std::nullopt;
+  // bf16-mixed on a CPU with bfloat16 matrix units: autograd's path under autocast
+  // runs oneDNN's bfloat16 kernels on them, which the fused step's float32 GEMMs of
+  // bfloat16-rounded operands cannot (benchmarks/RESULTS.md, "bf16-mixed").
+  if (precision() == Precision::kBF16Mixed && cpu_has_bf16_matrix_units()) return std::nullopt;
   PACKTRAIN_NVTX_RANGE("forward+backward");  // fused, member by member
   return cpu_fused_gradients(*this, x, y, kind, min_variance);
 }

@@ -93,9 +93,6 @@ class PackedMLP : public PackedModel {
   const PackedParameters& parameters() const override { return parameters_; }
   const std::vector<PackedLinear>& linears() const { return linears_; }
 
-  // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O).
-  at::Tensor forward(const at::Tensor& x) const override;
-
   // The multiplier training applies to a hidden activation h (K, B, H): 0 where a
   // unit is dropped, 1 / keep where it is kept; undefined when no member drops
   // units. Each call is one draw: the draw count advances, so a step that draws its
@@ -134,6 +131,7 @@ class PackedMLP : public PackedModel {
                                             double min_variance) override;
 
  private:
+  at::Tensor forward_layers(const at::Tensor& x) const override;
   // Member i's initial parameters as one row of P scalars (CPU, float32 draws cast
   // to the model dtype), drawn exactly as torch::nn::Linear's reset_parameters does.
   at::Tensor initial_member_row(uint64_t seed, int64_t member) const;

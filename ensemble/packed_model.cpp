@@ -1,8 +1,15 @@
 #include "packtrain/ensemble/packed_model.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 namespace packtrain::ensemble {
+
+at::Tensor PackedModel::forward(const at::Tensor& x) const {
+  if (precision_ == Precision::kFP32) return forward_layers(x);
+  const PrecisionScope scope(precision_, device().type());
+  return forward_layers(x).to(dtype());
+}
 
 std::vector<int64_t> members_to_reinitialize(const at::Tensor& which, int64_t members) {
   std::vector<int64_t> selected;

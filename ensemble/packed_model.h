@@ -11,6 +11,7 @@
 
 #include "packtrain/ensemble/packed_loss.h"
 #include "packtrain/ensemble/packed_parameters.h"
+#include "packtrain/ensemble/precision.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -48,8 +49,16 @@ class PackedModel {
   c10::Device device() const { return parameters().flat().device(); }
   c10::ScalarType dtype() const { return parameters().flat().scalar_type(); }
 
-  // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O).
-  virtual at::Tensor forward(const at::Tensor& x) const = 0;
+  // x: (B, I) shared by all members, or (K, B, I) per member. Returns (K, B, O) in
+  // the model's dtype, computed in its precision (forward_layers under
+  // PrecisionScope: with bf16-mixed the layers' products run in bfloat16 and the
+  // output is cast back).
+  at::Tensor forward(const at::Tensor& x) const;
+
+  // The arithmetic of forward, of the training step's forward and backward and of
+  // fused_gradients (ensemble/precision.h); kFP32 until set.
+  void set_precision(Precision precision) { precision_ = precision; }
+  Precision precision() const { return precision_; }
 
   // Training mode enables dropout where the architecture has it.
   void train(bool on = true) { training_ = on; }
@@ -78,7 +87,12 @@ class PackedModel {
   }
 
  protected:
+  // The architecture's forward, as `forward` documents it, in whatever dtype its
+  // layers produce under the open precision scope.
+  virtual at::Tensor forward_layers(const at::Tensor& x) const = 0;
+
   bool training_ = true;
+  Precision precision_ = Precision::kFP32;
 };
 
 // The members reinitialize(seed, which) re-draws: those where `which` (K, bool) is

@@ -1,6 +1,7 @@
 #include "packtrain/ensemble/packed_transformer.h"
 
 #include "packtrain/ensemble/member_seed.h"
+#include "packtrain/ensemble/precision.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -417,6 +418,7 @@ at::Tensor PackedTransformer::attention_residual(const at::Tensor& x, const Bloc
 }
 
 at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
+  const PrecisionScope scope(precision_, hidden.device().type());
   const int64_t K = members(), d = options_.width();
   // Adapters: the shared embedding (one member) enters; the members' adapters fan it out.
   TORCH_CHECK(hidden.dim() == 4 && (hidden.size(0) == K || (adapted() && hidden.size(0) == 1)) && hidden.size(3) == d,
@@ -427,7 +429,7 @@ at::Tensor PackedTransformer::run_blocks(const at::Tensor& hidden) const {
     x = attention_residual(x, block, B, T);
     x = mlp_residual(x, block);
   }
-  return x.view({x.size(0), B, T, d});
+  return x.view({x.size(0), B, T, d}).to(parameters_.flat().scalar_type());
 }
 
 at::Tensor PackedTransformer::final_norm(const at::Tensor& x) const {
@@ -450,12 +452,14 @@ at::Tensor PackedTransformer::classify(const at::Tensor& hidden, const at::Tenso
               lengths.sizes());
   const at::Tensor last = (lengths - 1).view({1, B, 1, 1}).expand({K, B, 1, d});
   const at::Tensor pooled = hidden.gather(2, last).squeeze(2);  // (K, B, d)
-  return classifier_.forward(pooled);
+  const PrecisionScope scope(precision_, hidden.device().type());
+  return classifier_.forward(pooled).to(hidden.scalar_type());
 }
 
 at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
   const int64_t K = hidden.size(0), B = hidden.size(1), T = hidden.size(2), d = hidden.size(3);
   const at::Tensor h = hidden.reshape({K, B * T, d});
+  const PrecisionScope scope(precision_, hidden.device().type());
   at::Tensor logits;
   if (!options_.tie_lm_head()) {
     logits = project(lm_head_, nullptr, h);
@@ -464,7 +468,7 @@ at::Tensor PackedTransformer::lm_logits(const at::Tensor& hidden) const {
   } else {
     logits = at::bmm(h, table.transpose(1, 2));
   }
-  return logits.view({K, B, T, options_.vocab()});
+  return logits.view({K, B, T, options_.vocab()}).to(hidden.scalar_type());
 }
 
 KvCache PackedTransformer::make_cache(int64_t rows) const {
@@ -488,6 +492,7 @@ at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Te
   TORCH_CHECK(position.numel() == 1 && position.scalar_type() == at::kLong,
               "decode step: position must be a 1-element int64 tensor");
   const at::Tensor at_position = position.view({1});
+  const PrecisionScope scope(precision_, tokens.device().type());
   const at::Tensor table = param("tok_emb.weight");
   at::Tensor x = table.size(0) == 1
                      ? table.view({options_.vocab(), d}).index_select(0, tokens.reshape({-1})).view({K, R, d})
@@ -511,15 +516,15 @@ at::Tensor PackedTransformer::decode_step(const at::Tensor& tokens, const at::Te
       q = rotate(q, cos, sin);
       k = rotate(k, cos, sin);
     }
-    at::Tensor keys = cache.keys[l], values = cache.values[l];  // (K*R, KV, max_length, dh) views
-    keys.index_copy_(2, at_position, k);
-    values.index_copy_(2, at_position, heads(H + KV, KV));
+    at::Tensor keys = cache.keys[l], values = cache.values[l];   // (K*R, KV, max_length, dh) views
+    keys.index_copy_(2, at_position, k.to(keys.scalar_type()));  // bf16-mixed: the cache stays float32
+    values.index_copy_(2, at_position, heads(H + KV, KV).to(values.scalar_type()));
     const at::Tensor attended = at::scaled_dot_product_attention(q, keys, values, visible, 0.0, false, std::nullopt,
                                                                  /*enable_gqa=*/KV < H);
     x = project_onto(x, block.attn_out, &block.attn_out_adapter, attended.reshape({K, R, d}));
     x = mlp_residual(x, block);
   }
-  return norm(x, ln_f_weight_, ln_f_bias_);
+  return norm(x, ln_f_weight_, ln_f_bias_).to(parameters_.flat().scalar_type());
 }
 
 std::vector<std::pair<std::string, at::Tensor>> PackedTransformer::member_tensors(int64_t member,

@@ -40,6 +40,7 @@
 
 #include "packtrain/ensemble/packed_linear.h"
 #include "packtrain/ensemble/packed_parameters.h"
+#include "packtrain/ensemble/precision.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
@@ -188,6 +189,13 @@ class PackedTransformer {
   // and returns the final hidden states (K, rows, d). No host synchronization.
   at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& position, KvCache& cache) const;
 
+  // The arithmetic of run_blocks, classify, lm_logits and decode_step (and so of
+  // trunk and the training step): with bf16-mixed their products run in bfloat16
+  // under PrecisionScope and each returns float32 (ensemble/precision.h); kFP32
+  // until set.
+  void set_precision(Precision precision) { precision_ = precision; }
+  Precision precision() const { return precision_; }
+
   // Re-draws every member's parameters from `seed` in place (GPT-2's scheme: N(0,
   // 0.02) weights and embeddings, zero biases, unit norms; with adapters the trunk as a
   // pack of one, the adapters as LoRA starts them).
@@ -219,6 +227,7 @@ class PackedTransformer {
   PackedLinear classifier_;                    // (K, d, C), last stage
   PackedLinear lm_head_;                       // (K, d, V), last stage with an untied LM head
   at::Tensor rotary_cos_, rotary_sin_;         // (max_length, dh) with rotary positions: made once, not per step
+  Precision precision_ = Precision::kFP32;
 };
 
 }  // namespace packtrain::ensemble

@@ -90,7 +90,7 @@ ResidualMLP::ResidualMLP(ResidualMLPOptions options) : options_(std::move(option
   reinitialize(options_.seed());
 }
 
-at::Tensor ResidualMLP::forward(const at::Tensor& x) const {
+at::Tensor ResidualMLP::forward_layers(const at::Tensor& x) const {
   input_.check_input(x);
   at::Tensor h = input_.forward(x);  // (K, B, H)
   for (size_t b = 0; b < fc1_.size(); ++b) h = h + fc2_[b].forward(at::relu(fc1_[b].forward(h)));

@@ -48,14 +48,13 @@ class ResidualMLP : public PackedModel {
   PackedParameters& parameters() override { return parameters_; }
   const PackedParameters& parameters() const override { return parameters_; }
 
-  at::Tensor forward(const at::Tensor& x) const override;
-
   void seed_dropout(uint64_t) override {}          // no dropout
   void dropout_rows(int64_t, int64_t) override {}  // no dropout
   void reinitialize(uint64_t seed, const at::Tensor& which = {}) override;
   StandaloneMember standalone_member(int64_t member) const override;
 
  private:
+  at::Tensor forward_layers(const at::Tensor& x) const override;
   ResidualMLPOptions options_;
   PackedParameters parameters_;
   PackedLinear input_, output_;

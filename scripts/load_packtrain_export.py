@@ -115,9 +115,12 @@ def standardize(x, meta):
 
 
 @torch.no_grad()
-def member_outputs(models, z):
-    """Raw outputs (K, B, O) of the members on standardized inputs z (B, I)."""
-    return torch.stack([model(z) for model in models])
+def member_outputs(models, z, precision="fp32"):
+    """Raw outputs (K, B, O), float32, of the members on standardized inputs z (B, I),
+    in the arithmetic they trained in: "bf16-mixed" under torch.autocast(bfloat16),
+    as packtrain predicts (exports before it: "fp32")."""
+    with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        return torch.stack([model(z).float() for model in models])
 
 
 def apply_head(raw, meta):
@@ -161,7 +164,7 @@ def predict(path, x):
     """Predictions of the exported members for x (B, I), a numpy array in original
     units; see apply_head for what the dict holds."""
     models, meta = load_members(path)
-    return apply_head(member_outputs(models, standardize(x, meta)), meta)
+    return apply_head(member_outputs(models, standardize(x, meta), meta.get("precision", "fp32")), meta)
 
 
 def read_input_csv(path):
@@ -198,7 +201,7 @@ def main(argv=None):
     parser.add_argument("input", help="CSV of inputs, one example per row, in original units")
     args = parser.parse_args(argv)
     models, meta = load_members(args.export)
-    result = apply_head(member_outputs(models, standardize(read_input_csv(args.input), meta)), meta)
+    result = apply_head(member_outputs(models, standardize(read_input_csv(args.input), meta), meta.get("precision", "fp32")), meta)
     write_predictions_csv(result, meta, sys.stdout)
     return 0
 

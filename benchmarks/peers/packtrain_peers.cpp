@@ -67,6 +67,7 @@ struct ReferenceArgs {
   int64_t time_repeats = 0;              // cnn: time the trainer's step this many runs (0: not)
   double min_time = 0.3;                 // seconds per timed run, at least
   std::vector<uint64_t> order_seeds{0};  // cnn: the loss curve under each of these batch-row orders
+  std::string precision = "fp32";        // the pack's arithmetic (ensemble/precision.h)
 };
 
 // The CNN rows' networks: packtrain's default cnn shape on each bundled image set's input.
@@ -130,6 +131,7 @@ int reference(const ReferenceArgs& a) {
   const fs::path dir(a.out);
   fs::create_directories(dir);
   ensemble::PackedMLP model(benchmarks::workload_options(a.members, a.hidden, a.depth, device));
+  model.set_precision(ensemble::parse_precision(a.precision));
   const ensemble::AdamOptions adam = ensemble::adamw_options().lr(benchmarks::kWorkloadLr);
   ensemble::PackedAdam optimizer(model.parameters(), adam);
   const benchmarks::FixedBatch data = benchmarks::fixed_batch(a.batch, device);
@@ -167,6 +169,7 @@ int reference(const ReferenceArgs& a) {
                            {"loss", "mse"}}},
                          {"adamw", adamw_json(adam)},
                          {"device", device.str()},
+                         {"precision", a.precision},
                          {"path", captured ? "EnsembleSteps, captured (CUDA graph)" : "EnsembleSteps, eager"},
                          {"tensors", tensors},
                          {"losses", losses}};
@@ -209,6 +212,7 @@ int reference_cnn(const ReferenceArgs& a) {
   fs::create_directories(dir);
   const ensemble::PackedCNNOptions options = cnn_options(a, device);
   ensemble::PackedCNN model(options);
+  model.set_precision(ensemble::parse_precision(a.precision));
   const ensemble::AdamOptions adam = ensemble::adamw_options().lr(benchmarks::kWorkloadLr);
   ensemble::PackedAdam optimizer(model.parameters(), adam);
   // The fixed batch (seed 7): standard normal inputs of the network's shape and
@@ -280,6 +284,7 @@ int reference_cnn(const ReferenceArgs& a) {
                      {"loss", "cross_entropy"}}},
                    {"adamw", adamw_json(adam)},
                    {"device", device.str()},
+                   {"precision", a.precision},
                    {"path", captured ? "EnsembleSteps, captured (CUDA graph)" : "EnsembleSteps, eager"},
                    {"parameters", names},
                    {"tensors", tensors},
@@ -355,6 +360,8 @@ int main(int argc, char** argv) {
   reference_cmd->add_option("--batch", ref.batch, "batch rows")->check(CLI::PositiveNumber);
   reference_cmd->add_option("--steps", ref.steps, "training steps recorded")->check(CLI::PositiveNumber);
   reference_cmd->add_option("--device", ref.device, "cpu or cuda");
+  reference_cmd->add_option("--precision", ref.precision, "fp32 or bf16-mixed (the pack's arithmetic)")
+      ->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   reference_cmd->add_option("--out", ref.out, "directory to write")->required();
   reference_cmd->add_option("--model", ref.model, "mlp (the regression MLP) or cnn (PackedCNN, cross-entropy)")
       ->check(CLI::IsMember({"mlp", "cnn"}))

@@ -74,4 +74,6 @@ else
   fi
   export PYTHONPATH="$jax_dir${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$python" "$root/benchmarks/peers/run_peers.py" --build-dir "$build" "$@"
+# PACKTRAIN_PEERS_DRIVER: another driver of the same peers and environment
+# (benchmarks/precision/run_bf16.sh: the bf16-mixed rows).
+exec "$python" "${PACKTRAIN_PEERS_DRIVER:-$root/benchmarks/peers/run_peers.py}" --build-dir "$build" "$@"

@@ -22,6 +22,8 @@ Recipes:
            Gaussian NLL's minimum there).
   default-uncalibrated  the defaults with --recalibrate none (the default recipe
            before recalibration existed).
+  default-bf16  the defaults with --precision bf16-mixed (issue 40: bfloat16 products,
+           float32 weights, optimizer, losses and metrics), beside default in one run.
   The recipes below, measured before recalibration existed, keep --recalibrate none.
   dropout  the defaults with --dropout 0.1 after each hidden activation.
   default-dropout-select  the defaults with the dropout rate chosen per split on the
@@ -83,6 +85,8 @@ def recipe_flags(recipe, dataset):
     none = ["--recalibrate", "none"]
     if recipe == "default-uncalibrated":
         return none
+    if recipe == "default-bf16":
+        return ["--precision", "bf16-mixed"]
     if recipe == "select":
         return ["--members", "5", "--weight-decay", "1e-4,1e-3,1e-2", "--dropout", "0", "--select", "best", *none]
     if recipe == "select-dropout":

@@ -151,6 +151,7 @@ nlohmann::json metrics_json(const runtime::EnsembleTrainer& trainer, const runti
     out["members"][k]["in_ensemble"] = s.usable;  // what predict, the mean and export use
   }
   if (!classification(trainer)) out["variance_scale"] = trainer.variance_scale();  // 1: as trained
+  out["precision"] = std::string(ensemble::to_string(trainer.options().precision()));
   return out;
 }
 

@@ -346,8 +346,9 @@ int report(const Session& s, const RunDriver& driver, const Progress& progress, 
     fmt::print("\nNo test rows (test fraction 0): no test metrics.\n");
   }
   const runtime::EnsembleTrainerOptions& o = s.trainer.options();
-  fmt::print("\nTrained {} members for {} epochs ({} steps) in {:.2f} s ({:.0f} member-steps/s) on {}.\n", o.members(),
-             s.trainer.epoch(), s.trainer.steps_taken(), seconds, progress.member_steps_per_second(), o.device().str());
+  fmt::print("\nTrained {} members for {} epochs ({} steps) in {:.2f} s ({:.0f} member-steps/s) on {} in {}.\n",
+             o.members(), s.trainer.epoch(), s.trainer.steps_taken(), seconds, progress.member_steps_per_second(),
+             o.device().str(), ensemble::to_string(o.precision()));
   if (saved && !driver.checkpoint().path.empty()) fmt::print("Checkpoint: {}\n", driver.checkpoint().path);
   if (exported) fmt::print("PyTorch export: {}\n", s.args.export_path);
   return 0;

@@ -148,6 +148,7 @@ void insert_extras(Dict& d, const std::vector<int64_t>& ids, const ExportExtras&
   d.insert("feature_names", names);
   d.insert("classes", classes);
   d.insert("variance_scale", e.variance_scale);
+  d.insert("precision", e.precision);
 }
 
 Dict export_dict(const ensemble::PackedMLP& pack, const std::vector<int64_t>& ids, const ExportExtras& e) {

@@ -27,6 +27,9 @@ struct ExportExtras {
   // Regression: the ensemble's recalibration (runtime/trainers/uncertainty/variance_calibration.h),
   // fitted to the members it predicts with; 1: none.
   double variance_scale = 1.0;
+  // The arithmetic the members trained in ("fp32" or "bf16-mixed", ensemble/precision.h):
+  // the loader predicts in it.
+  std::string precision = "fp32";
 };
 
 // Writes, atomically (write_file_atomically), a dict torch.load reads with
@@ -38,7 +41,7 @@ struct ExportExtras {
 //   "architecture": {"in_features", "out_features", "hidden", "depth",
 //                    "activation" ("relu"/"gelu"/"silu"/"tanh"), "layer_norm": bool, "dropout": float}
 //   "x_mean", "x_std", "y_mean", "y_std": float64 tensors ("y_*" omitted when undefined)
-//   "head", "min_variance", "feature_names", "classes", "variance_scale"
+//   "head", "min_variance", "feature_names", "classes", "variance_scale", "precision"
 // `members` empty exports all. Throws naming the offending value for an unknown
 // head, a member out of range, or extras whose sizes do not match the pack.
 void export_for_pytorch(const std::filesystem::path& path, const ensemble::PackedMLP& pack,

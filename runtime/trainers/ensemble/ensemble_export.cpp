@@ -22,6 +22,7 @@ int64_t export_members(const std::string& path, const EnsembleTrainer& trainer,
   extras.feature_names = feature_names;
   extras.classes = trainer.classes();
   extras.variance_scale = trainer.variance_scale();
+  extras.precision = std::string(ensemble::to_string(trainer.options().precision()));
   const std::vector<MemberState>& states = trainer.member_states();
   for (int64_t k : members) {
     if (k < 0 || k >= trainer.options().members()) {

@@ -125,6 +125,7 @@ void EnsembleTrainer::build_model(int64_t in_features) {
   spec.first_member = options_.first_member();
   spec.device = options_.device();
   model_ = ensemble::architecture(options_.architecture()).make(spec);
+  model_->set_precision(options_.precision());
   model_->train(false);
   members_.assign(options_.members(), MemberState{});
 }

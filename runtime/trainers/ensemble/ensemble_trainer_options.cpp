@@ -185,6 +185,12 @@ void describe_training(Schema& s) {
       .in_group("Training");
   s.option(PACKTRAIN_OPTION(first_member)).internal().at_least(0).added_in(2, 0);  // member-parallel shards
   s.option(PACKTRAIN_OPTION(device)).no_flag().help_text("Device: cpu, cuda or cuda:N").in_group("Training");
+  s.choice(PACKTRAIN_OPTION(precision), ensemble::kPrecisionNames)
+      .help_text(
+          "Arithmetic: fp32, or bf16-mixed (torch.autocast's bfloat16 policy: matrix products and convolutions "
+          "in bfloat16 with float32 accumulation; weights, optimizer, losses and predictions stay float32)")
+      .in_group("Training")
+      .added_in(7, "fp32");
   s.option(PACKTRAIN_OPTION(capture))
       .flag_name("--eager")
       .sets_false()

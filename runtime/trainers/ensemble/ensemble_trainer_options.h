@@ -8,6 +8,7 @@
 #include "packtrain/ensemble/optimizers/lr_schedule.h"
 #include "packtrain/ensemble/packed_cnn.h"
 #include "packtrain/ensemble/packed_mlp.h"
+#include "packtrain/ensemble/precision.h"
 #include "packtrain/graphs/device_batcher.h"
 #include "packtrain/graphs/graph_log.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
@@ -139,6 +140,9 @@ struct EnsembleTrainerOptions {
   TORCH_ARG(uint64_t, seed) = 0;         // member i initialized from (seed, i); orders from seed too
   TORCH_ARG(int64_t, first_member) = 0;  // member parallel: this shard's members start at this global index
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
+  // The arithmetic of training and prediction (ensemble/precision.h): fp32, or
+  // bf16-mixed (bfloat16 products, float32 weights, optimizer, losses and outputs).
+  TORCH_ARG(ensemble::Precision, precision) = ensemble::Precision::kFP32;
   TORCH_ARG(bool, capture) = true;                           // CUDA graphs on a GPU (CPU always runs eagerly)
   TORCH_ARG(int64_t, unroll) = kDefaultUnroll;               // training steps per graph replay
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;  // capture decisions, fallbacks (not serialized)
@@ -168,8 +172,8 @@ const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema();
 // Version 3 added channels and input_shape (the cnn architecture's); version 4
 // member_hidden (packs of different widths) and the cnn's kernel, pool and norm_groups;
 // version 5 the cnn's stride and padding; version 6 member_channels (cnn members of
-// different channel counts).
-inline constexpr int kTrainerOptionsFormat = 6;
+// different channel counts); version 7 precision.
+inline constexpr int kTrainerOptionsFormat = 7;
 
 // Every field but `log`, and format_version, as a JSON object.
 std::string to_json(const EnsembleTrainerOptions& options);

@@ -144,6 +144,7 @@ MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed:
     replicas_group_ = pipeline_groups_->stage_replicas;
   }
   model_ = std::make_unique<ensemble::PackedTransformer>(model_options, stage);
+  model_->set_precision(options_.precision());
   if (!options_.trunk().empty()) load_pretrained_weights(options_.trunk(), *model_);  // every member's trunk
   optimizer_ = std::make_unique<ensemble::PackedAdam>(
       model_->parameters(), ensemble::adamw_options().lr(options_.lr()).weight_decay(options_.weight_decay()));

@@ -89,6 +89,9 @@ struct MultiTaskTrainerOptions {
   TORCH_ARG(int64_t, patience) = 0;
   TORCH_ARG(uint64_t, seed) = 0;    // model initialization and batch order
   TORCH_ARG(bool, capture) = true;  // CUDA graphs on a GPU (CPU always runs eagerly)
+  // The arithmetic of training, evaluation and generation (ensemble/precision.h):
+  // fp32, or bf16-mixed (bfloat16 products; float32 weights, optimizer and losses).
+  TORCH_ARG(ensemble::Precision, precision) = ensemble::Precision::kFP32;
   // Pipeline model parallel (runtime/trainers/multitask/multitask_pipeline.h): the model's
   // blocks split over this many ranks, each batch run as micro_batches pieces.
   TORCH_ARG(int64_t, pipeline_stages) = 1;
@@ -119,9 +122,9 @@ struct MultiTaskTrainerOptions {
 // come from it (multitask_trainer_options.cpp). Version 2 added format_version;
 // version 3 trunk and the model's gelu_tanh, norm_eps and Llama fields; version 4 the
 // adapters (the model's lora_rank, lora_alpha, first_member) and member_lrs; version 5
-// patience.
+// patience; version 6 precision.
 const OptionSchema<MultiTaskTrainerOptions>& multitask_option_schema();
-inline constexpr int kMultiTaskOptionsFormat = 5;
+inline constexpr int kMultiTaskOptionsFormat = 6;
 // `options` with a loaded trunk's shape (options.trunk()'s config.json) in its model
 // options; unchanged without a trunk. UserError naming the folder or key.
 MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions options);

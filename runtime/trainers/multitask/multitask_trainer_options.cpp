@@ -183,6 +183,12 @@ void describe_training(Schema& s) {
       .sets_false()
       .help_text("Run the steps eagerly on a GPU too")
       .in_group("Training");
+  s.choice(PACKTRAIN_OPTION(precision), ensemble::kPrecisionNames)
+      .help_text(
+          "Arithmetic: fp32, or bf16-mixed (torch.autocast's bfloat16 policy: matrix products in bfloat16 with "
+          "float32 accumulation; weights, optimizer, losses and metrics stay float32)")
+      .in_group("Training")
+      .added_in(6, "fp32");
 }
 
 void describe_pipeline(Schema& s) {

@@ -236,6 +236,48 @@ TEST_P(MultiTaskTrainerTest, CheckpointRoundTripsAndResumesExactly) {
                         equal_runs_tolerance(device())));
 }
 
+// bf16-mixed (ensemble/precision.h): the trunk's and heads' products in bfloat16,
+// the weights, optimizer, losses and metrics float32. It learns both tasks as fp32
+// does, differs from fp32 (the precision acts), generates, and a checkpoint keeps
+// its precision and resumes exactly; on a GPU the captured step equals the eager one.
+TEST_P(MultiTaskTrainerTest, Bf16MixedLearnsBothTasksAndResumesExactly) {
+  const auto mixed = tiny(device()).precision(ensemble::Precision::kBF16Mixed);
+  MultiTaskTrainer trainer(mixed), fp32(tiny(device()));
+  const LabelledTexts train = synthetic(96, 1), dev = synthetic(40, 2);
+  trainer.set_training_data(train);
+  fp32.set_training_data(train);
+  const TaskMetrics before = trainer.evaluate(dev);
+  for (int e = 0; e < 12; ++e) {
+    trainer.train_epoch();
+    fp32.train_epoch();
+  }
+  const TaskMetrics after = trainer.evaluate(dev), reference = fp32.evaluate(dev);
+  EXPECT_EQ(trainer.model().parameters().flat().scalar_type(), at::kFloat) << "master weights stay float32";
+  EXPECT_GE(after.accuracy, 0.9) << "MCC " << after.mcc;
+  EXPECT_LT(after.lm_loss, before.lm_loss - 1.0) << "per-token LM loss before " << before.lm_loss;
+  EXPECT_NEAR(after.lm_loss, reference.lm_loss, 0.1 * reference.lm_loss) << "as fp32 learns";
+  EXPECT_NE(after.lm_loss, reference.lm_loss) << "the products ran in bfloat16";
+  EXPECT_EQ(trainer.generate("yes the", GenerateOptions{10, 0.0, 0, 0, true}).size(), 1u);
+
+  ScopedTempDir dir("packtrain-multitask-bf16");
+  trainer.save(dir.path() / "mt.ckpt");
+  auto resumed = MultiTaskTrainer::load(dir.path() / "mt.ckpt", device());
+  EXPECT_EQ(resumed->options().precision(), ensemble::Precision::kBF16Mixed);
+  resumed->set_training_data(train);
+  trainer.train_epoch();
+  resumed->train_epoch();
+  EXPECT_TRUE(all_close(resumed->model().parameters().flat(), trainer.model().parameters().flat(),
+                        equal_runs_tolerance(device())));
+  if (device().is_cuda()) {
+    MultiTaskTrainer captured(mixed), eager(MultiTaskTrainerOptions(mixed).capture(false));
+    captured.set_training_data(train);
+    eager.set_training_data(train);
+    const MultiTaskEpochReport a = captured.train_epoch(), b = eager.train_epoch();
+    EXPECT_NEAR(a.lm_loss, b.lm_loss, 1e-4);
+    EXPECT_TRUE(all_close(captured.model().parameters().flat(), eager.model().parameters().flat(), 1e-4));
+  }
+}
+
 TEST_P(MultiTaskTrainerTest, EagerStepsSayWhyInTheLog) {
   // As the ensemble's steps do (graphs::CapturedStep): a step that runs eagerly logs
   // its reason once, at its first call — one training and one eval step per bucket.
