@@ -1,6 +1,6 @@
 // The contract every member architecture behind the PackedModel seam meets, one
 // test template instantiated per architecture (add a line to kArchitectures for a
-// new one): member i equals its standalone module at initialization, bit for bit,
+// new one): member i equals its standalone module at initialization (to a few ulps),
 // and after training each member equals its standalone module trained alone with
 // torch::optim::AdamW on the same batches (float64); reinitializing some members
 // restores exactly those.
@@ -33,10 +33,13 @@ struct Architecture {
   std::function<std::unique_ptr<PackedModel>(c10::Device, uint64_t seed)> pack;
   std::function<StandaloneMember(c10::Device, uint64_t seed, int64_t member)> standalone;
   int64_t in = kIn;
-  // The CPU forward's tolerance at initialization: 0 (bit for bit) unless the pack's
-  // sums run over more terms than the member's own (a narrower member's zero
-  // channels), which the CPU's convolutions block in another order.
-  double cpu_forward_tolerance = 0.0;
+  // The CPU forward's tolerance at initialization, outputs of order 1: a few float64
+  // ulps. Bit for bit on AVX2 CPUs; on an AVX-512 one (an AMD EPYC with AVX-512 BF16,
+  // 2026-12-07) LibTorch's batched GEMM and nn::Linear's single one sum a narrow
+  // output (3 columns) in another order: 1.1e-16 to 2.2e-16 at every architecture.
+  // Also where the pack's sums run over more terms than the member's own (a narrower
+  // member's zero channels), which the CPU's convolutions block in another order.
+  double cpu_forward_tolerance = 1e-15;
 };
 
 // Convolutional members: 2-D samples {2, 4, 4} through two blocks, 1-D {2, 6} through one.
@@ -200,11 +203,11 @@ const std::vector<Architecture>& architectures() {
       {"cnn_mixed_channels",
        [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_2d_mixed_channels(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_2d_mixed_channels(d, seed), k); },
-       32, 1e-15},
+       32},
       {"cnn_1d_mixed_channels",
        [](c10::Device d, uint64_t seed) { return std::make_unique<PackedCNN>(cnn_1d_mixed_channels(d, seed)); },
        [](c10::Device d, uint64_t seed, int64_t k) { return make_standalone_cnn(cnn_1d_mixed_channels(d, seed), k); },
-       12, 1e-15},
+       12},
   };
   return all;
 }
@@ -247,8 +250,8 @@ TEST_P(PackedModelContract, EachMemberIsItsStandaloneModuleAtInitialization) {
   for (int64_t k = 0; k < kMembers; ++k) {
     const StandaloneMember alone = arch().standalone(device(), kSeed, k);
     EXPECT_EQ(max_parameter_diff(pack->standalone_member(k), alone), 0.0) << "member " << k;
-    // Bit-equal on the CPU; cuBLAS's batched and single GEMMs may sum in different
-    // orders (measured on an H100: not bit-equal), so CUDA gets double rounding room.
+    // Within a few ulps on the CPU (above); cuBLAS's batched and single GEMMs may sum in
+    // different orders (measured on an H100: not bit-equal), so CUDA gets double rounding room.
     EXPECT_LE(packtrain::testing::max_abs_diff(packed_out[k], alone.forward(x)),
               device().is_cpu() ? arch().cpu_forward_tolerance : 1e-12)
         << "member " << k;
