@@ -74,11 +74,17 @@ import numpy as np
 
 RTOL = 1e-4
 ATOL = 1e-6
-# bf16-mixed curves (--precision bf16-mixed) against packtrain's bf16-mixed curve: the
-# products round to bfloat16 (8-bit mantissa, a step of 2^-8 = 0.4% relative) wherever
-# their float32 sums differ in order, and 20 steps of AdamW carry that on; 2^-4 (6%)
-# is a few such steps per step taken, and a learning rate 10% off exceeds it.
-BF16_RTOL = 2.0**-4
+# bf16-mixed curves (--precision bf16-mixed) against packtrain's bf16-mixed curve
+# (check_bf16): the products round to bfloat16 (a step of 2^-8 = 0.4% relative)
+# wherever their float32 sums differ in order, and the steps carry that on, further in
+# a few members of a deep, wide pack (as float32's rounding is: check()). So each
+# member's max relative deviation over the steps is bounded twice: the median member's
+# by BF16_RTOL, the worst member's by BF16_WORST_RTOL. Measured (K 4, hidden 64, depth 2,
+# batch 64, 15 steps, 2026-12-07): torch's loop 5e-7, torch.func 3.5e-4, torch.compile
+# 3.8e-4, JAX 6.2e-4 at the worst member; torch.func with a learning rate 1% off 1.9e-3,
+# 3% off 4.5e-3.
+BF16_RTOL = 1e-3
+BF16_WORST_RTOL = 2.0**-4
 # The float64 criterion: a peer's distance from the float64 curve may be this many times
 # packtrain's (why this factor: check()).
 FLOAT64_FACTOR = 8
@@ -556,6 +562,22 @@ def float64_losses(directory, bias_correction="float64", device="cpu"):
     return losses
 
 
+def check_bf16(peer, ref):
+    """check() for bf16-mixed peers: every step's losses against packtrain's bf16-mixed
+    curve, the median member within BF16_RTOL and the worst within BF16_WORST_RTOL."""
+    expected = ref["losses"]
+    rows = []
+    while sum(len(r) for r in rows) < expected.shape[0]:
+        rows.append(peer.losses_to_numpy(peer.step()))
+    got = np.concatenate(rows)[:expected.shape[0]]
+    deviation = member_deviations(got, expected)  # (K)
+    median, worst = float(np.median(deviation)), float(deviation.max())
+    return {"steps": int(expected.shape[0]), "steps_run": int(sum(len(r) for r in rows)),
+            "rtol": BF16_RTOL, "worst_rtol": BF16_WORST_RTOL, "median_member_rel_dev": median,
+            "max_rel_error": worst, "passed": bool(median <= BF16_RTOL and worst <= BF16_WORST_RTOL),
+            "criterion": "packtrain bf16-mixed"}
+
+
 def member_deviations(curve, reference):
     """Each member's max over steps of |curve - reference| / |reference|, (K); inf where
     the curve is not finite."""
@@ -563,7 +585,7 @@ def member_deviations(curve, reference):
     return np.where(np.all(np.isfinite(curve), axis=0), dev.max(axis=0), np.inf)
 
 
-def check(peer, ref, float64=None, rtol=RTOL):
+def check(peer, ref, float64=None):
     """Calls step() until it has taken the reference's number of steps (a peer that
     takes U steps per call may take a few more), then compares every step's losses.
 
@@ -592,14 +614,14 @@ def check(peer, ref, float64=None, rtol=RTOL):
         rows.append(peer.losses_to_numpy(peer.step()))
     got = np.concatenate(rows)[:expected.shape[0]]
     error = np.abs(got - expected)
-    bound = rtol * np.abs(expected) + ATOL
+    bound = RTOL * np.abs(expected) + ATOL
     worst = np.unravel_index(np.argmax(error / bound), error.shape)
     finite = bool(np.all(np.isfinite(got)))
     within = bool(np.all(error <= bound)) and finite
     result = {
         "steps": int(expected.shape[0]),
         "steps_run": int(sum(len(r) for r in rows)),
-        "rtol": rtol,
+        "rtol": RTOL,
         "atol": ATOL,
         "passed": within,
         "criterion": "packtrain" if within else None,
@@ -676,7 +698,7 @@ def main():
                     help="jax, CNN workloads: lax.conv_general_dilated, or patches + matmul")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"],
                     help="the peer's arithmetic; bf16-mixed is checked against a bf16-mixed reference "
-                         "(packtrain_peers reference --precision bf16-mixed) within BF16_RTOL")
+                         "(packtrain_peers reference --precision bf16-mixed) by check_bf16")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per timed run, at least")
     ap.add_argument("--check-only", action="store_true")
@@ -705,8 +727,8 @@ def main():
         print(json.dumps(result))
         return 0
     result["impl"] = peer.impl
-    if args.precision == "bf16-mixed":  # no float64 curve of bfloat16 arithmetic: packtrain's, within BF16_RTOL
-        result["check"] = check(peer, ref, None, BF16_RTOL)
+    if args.precision == "bf16-mixed":  # no float64 curve of bfloat16 arithmetic: packtrain's
+        result["check"] = check_bf16(peer, ref)
     else:
         result["check"] = check(peer, ref, lambda bias_correction: float64_losses(args.manifest_dir, bias_correction,
                                                                                   args.device))

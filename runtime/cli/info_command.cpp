@@ -49,6 +49,8 @@ nlohmann::json info_json() {
   }
   j["cuda_available"] = at::hasCUDA();
   j["cpu_threads"] = at::get_num_threads();
+  // Where --precision bf16-mixed can beat fp32 on this CPU (ensemble/precision.h).
+  j["cpu_bf16_matrix_units"] = ensemble::cpu_has_bf16_matrix_units();
   j["data_dir"] = runtime::bundled_data_dir().string();
   nlohmann::json devices = nlohmann::json::array();
   devices.push_back({{"device", "cpu"}, {"name", "host CPU"}});
@@ -133,9 +135,12 @@ int run_info(bool json, bool collectives, const std::string& device) {
   }
   fmt::print("packtrain {}\nLibTorch {} (CUDA runtime in this build: {})\n", j["packtrain"].get<std::string>(),
              j["libtorch"].get<std::string>(), j["cuda_build"].get<std::string>());
-  fmt::print("CUDA available: {}\nNCCL: {}\nNVTX ranges: {}\nCPU threads: {}\nBundled data: {}\nDevices:\n",
-             j["cuda_available"].get<bool>() ? "yes" : "no", j["nccl"].get<std::string>(),
-             j["nvtx"].get<bool>() ? "yes" : "no", j["cpu_threads"].get<int>(), j["data_dir"].get<std::string>());
+  fmt::print(
+      "CUDA available: {}\nNCCL: {}\nNVTX ranges: {}\nCPU threads: {}\nCPU bfloat16 matrix units (AVX-512 BF16 or "
+      "AMX): {}\nBundled data: {}\nDevices:\n",
+      j["cuda_available"].get<bool>() ? "yes" : "no", j["nccl"].get<std::string>(),
+      j["nvtx"].get<bool>() ? "yes" : "no", j["cpu_threads"].get<int>(),
+      j["cpu_bf16_matrix_units"].get<bool>() ? "yes" : "no", j["data_dir"].get<std::string>());
   for (const auto& d : j["devices"]) {
     fmt::print("  {:<8} {}{}\n", d["device"].get<std::string>(), d["name"].get<std::string>(),
                d.contains("memory_gib") ? fmt::format(" ({:.0f} GiB, compute {})", d["memory_gib"].get<double>(),

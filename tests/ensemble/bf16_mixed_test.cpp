@@ -64,7 +64,13 @@ struct Architecture {
 };
 
 PackedMLPOptions mlp(c10::Device d) {
-  return PackedMLPOptions(kIn, kOut).members(kMembers).hidden(24).depth(2).activation(Activation::kGELU).seed(kSeed).device(d);
+  return PackedMLPOptions(kIn, kOut)
+      .members(kMembers)
+      .hidden(24)
+      .depth(2)
+      .activation(Activation::kGELU)
+      .seed(kSeed)
+      .device(d);
 }
 ResidualMLPOptions residual(c10::Device d) {
   return ResidualMLPOptions(kIn, kOut).members(kMembers).hidden(24).blocks(2).seed(kSeed).device(d);
@@ -73,23 +79,37 @@ PackedCNNOptions cnn_2d(c10::Device d) {
   return PackedCNNOptions({2, 6, 6}, kOut).members(kMembers).channels({4, 8}).hidden(16).depth(1).seed(kSeed).device(d);
 }
 PackedCNNOptions cnn_1d(c10::Device d) {
-  return PackedCNNOptions({2, 12}, kOut).members(kMembers).channels({6}).kernel_size(5).hidden(16).depth(2).seed(kSeed).device(d);
+  return PackedCNNOptions({2, 12}, kOut)
+      .members(kMembers)
+      .channels({6})
+      .kernel_size(5)
+      .hidden(16)
+      .depth(2)
+      .seed(kSeed)
+      .device(d);
 }
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> all{
-      {"mlp", [](c10::Device d) { return std::make_unique<PackedMLP>(mlp(d)); },
+      {"mlp",
+       [](c10::Device d) { return std::make_unique<PackedMLP>(mlp(d)); },
        [](c10::Device d, int64_t k) {
          torch::nn::Sequential seq = make_standalone_mlp(mlp(d), k);
          return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
        },
        {kIn}},
-      {"residual_mlp", [](c10::Device d) { return std::make_unique<ResidualMLP>(residual(d)); },
-       [](c10::Device d, int64_t k) { return make_standalone_residual_mlp(residual(d), k); }, {kIn}},
-      {"cnn", [](c10::Device d) { return std::make_unique<PackedCNN>(cnn_2d(d)); },
-       [](c10::Device d, int64_t k) { return make_standalone_cnn(cnn_2d(d), k); }, {2 * 6 * 6}},
-      {"cnn_1d", [](c10::Device d) { return std::make_unique<PackedCNN>(cnn_1d(d)); },
-       [](c10::Device d, int64_t k) { return make_standalone_cnn(cnn_1d(d), k); }, {2 * 12}},
+      {"residual_mlp",
+       [](c10::Device d) { return std::make_unique<ResidualMLP>(residual(d)); },
+       [](c10::Device d, int64_t k) { return make_standalone_residual_mlp(residual(d), k); },
+       {kIn}},
+      {"cnn",
+       [](c10::Device d) { return std::make_unique<PackedCNN>(cnn_2d(d)); },
+       [](c10::Device d, int64_t k) { return make_standalone_cnn(cnn_2d(d), k); },
+       {2 * 6 * 6}},
+      {"cnn_1d",
+       [](c10::Device d) { return std::make_unique<PackedCNN>(cnn_1d(d)); },
+       [](c10::Device d, int64_t k) { return make_standalone_cnn(cnn_1d(d), k); },
+       {2 * 12}},
   };
   return all;
 }
@@ -176,7 +196,8 @@ TEST_P(Bf16Mixed, TrainingEqualsEachMemberTrainedAloneUnderAutocast) {
     const std::vector<at::Tensor> initial = arch().standalone(device(), k).module->parameters();
     ASSERT_EQ(packed.size(), trained.size());
     double moved = 0;
-    for (size_t i = 0; i < trained.size(); ++i) moved = std::max(moved, packtrain::testing::max_abs_diff(trained[i], initial[i]));
+    for (size_t i = 0; i < trained.size(); ++i)
+      moved = std::max(moved, packtrain::testing::max_abs_diff(trained[i], initial[i]));
     EXPECT_GT(moved, 1e-3) << "member " << k << " trained";
     for (size_t i = 0; i < trained.size(); ++i) {
       EXPECT_EQ(packed[i].scalar_type(), at::kFloat) << "master weights stay float32";

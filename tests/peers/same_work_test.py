@@ -156,6 +156,46 @@ class SameWork(unittest.TestCase):
                 self.assertIn("CUDA", result["unsupported"])
 
 
+class Bf16MixedSameWork(unittest.TestCase):
+    """--precision bf16-mixed (issue 40): the peers in bfloat16 (torch.autocast; JAX's
+    bfloat16 compute policy) against packtrain's bf16-mixed curve (peers.check_bf16); a
+    learning rate 3% off is refused; a reference of the other precision is refused."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.ref = os.path.join(cls.tmp.name, "ref")
+        subprocess.run([os.path.join(BIN, "packtrain_peers"), "reference", "--members", "4", "--hidden", "64",
+                        "--batch", "64", "--depth", "2", "--steps", "15", "--device", "cpu", "--precision",
+                        "bf16-mixed", "--out", cls.ref], check=True, capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_torch_peers_in_bfloat16_do_the_same_work(self):
+        for peer in ("torch-loop", "torch-vmap"):
+            with self.subTest(peer=peer):
+                result = peer_check(peer, self.ref, "--precision", "bf16-mixed")
+                self.assertTrue(result["check"]["passed"], result["check"])
+                self.assertEqual(result["check"]["criterion"], "packtrain bf16-mixed")
+
+    def test_jax_in_bfloat16_does_the_same_work(self):
+        if JAX_ENV is None:
+            self.skipTest(NO_JAX)
+        result = peer_check("jax", self.ref, "--precision", "bf16-mixed", "--unroll", "4", env=JAX_ENV)
+        self.assertTrue(result["check"]["passed"], result["check"])
+
+    def test_a_learning_rate_three_percent_off_is_refused(self):
+        result = peer_check("torch-vmap", self.ref, "--precision", "bf16-mixed", "--perturb-lr", "1.03")
+        self.assertFalse(result["check"]["passed"], result["check"])
+
+    def test_a_float32_peer_is_refused_against_a_bf16_reference(self):
+        done = run_peer("torch-vmap", self.ref, "--check-only")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("trained in bf16-mixed, not fp32", done.stderr)
+
+
 class UnrolledSteps(unittest.TestCase):
     """check() and time_steps() on a stand-in peer taking U steps per call."""
 

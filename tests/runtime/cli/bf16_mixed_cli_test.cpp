@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tests/runtime/cli/cli_harness.h"
@@ -44,6 +46,26 @@ TEST_F(Bf16Mixed, TrainsAsFp32DoesAndSaysItsPrecision) {
   const Result text = run(kTrain + "--data concrete --members 2 --epochs 1 --device cpu --precision bf16-mixed");
   ASSERT_EQ(text.status, 0) << text.out;
   EXPECT_THAT(text.out, HasSubstr("on cpu in bf16-mixed."));
+}
+
+// `info` says whether this CPU multiplies bfloat16 in hardware, as /proc/cpuinfo's
+// flags do (LibTorch's CPU capabilities are what packtrain reads).
+TEST_F(Bf16Mixed, InfoSaysWhetherTheCpuHasBfloat16MatrixUnits) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo.good()) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
+  std::string line;
+  bool flags_say = false, found = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    found = true;
+    std::istringstream words(line);
+    for (std::string w; words >> w;) flags_say = flags_say || w == "avx512_bf16" || w == "amx_bf16";
+    break;
+  }
+  if (!found) GTEST_SKIP() << "/proc/cpuinfo lists no flags";
+  const nlohmann::json info = run_json("info --json");
+  ASSERT_TRUE(info["cpu_bf16_matrix_units"].is_boolean()) << info;
+  EXPECT_EQ(info["cpu_bf16_matrix_units"].get<bool>(), flags_say);
 }
 
 TEST_F(Bf16Mixed, EarlyStoppingStopsMembersAtTheirBestEpoch) {
