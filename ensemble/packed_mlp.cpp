@@ -236,13 +236,25 @@ StandaloneMember PackedMLP::standalone_member(int64_t member) const {
   return {seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
 }
 
+namespace {
+// Where bf16-mixed's autograd path (oneDNN's bfloat16 kernels) beats the fused step on
+// a CPU with bfloat16 units: `packtrain --threads 1 profile --eager --members 64
+// --depth 2 --precision bf16-mixed|fp32` on an AMD EPYC with AVX-512 BF16, 2026-12-07:
+// 0.93x fp32 at hidden 64, 1.25x at 128, 1.18x at 256 (the UCI default, K 16 at
+// hidden 64, ran 1.4-3.4x slower per split through autograd).
+constexpr int64_t kBf16KernelMinHidden = 128;
+}  // namespace
+
 std::optional<at::Tensor> PackedMLP::fused_gradients(const at::Tensor& x, const at::Tensor& y, LossKind kind,
                                                      double min_variance) {
   if (!cpu_fused_step_applies(*this, x, y, kind)) return std::nullopt;
-  // bf16-mixed on a CPU with bfloat16 matrix units: autograd's path under autocast
-  // runs oneDNN's bfloat16 kernels on them, which the fused step's float32 GEMMs of
-  // bfloat16-rounded operands cannot (benchmarks/RESULTS.md, "bf16-mixed").
-  if (precision() == Precision::kBF16Mixed && cpu_has_bf16_matrix_units()) return std::nullopt;
+  // bf16-mixed on a CPU with bfloat16 matrix units, on packs wide enough to pay for
+  // them: autograd's path under autocast runs oneDNN's bfloat16 kernels there, which
+  // the fused step's float32 GEMMs of bfloat16-rounded operands cannot
+  // (benchmarks/RESULTS.md, "bf16-mixed"). Narrower packs keep the fused step: the
+  // same numbers, with less per-op overhead.
+  if (precision() == Precision::kBF16Mixed && cpu_has_bf16_matrix_units() && options_.hidden() >= kBf16KernelMinHidden)
+    return std::nullopt;
   PACKTRAIN_NVTX_RANGE("forward+backward");  // fused, member by member
   return cpu_fused_gradients(*this, x, y, kind, min_variance);
 }

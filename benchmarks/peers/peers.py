@@ -79,11 +79,14 @@ ATOL = 1e-6
 # wherever their float32 sums differ in order, and the steps carry that on, further in
 # a few members of a deep, wide pack (as float32's rounding is: check()). So each
 # member's max relative deviation over the steps is bounded twice: the median member's
-# by BF16_RTOL, the worst member's by BF16_WORST_RTOL. Measured (K 4, hidden 64, depth 2,
-# batch 64, 15 steps, 2026-12-07): torch's loop 5e-7, torch.func 3.5e-4, torch.compile
-# 3.8e-4, JAX 6.2e-4 at the worst member; torch.func with a learning rate 1% off 1.9e-3,
-# 3% off 4.5e-3.
-BF16_RTOL = 1e-3
+# by BF16_RTOL, the worst member's by BF16_WORST_RTOL. Measured (2026-12-07, AMD EPYC
+# with AVX-512 BF16), median member: at K 4, hidden 64, depth 2, batch 64, 15 steps
+# torch's loop 5e-7, torch.func 3.5e-4, torch.compile 3.8e-4, JAX 6.2e-4; at K 64,
+# hidden 256, depth 2, batch 128, 20 steps all three 1.2e-3 to 1.3e-3 (worst member
+# 3.1e-3 to 4.5e-3); torch.func with a learning rate 3% off 4.4e-3, 10% off 1.5e-2.
+# So the check refuses a learning rate 10% off, not one 3% off: bfloat16's own
+# rounding moves honest curves about as far.
+BF16_RTOL = 2.0**-7
 BF16_WORST_RTOL = 2.0**-4
 # The float64 criterion: a peer's distance from the float64 curve may be this many times
 # packtrain's (why this factor: check()).

@@ -31,6 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -174,8 +175,11 @@ def main():
                "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]), "commit": commit,
                "bf16_rtol": peer_module.BF16_RTOL, "bf16_worst_rtol": peer_module.BF16_WORST_RTOL, "rows": []}
     results["packtrain"] = packtrain_bench(args.build_dir, args.repetitions)
+    # The rows' weights and batches (hundreds of MB at K 512): a temporary directory.
+    scratch = tempfile.TemporaryDirectory(prefix="packtrain-bf16-rows-")
+    references = scratch.name
     for depth, hidden, members in selected:
-        directory = os.path.join(args.out, "references", f"d{depth}_h{hidden}_k{members}")
+        directory = os.path.join(references, f"d{depth}_h{hidden}_k{members}")
         subprocess.run([os.path.join(args.build_dir, "bin", "packtrain_peers"), "reference", "--members",
                         str(members), "--hidden", str(hidden), "--depth", str(depth), "--batch", str(BATCH),
                         "--steps", "20", "--device", "cpu", "--precision", "bf16-mixed", "--out", directory],

@@ -162,6 +162,7 @@ struct ProfileArgs {
   bool eager = false;
   bool json = false;
   std::string trace;
+  std::string precision = "fp32";
   bool collectives = false;
   int64_t collective_repeats = 20;
 };
@@ -232,6 +233,7 @@ int run_profile(const ProfileArgs& args) {
                          .hidden(args.hidden)
                          .depth(args.depth)
                          .batch(args.batch)
+                         .precision(ensemble::parse_precision(args.precision))
                          .device(pick_device(args.device));
   request.graph = !args.eager;
   request.unroll = args.unroll;
@@ -317,6 +319,9 @@ void add_info_commands(CLI::App& app, int& status) {
       ->check(positive());
   profile->add_option("--steps", p->steps, "Timed steps per path")->capture_default_str()->check(positive());
   profile->add_option("--device", p->device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  profile->add_option("--precision", p->precision, "fp32 or bf16-mixed (train's --precision)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   auto* graph_flag = profile->add_flag("--graph", p->graph, "Profile the captured step (the default on a GPU)");
   profile->add_flag("--eager", p->eager, "Profile the eager step")->excludes(graph_flag);
   profile->add_flag("--json", p->json, "Print the report as JSON on stdout");

@@ -23,6 +23,7 @@ SyntheticWorkload::SyntheticWorkload(WorkloadOptions options) : options_(std::mo
                                                      .depth(options_.depth())
                                                      .seed(options_.seed())
                                                      .device(options_.device()));
+  model_->set_precision(options_.precision());
   optimizer_ = std::make_unique<ensemble::PackedAdam>(model_->parameters(), ensemble::adamw_options().lr(1e-3));
   steps_ = std::make_unique<EnsembleSteps>(
       *model_, *optimizer_, std::vector<at::Tensor>{x, y},

@@ -29,6 +29,7 @@ struct WorkloadOptions {
   TORCH_ARG(int64_t, unroll) = 1;
   TORCH_ARG(graphs::BatchOrder, order) = graphs::BatchOrder::kShared;
   TORCH_ARG(uint64_t, seed) = 0;
+  TORCH_ARG(ensemble::Precision, precision) = ensemble::Precision::kFP32;  // the pack's arithmetic
   TORCH_ARG(graphs::GraphLog, log) = graphs::log_to_stderr;
 
  public:

@@ -63,6 +63,11 @@ struct Architecture {
   std::vector<int64_t> sample;  // one input row's shape
 };
 
+// Wide enough (hidden 128) that a CPU with bfloat16 units trains it through autograd's
+// bfloat16 kernels; the narrower "mlp" through the fused step (packed_mlp.cpp).
+PackedMLPOptions mlp_wide(c10::Device d) {
+  return PackedMLPOptions(kIn, kOut).members(kMembers).hidden(128).depth(1).seed(kSeed).device(d);
+}
 PackedMLPOptions mlp(c10::Device d) {
   return PackedMLPOptions(kIn, kOut)
       .members(kMembers)
@@ -95,6 +100,13 @@ const std::vector<Architecture>& architectures() {
        [](c10::Device d) { return std::make_unique<PackedMLP>(mlp(d)); },
        [](c10::Device d, int64_t k) {
          torch::nn::Sequential seq = make_standalone_mlp(mlp(d), k);
+         return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
+       },
+       {kIn}},
+      {"mlp_wide",
+       [](c10::Device d) { return std::make_unique<PackedMLP>(mlp_wide(d)); },
+       [](c10::Device d, int64_t k) {
+         torch::nn::Sequential seq = make_standalone_mlp(mlp_wide(d), k);
          return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
        },
        {kIn}},

@@ -159,7 +159,7 @@ class SameWork(unittest.TestCase):
 class Bf16MixedSameWork(unittest.TestCase):
     """--precision bf16-mixed (issue 40): the peers in bfloat16 (torch.autocast; JAX's
     bfloat16 compute policy) against packtrain's bf16-mixed curve (peers.check_bf16); a
-    learning rate 3% off is refused; a reference of the other precision is refused."""
+    learning rate 10% off is refused; a reference of the other precision is refused."""
 
     @classmethod
     def setUpClass(cls):
@@ -186,8 +186,8 @@ class Bf16MixedSameWork(unittest.TestCase):
         result = peer_check("jax", self.ref, "--precision", "bf16-mixed", "--unroll", "4", env=JAX_ENV)
         self.assertTrue(result["check"]["passed"], result["check"])
 
-    def test_a_learning_rate_three_percent_off_is_refused(self):
-        result = peer_check("torch-vmap", self.ref, "--precision", "bf16-mixed", "--perturb-lr", "1.03")
+    def test_a_learning_rate_ten_percent_off_is_refused(self):
+        result = peer_check("torch-vmap", self.ref, "--precision", "bf16-mixed", "--perturb-lr", "1.1")
         self.assertFalse(result["check"]["passed"], result["check"])
 
     def test_a_float32_peer_is_refused_against_a_bf16_reference(self):

@@ -188,7 +188,9 @@ void describe_training(Schema& s) {
   s.choice(PACKTRAIN_OPTION(precision), ensemble::kPrecisionNames)
       .help_text(
           "Arithmetic: fp32, or bf16-mixed (torch.autocast's bfloat16 policy: matrix products and convolutions "
-          "in bfloat16 with float32 accumulation; weights, optimizer, losses and predictions stay float32)")
+          "in bfloat16 with float32 accumulation; weights, optimizer, losses and predictions stay float32). "
+          "bf16-mixed pays on wide packs (hidden >= 256) where the CPU has bfloat16 units (packtrain info) or on "
+          "a GPU; small packs run slower, and near-noiseless targets lose accuracy (docs/guide.md)")
       .in_group("Training")
       .added_in(7, "fp32");
   s.option(PACKTRAIN_OPTION(capture))
