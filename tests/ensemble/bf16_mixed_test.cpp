@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace packtrain::ensemble {
@@ -94,22 +95,21 @@ PackedCNNOptions cnn_1d(c10::Device d) {
       .device(d);
 }
 
+// An MLP pack of `options` and member k built standalone (make_standalone_mlp).
+Architecture mlp_architecture(std::string name, PackedMLPOptions (*options)(c10::Device)) {
+  return {std::move(name),
+          [options](c10::Device d) { return std::make_unique<PackedMLP>(options(d)); },
+          [options](c10::Device d, int64_t k) {
+            torch::nn::Sequential seq = make_standalone_mlp(options(d), k);
+            return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
+          },
+          {kIn}};
+}
+
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> all{
-      {"mlp",
-       [](c10::Device d) { return std::make_unique<PackedMLP>(mlp(d)); },
-       [](c10::Device d, int64_t k) {
-         torch::nn::Sequential seq = make_standalone_mlp(mlp(d), k);
-         return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
-       },
-       {kIn}},
-      {"mlp_wide",
-       [](c10::Device d) { return std::make_unique<PackedMLP>(mlp_wide(d)); },
-       [](c10::Device d, int64_t k) {
-         torch::nn::Sequential seq = make_standalone_mlp(mlp_wide(d), k);
-         return StandaloneMember{seq.ptr(), [seq](const at::Tensor& x) mutable { return seq->forward(x); }};
-       },
-       {kIn}},
+      mlp_architecture("mlp", mlp),
+      mlp_architecture("mlp_wide", mlp_wide),
       {"residual_mlp",
        [](c10::Device d) { return std::make_unique<ResidualMLP>(residual(d)); },
        [](c10::Device d, int64_t k) { return make_standalone_residual_mlp(residual(d), k); },
