@@ -174,10 +174,10 @@ TEST_F(Bf16Mixed, MultitaskPipelineStagesAndDataParallelRanksTrainAsOneProcess) 
       "multitask train --width 16 --layers 2 --max-length 32 --batch 4 --device cpu --heads 2 --buckets 16,32 -q "
       "--epochs 2 --precision bf16-mixed --json --train " +
       path("train.tsv") + " --dev " + path("dev.tsv");
-  const nlohmann::json single = run_json(args);
+  const nlohmann::json single = run_json(args + " -o " + path("one.ckpt"));
   ASSERT_TRUE(single.is_object());
   for (const std::string parallel : {" --pipeline-stages 2 --micro-batches 2", ""}) {
-    const Result launched = launch(2, args + parallel);
+    const Result launched = launch(2, args + parallel + " -o " + path("two.ckpt"));
     ASSERT_EQ(launched.status, 0) << launched.out;
     const nlohmann::json r = rank0_json(launched.out);
     ASSERT_TRUE(r.is_object()) << launched.out;
