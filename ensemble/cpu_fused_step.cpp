@@ -333,6 +333,18 @@ PACKTRAIN_CPU_CLONES void step_members_f64(const StepPointers<double>& s, Worksp
   step_members<false>(s, w, begin, end);
 }
 
+// A contiguous float32 tensor's values rounded to bfloat16, kept in float32 (what
+// autocast's cast to bfloat16 and back gives): one pass and one allocation.
+at::Tensor rounded_to_bfloat16(const at::Tensor& values) {
+  at::Tensor out = at::empty_like(values);
+  const float* in = values.data_ptr<float>();
+  float* rounded = out.data_ptr<float>();
+  at::parallel_for(0, values.numel(), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) rounded[i] = round_to_bfloat16(in[i]);
+  });
+  return out;
+}
+
 template <typename T>
 void fused_gradients(PackedMLP& model, const at::Tensor& x_in, const at::Tensor& y, LossKind kind, double min_variance,
                      const at::Tensor& losses) {
@@ -341,8 +353,8 @@ void fused_gradients(PackedMLP& model, const at::Tensor& x_in, const at::Tensor&
   // weights, biases and input from these copies.
   const bool mixed = model.precision() == Precision::kBF16Mixed;
   const at::Tensor& flat = model.parameters().flat();
-  const at::Tensor operands = mixed ? flat.to(at::kBFloat16).to(flat.scalar_type()) : flat;
-  const at::Tensor x = mixed ? x_in.to(at::kBFloat16).to(x_in.scalar_type()) : x_in;
+  const at::Tensor operands = mixed ? rounded_to_bfloat16(flat) : flat;
+  const at::Tensor x = mixed ? rounded_to_bfloat16(x_in) : x_in;
   const auto operand = [&](const at::Tensor& parameter) {  // the same offset in `operands`
     return operands.data_ptr<T>() + (parameter.data_ptr<T>() - flat.data_ptr<T>());
   };

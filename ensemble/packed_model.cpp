@@ -6,9 +6,8 @@
 namespace packtrain::ensemble {
 
 at::Tensor PackedModel::forward(const at::Tensor& x) const {
-  if (precision_ == Precision::kFP32) return forward_layers(x);
-  const PrecisionScope scope(precision_, device().type());
-  return forward_layers(x).to(dtype());
+  const PrecisionScope scope(precision_, device().type());  // inactive for fp32
+  return forward_layers(x).to(dtype());                     // fp32: the same tensor, no copy
 }
 
 std::vector<int64_t> members_to_reinitialize(const at::Tensor& which, int64_t members) {

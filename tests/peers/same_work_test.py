@@ -73,18 +73,25 @@ def peer_check(peer, directory, *extra, env=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-class SameWork(unittest.TestCase):
+class WithReference(unittest.TestCase):
+    """Tests of one packtrain_peers reference (REFERENCE: its flags; on the CPU), written
+    once into a temporary directory, cls.ref."""
+    REFERENCE = ()
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.ref = os.path.join(cls.tmp.name, "ref")
-        subprocess.run([os.path.join(BIN, "packtrain_peers"), "reference", "--members", "4", "--hidden", "16",
-                        "--batch", "32", "--depth", "2", "--steps", "15", "--device", "cpu", "--out", cls.ref],
-                       check=True, capture_output=True)
+        subprocess.run([os.path.join(BIN, "packtrain_peers"), "reference", *cls.REFERENCE, "--device", "cpu",
+                        "--out", cls.ref], check=True, capture_output=True)
 
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+
+class SameWork(WithReference):
+    REFERENCE = ("--members", "4", "--hidden", "16", "--batch", "32", "--depth", "2", "--steps", "15")
 
     def test_reference_has_a_moving_loss_curve(self):
         with open(os.path.join(self.ref, "manifest.json")) as f:
@@ -156,22 +163,13 @@ class SameWork(unittest.TestCase):
                 self.assertIn("CUDA", result["unsupported"])
 
 
-class Bf16MixedSameWork(unittest.TestCase):
+class Bf16MixedSameWork(WithReference):
     """--precision bf16-mixed (issue 40): the peers in bfloat16 (torch.autocast; JAX's
     bfloat16 compute policy) against packtrain's bf16-mixed curve (peers.check_bf16); a
     learning rate 10% off is refused; a reference of the other precision is refused."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.ref = os.path.join(cls.tmp.name, "ref")
-        subprocess.run([os.path.join(BIN, "packtrain_peers"), "reference", "--members", "4", "--hidden", "64",
-                        "--batch", "64", "--depth", "2", "--steps", "15", "--device", "cpu", "--precision",
-                        "bf16-mixed", "--out", cls.ref], check=True, capture_output=True)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+    REFERENCE = ("--members", "4", "--hidden", "64", "--batch", "64", "--depth", "2", "--steps", "15",
+                 "--precision", "bf16-mixed")
 
     def test_torch_peers_in_bfloat16_do_the_same_work(self):
         for peer in ("torch-loop", "torch-vmap"):
@@ -274,22 +272,12 @@ class Float32BiasCorrections:
         return self.peer.losses_to_numpy(losses)
 
 
-class Float64Criterion(unittest.TestCase):
+class Float64Criterion(WithReference):
     """The float64 criterion on a shape where honest float32 curves part by more than rtol
     (depth 2, hidden 512: AdamW's bias corrections in float32, as JAX and torch.compile
     compute them, move the curve 3e-4 from packtrain's), and its rules on stand-ins."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.ref = os.path.join(cls.tmp.name, "deep")
-        subprocess.run([os.path.join(BIN, "packtrain_peers"), "reference", "--members", "2", "--hidden", "512",
-                        "--batch", "128", "--depth", "2", "--steps", "20", "--device", "cpu", "--out", cls.ref],
-                       check=True, capture_output=True)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+    REFERENCE = ("--members", "2", "--hidden", "512", "--batch", "128", "--depth", "2", "--steps", "20")
 
     def float64(self, bias_correction):
         return peers.float64_losses(self.ref, bias_correction)
