@@ -27,12 +27,15 @@
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -130,6 +133,19 @@ void add_threads_option(CLI::App& app, int& threads) {
   });
 }
 
+// Under torchrun, a failed rank's error goes to the file TORCHELASTIC_ERROR_FILE
+// names, in torch.distributed.elastic's format, so torchrun's summary reports it
+// (instead of "To enable traceback see ..."). Best effort: the line on stderr stays.
+void record_error_for_torchrun(const std::string& message) {
+  const char* file = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (file == nullptr || *file == '\0') return;
+  const nlohmann::json error{
+      {"message",
+       {{"message", "packtrain: " + message},
+        {"extraInfo", {{"py_callstack", ""}, {"timestamp", std::to_string(std::time(nullptr))}}}}}};
+  std::ofstream(file) << error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,6 +179,7 @@ int main(int argc, char** argv) {
   const auto fail = [](int code, const std::string& message) {
     std::fflush(stdout);
     fmt::print(stderr, "packtrain: {}\n", message);
+    record_error_for_torchrun(message);
     return code;
   };
   packtrain::cli::ConfigLines config_lines;

@@ -325,7 +325,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, std::chrono::mi
   const Clock::time_point deadline = Clock::now() + timeout;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(info.master_port);
-  options.isServer = info.rank == 0;
+  options.isServer = info.rank == 0 && !info.agent_store;  // under torchrun the agent serves it
   options.numWorkers = static_cast<std::size_t>(info.world_size);
   options.waitWorkers = false;  // wait_for_ranks, within the deadline
   if (options.isServer) {

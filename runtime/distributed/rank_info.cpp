@@ -26,8 +26,8 @@ int64_t integer(const Environment& env, const std::string& name, int64_t fallbac
 }  // namespace
 
 std::string RankInfo::describe() const {
-  return fmt::format("rank {} of {} (local {} of {}), store {}:{}, from {}", rank, world_size, local_rank,
-                     local_world_size, master_addr, master_port, source);
+  return fmt::format("rank {} of {} (local {} of {}), store {}:{}{}, from {}", rank, world_size, local_rank,
+                     local_world_size, master_addr, master_port, agent_store ? " (torchrun's agent's)" : "", source);
 }
 
 Environment process_environment() {
@@ -50,6 +50,7 @@ RankInfo rank_info_from_environment(const Environment& env) {
     info.world_size = integer(env, "WORLD_SIZE", 1);
     info.local_rank = integer(env, "LOCAL_RANK", info.rank);
     info.local_world_size = integer(env, "LOCAL_WORLD_SIZE", info.world_size);
+    info.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";  // torch's own test of it
   } else if (slurm) {
     info.source = "Slurm variables";
     info.rank = integer(env, "SLURM_PROCID", 0);

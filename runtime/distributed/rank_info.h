@@ -19,6 +19,10 @@ struct RankInfo {
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 29500;
   std::string source = "single process";  // "torchrun variables", "Slurm variables"
+  // torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank, rank 0 too, connects as a client,
+  // as c10d's env:// initialization does.
+  bool agent_store = false;
 
   bool distributed() const { return world_size > 1; }
   // Started by a launcher (torchrun, srun, packtrain launch), even with one process:
