@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -108,26 +107,25 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     ::close(fd);
     throw fail("not a regular file");
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a regular file: ordinary blocking reads
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    throw fail("shorter (" + std::to_string(size_) + " bytes) than the 8-byte header length");
-  }
-  void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (mapped == MAP_FAILED) throw fail(std::string("cannot map it: ") + std::strerror(errno));
-  mapped_ = static_cast<const unsigned char*>(mapped);
+  fd_ = fd;  // kept open: each tensor is read with pread, never memory-mapped
   try {
+    if (size_ < 8) throw fail("shorter (" + std::to_string(size_) + " bytes) than the 8-byte header length");
+    unsigned char length[8];
+    read_at(length, 8, 0);
     uint64_t header_bytes = 0;
-    for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | mapped_[i];  // little-endian
+    for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];  // little-endian
     if (header_bytes > kMaxHeaderBytes || header_bytes > size_ - 8) {
       throw fail("its header length " + std::to_string(header_bytes) + " runs past the file's " +
                  std::to_string(size_) + " bytes");
     }
     data_start_ = 8 + static_cast<size_t>(header_bytes);
+    std::string header_text(static_cast<size_t>(header_bytes), '\0');
+    read_at(header_text.data(), header_text.size(), 8);
     nlohmann::json header;
     try {
-      header = nlohmann::json::parse(mapped_ + 8, mapped_ + data_start_);
+      header = nlohmann::json::parse(header_text);
     } catch (const nlohmann::json::exception& e) {
       throw fail(std::string("its JSON header does not parse: ") + e.what());
     }
@@ -163,14 +161,39 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                  std::to_string(covered) + " (a truncated header, or a file longer than it says)");
     }
   } catch (...) {
-    ::munmap(const_cast<unsigned char*>(mapped_), size_);
-    mapped_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (mapped_ != nullptr) ::munmap(const_cast<unsigned char*>(mapped_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// Reads exactly `bytes` at `offset`. A file that shrank since it was opened (rewritten
+// in place while this process reads it) is a UserError naming it: reading, unlike a
+// memory map, turns a truncation into an error instead of SIGBUS.
+void SafetensorsFile::read_at(void* into, size_t bytes, uint64_t offset) const {
+  auto* out = static_cast<char*>(into);
+  while (bytes > 0) {
+    const ssize_t got = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      throw UserError("safetensors file '" + path_.string() + "': cannot read it: " + std::strerror(errno));
+    }
+    if (got == 0) {
+      struct stat st {};
+      const bool known = ::fstat(fd_, &st) == 0;
+      throw UserError("safetensors file '" + path_.string() + "' ended at byte " + std::to_string(offset) + " of the " +
+                      std::to_string(size_) + " it had when opened" +
+                      (known ? " (it now has " + std::to_string(st.st_size) + ")" : std::string()) +
+                      ": it was truncated or rewritten while being read");
+    }
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+  }
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -188,7 +211,7 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
 at::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const Entry& e = entry(name);
   at::Tensor out = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  if (e.end > e.begin) std::memcpy(out.data_ptr(), mapped_ + data_start_ + e.begin, e.end - e.begin);
+  if (e.end > e.begin) read_at(out.data_ptr(), e.end - e.begin, data_start_ + e.begin);
   return out;
 }
 

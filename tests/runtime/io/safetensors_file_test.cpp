@@ -24,6 +24,7 @@ namespace packtrain::runtime {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -108,6 +109,19 @@ TEST(SafetensorsFile, ADamagedOrHostileFileIsRefusedByName) {
   EXPECT_THAT([&] { SafetensorsFile file(fifo); }, ThrowsMessage<UserError>(HasSubstr("not a regular file")));
   EXPECT_THAT([&] { SafetensorsFile file(dir.path() / "absent"); },
               ThrowsMessage<UserError>(HasSubstr("cannot open it")));
+}
+
+// A file cut short while it is being read (another process rewriting it in place)
+// is an error naming the file, not SIGBUS: the reader reads, it does not map.
+TEST(SafetensorsFile, TruncatedWhileOpenIsAnErrorNamingTheFile) {
+  const packtrain::testing::ScopedTempDir dir("safetensors");
+  const fs::path path = dir.path() / "w.safetensors";
+  write_safetensors(path, {{"a", at::randn({64})}, {"b", at::randn({1024})}}, {});
+  const SafetensorsFile file(path);
+  EXPECT_TRUE(at::equal(file.tensor("a"), file.tensor("a")));
+  fs::resize_file(path, fs::file_size(path) - 2048);  // b's bytes gone
+  EXPECT_THAT([&] { (void)file.tensor("b"); },
+              ThrowsMessage<UserError>(AllOf(HasSubstr(path.string()), HasSubstr("truncated or rewritten"))));
 }
 
 }  // namespace
