@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -38,16 +39,17 @@ namespace {
   throw WriteError("cannot write '" + path.string() + "': " + step + ": " + std::system_category().message(error));
 }
 
-// Removes `<target>.tmp.<pid>.<suffix>` files whose process is gone (kill(pid, 0)
-// says ESRCH): what a save killed before its rename leaves behind. Best effort.
-void remove_stale_temporaries(const std::filesystem::path& target) {
+}  // namespace
+
+void remove_stale_temporaries(const std::filesystem::path& target, bool folders) {
   const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
   const std::string prefix = target.filename().string() + ".tmp.";
   std::error_code ec;
   std::vector<std::filesystem::path> stale;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || !entry.is_regular_file(ec) || entry.is_symlink(ec)) continue;
+    if (name.rfind(prefix, 0) != 0 || entry.is_symlink(ec)) continue;
+    if (folders ? !entry.is_directory(ec) : !entry.is_regular_file(ec)) continue;
     const std::string rest = name.substr(prefix.size());
     const size_t dot = rest.find('.');
     const std::string pid_text = rest.substr(0, dot);
@@ -57,8 +59,21 @@ void remove_stale_temporaries(const std::filesystem::path& target) {
     const auto pid = static_cast<pid_t>(std::stol(pid_text));
     if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(entry.path());
   }
-  for (const auto& path : stale) std::filesystem::remove(path, ec);
+  for (const auto& path : stale) remove_tree(path);
 }
+
+bool remove_tree(const std::filesystem::path& path) {
+  // Depth first (FTW_DEPTH: a folder after its entries), links as links (FTW_PHYS).
+  const auto remove_one = [](const char* entry, const struct stat*, int type, struct FTW*) {
+    (void)(type == FTW_DP ? ::rmdir(entry) : ::unlink(entry));  // best effort: go on with the rest
+    return 0;
+  };
+  ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS);
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) != 0 && errno == ENOENT;
+}
+
+namespace {
 
 // The temporary a save writes before renaming it over the target. Until commit()
 // the destructor closes and removes it, so a failed save leaves nothing behind.
@@ -118,7 +133,8 @@ class TemporaryFile {
   bool committed_ = false;
 };
 
-// The rename is durable only once the directory entry is on disk.
+}  // namespace
+
 void sync_directory_of(const std::filesystem::path& path) {
   std::filesystem::path dir = path.parent_path();
   if (dir.empty()) dir = ".";
@@ -129,6 +145,8 @@ void sync_directory_of(const std::filesystem::path& path) {
   ::close(fd);
   if (synced != 0) throw_write_error(path, "fsync directory '" + dir.string() + "'", error);
 }
+
+namespace {
 
 // ---- Container format ----------------------------------------------------------
 

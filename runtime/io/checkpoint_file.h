@@ -53,6 +53,21 @@ OutputTarget output_target(const std::filesystem::path& path);
 // process ends with std::_Exit(70), as a crash mid-save would.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, int64_t crash_after_bytes = -1);
 
+// Removes `<target>.tmp.<pid>.<suffix>` entries — files, or with `folders` the
+// folders write_folder_atomically stages — whose process is gone (kill(pid, 0) says
+// ESRCH): what a save killed before its rename leaves behind. Best effort.
+void remove_stale_temporaries(const std::filesystem::path& target, bool folders = false);
+
+// Removes `path` and, for a folder, everything in it, never following a symbolic
+// link (a link is removed, not what it names). Best effort; true when `path` is gone.
+// (Not std::filesystem::remove_all: libtorch exports a broken copy of it that
+// interposes on libstdc++'s.)
+bool remove_tree(const std::filesystem::path& path);
+
+// fsync of the directory holding `path`: a rename is durable only once the directory
+// entry is on disk. WriteError naming `path` on failure.
+void sync_directory_of(const std::filesystem::path& path);
+
 // Saves `payload` (any IValue torch::pickle_save accepts: a GenericDict of strings,
 // ints, doubles, tensors, lists, nested dicts) atomically in packtrain's container:
 //   8 bytes   magic "PKTRNCK1"
