@@ -2,6 +2,8 @@
 #include "packtrain/runtime/data/bpe_tokenizer.h"
 
 #include "packtrain/base/user_error.h"
+#include "packtrain/runtime/data/input_file.h"
+#include "packtrain/runtime/data/json_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -10,7 +12,6 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -73,25 +74,27 @@ std::vector<std::string> characters(const std::string& s) {
   return out;
 }
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError("tokenizer file '" + path.string() + "' cannot be read");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError("tokenizer file '" + path.string() + "' is not JSON: " + e.what());
+// An id of `token` from `file`: an integer in [0, vocab_limit), checked before any
+// table is sized by it (an id of -100000 or 2e9 must not index or allocate).
+int64_t checked_id(const nlohmann::json& id, const std::string& token, int64_t vocab_limit, const std::string& file) {
+  if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<uint64_t>() > uint64_t{INT64_MAX})) {
+    throw UserError("tokenizer file '" + file + "': token " + short_json(token) +
+                    " has no integer id: " + short_json(id));
   }
+  const int64_t value = id.get<int64_t>();
+  if (value < 0 || value >= vocab_limit) {
+    throw UserError("tokenizer file '" + file + "': token " + short_json(token) + " has id " + std::to_string(value) +
+                    ", outside the model's vocabulary of " + std::to_string(vocab_limit) + " (ids 0.." +
+                    std::to_string(vocab_limit - 1) + ")");
+  }
+  return value;
 }
 
-std::unordered_map<std::string, int64_t> vocab_from(const nlohmann::json& j, const fs::path& file) {
+std::unordered_map<std::string, int64_t> vocab_from(const nlohmann::json& j, const fs::path& file,
+                                                    int64_t vocab_limit) {
   if (!j.is_object()) throw UserError("tokenizer file '" + file.string() + "': the vocabulary is not an object");
   std::unordered_map<std::string, int64_t> vocab;
-  for (const auto& [token, id] : j.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-      throw UserError("tokenizer file '" + file.string() + "': token '" + token + "' has no id >= 0: " + id.dump());
-    }
-    vocab[token] = id.get<int64_t>();
-  }
+  for (const auto& [token, id] : j.items()) vocab[token] = checked_id(id, token, vocab_limit, file.string());
   return vocab;
 }
 
@@ -157,15 +160,27 @@ struct BpeTokenizer::Cache {
 
 BpeTokenizer::BpeTokenizer(std::unordered_map<std::string, int64_t> vocab,
                            std::vector<std::pair<std::string, std::string>> merges,
-                           std::vector<std::pair<std::string, int64_t>> special, bool add_prefix_space)
+                           std::vector<std::pair<std::string, int64_t>> special, bool add_prefix_space,
+                           int64_t vocab_limit)
     : vocab_(std::move(vocab)),
       special_(std::move(special)),
       add_prefix_space_(add_prefix_space),
       pattern_(std::make_unique<Pattern>()),
       cache_(std::make_unique<Cache>()) {
-  int64_t size = 0;
-  for (const auto& [token, id] : vocab_) size = std::max(size, id + 1);
-  for (const auto& [token, id] : special_) size = std::max(size, id + 1);
+  if (vocab_limit < 1 || vocab_limit > kMaxTokenizerVocab) {
+    throw UserError("BPE: a vocabulary limit of " + std::to_string(vocab_limit) + " (1.." +
+                    std::to_string(kMaxTokenizerVocab) + " ids are possible)");
+  }
+  int64_t size = 0;  // every id is checked before it sizes or indexes tokens_
+  const auto check = [&](const std::string& token, int64_t id) {
+    if (id < 0 || id >= vocab_limit) {
+      throw UserError("BPE: token " + short_json(token) + " has id " + std::to_string(id) +
+                      ", outside the model's vocabulary of " + std::to_string(vocab_limit));
+    }
+    size = std::max(size, id + 1);
+  };
+  for (const auto& [token, id] : vocab_) check(token, id);
+  for (const auto& [token, id] : special_) check(token, id);
   tokens_.assign(static_cast<size_t>(size), "");
   for (const auto& [token, id] : vocab_) tokens_[static_cast<size_t>(id)] = token;
   for (const auto& [token, id] : special_) tokens_[static_cast<size_t>(id)] = token;
@@ -178,27 +193,35 @@ BpeTokenizer::~BpeTokenizer() = default;
 BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 
-BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir) {
+BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir, int64_t vocab_limit) {
   const fs::path json = dir / "tokenizer.json";
-  if (fs::exists(json)) {
-    const nlohmann::json t = read_json(json);
-    const auto fail = [&](const std::string& problem) {
-      return UserError("tokenizer file '" + json.string() + "': " + problem);
-    };
+  // Whatever is at a name (a FIFO, a loop of links) is read, so the checked reader names it.
+  const auto present = [](const fs::path& file) {
+    std::error_code ec;
+    return fs::exists(fs::symlink_status(file, ec));
+  };
+  if (present(json)) {
+    const nlohmann::json t = read_json_file(json, "tokenizer file");
+    const std::string where = "tokenizer file '" + json.string() + "'";
+    const auto fail = [&](const std::string& problem) { return UserError(where + ": " + problem); };
     if (!t.is_object() || !t.contains("model") || !t.at("model").is_object()) throw fail("no model");
     const nlohmann::json& model = t.at("model");
-    if (model.value("type", std::string("BPE")) != "BPE") {
-      throw fail("model type '" + model.value("type", std::string()) + "' is not BPE (GPT-2's byte-level BPE is read)");
+    if (const std::string type = json_string(model, "type", "BPE", where + " model"); type != "BPE") {
+      throw fail("model type " + short_json(type) + " is not BPE (GPT-2's byte-level BPE is read)");
     }
     const nlohmann::json& pre = t.contains("pre_tokenizer") ? t.at("pre_tokenizer") : nlohmann::json();
-    if (!pre.is_object() || pre.value("type", std::string()) != "ByteLevel") {
-      throw fail("pre_tokenizer is not ByteLevel (GPT-2's byte-level BPE is read): " + pre.dump());
+    if (!pre.is_object() || json_string(pre, "type", "", where + " pre_tokenizer") != "ByteLevel") {
+      throw fail("pre_tokenizer is not ByteLevel (GPT-2's byte-level BPE is read): " + short_json(pre));
     }
-    if (!pre.value("use_regex", true))
+    if (!json_bool(pre, "use_regex", true, where + " pre_tokenizer"))
       throw fail("a ByteLevel pre_tokenizer without GPT-2's pattern (use_regex false)");
+    if (json_bool(pre, "add_prefix_space", false, where + " pre_tokenizer")) {
+      throw fail("a ByteLevel pre_tokenizer with add_prefix_space is not supported (GPT-2's has none)");
+    }
     if (!model.contains("vocab") || !model.contains("merges") || !model.at("merges").is_array()) {
       throw fail("the BPE model needs vocab and merges");
     }
+    std::unordered_map<std::string, int64_t> vocab = vocab_from(model.at("vocab"), json, vocab_limit);
     std::vector<std::pair<std::string, std::string>> merges;
     for (const nlohmann::json& m : model.at("merges")) {
       if (m.is_string()) {
@@ -206,29 +229,32 @@ BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir) {
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
       } else {
-        throw fail("merge " + m.dump() + " is not two tokens");
+        throw fail("merge " + short_json(m) + " is not two tokens");
       }
     }
     std::vector<std::pair<std::string, int64_t>> special;
-    if (t.contains("added_tokens") && t.at("added_tokens").is_array()) {
+    if (t.contains("added_tokens") && !t.at("added_tokens").is_null()) {
+      if (!t.at("added_tokens").is_array())
+        throw fail("added_tokens is not a list: " + short_json(t.at("added_tokens")));
       for (const nlohmann::json& a : t.at("added_tokens")) {
-        if (!a.is_object() || !a.contains("content") || !a.contains("id")) throw fail("added token " + a.dump());
-        special.emplace_back(a.at("content").get<std::string>(), a.at("id").get<int64_t>());
+        if (!a.is_object() || !a.contains("content") || !a.at("content").is_string() || !a.contains("id")) {
+          throw fail("added token " + short_json(a) + " has no content string and id");
+        }
+        const std::string content = a.at("content").get<std::string>();
+        special.emplace_back(content, checked_id(a.at("id"), content, vocab_limit, json.string()));
       }
     }
-    if (pre.value("add_prefix_space", false)) {
-      throw fail("a ByteLevel pre_tokenizer with add_prefix_space is not supported (GPT-2's has none)");
-    }
-    return BpeTokenizer(vocab_from(model.at("vocab"), json), std::move(merges), std::move(special), false);
+    return BpeTokenizer(std::move(vocab), std::move(merges), std::move(special), false, vocab_limit);
   }
   const fs::path vocab_file = dir / "vocab.json", merges_file = dir / "merges.txt";
-  if (!fs::exists(vocab_file) || !fs::exists(merges_file)) {
+  if (!present(vocab_file) || !present(merges_file)) {
     throw UserError("tokenizer folder '" + dir.string() +
                     "' has no tokenizer: neither tokenizer.model (Llama's SentencePiece) nor tokenizer.json, "
                     "nor vocab.json and merges.txt (GPT-2's byte-level BPE)");
   }
-  std::unordered_map<std::string, int64_t> vocab = vocab_from(read_json(vocab_file), vocab_file);
-  std::ifstream in(merges_file);
+  std::unordered_map<std::string, int64_t> vocab =
+      vocab_from(read_json_file(vocab_file, "tokenizer file"), vocab_file, vocab_limit);
+  std::istringstream in(read_input_file(merges_file, "tokenizer file"));
   std::vector<std::pair<std::string, std::string>> merges;
   std::string line;
   for (bool first = true; std::getline(in, line); first = false) {
@@ -238,7 +264,7 @@ BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir) {
   }
   std::vector<std::pair<std::string, int64_t>> special;
   if (const auto it = vocab.find("<|endoftext|>"); it != vocab.end()) special.emplace_back(it->first, it->second);
-  return BpeTokenizer(std::move(vocab), std::move(merges), std::move(special), false);
+  return BpeTokenizer(std::move(vocab), std::move(merges), std::move(special), false, vocab_limit);
 }
 
 void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int64_t>& out) const {

@@ -26,16 +26,24 @@
 
 namespace packtrain::runtime {
 
+// The most ids a tokenizer read without its model may have (2^24; real vocabularies
+// are below 300k): the bound when no model's vocabulary is known.
+inline constexpr int64_t kMaxTokenizerVocab = int64_t{1} << 24;
+
 class BpeTokenizer {
  public:
-  // tokenizer.json, else vocab.json + merges.txt, in `dir`; UserError naming the file
-  // for a missing or malformed one, a model other than BPE over ByteLevel, or a merge
-  // whose tokens or result the vocabulary lacks.
-  static BpeTokenizer from_folder(const std::filesystem::path& dir);
+  // tokenizer.json, else vocab.json + merges.txt, in `dir`, each read through the
+  // checked input reader (a FIFO or directory at the name is refused); UserError
+  // naming the file for a missing or malformed one, a value of the wrong type, a
+  // model other than BPE over ByteLevel, or any id (vocabulary or added token) outside
+  // [0, vocab_limit) — the model's vocabulary, checked before anything is sized by it.
+  static BpeTokenizer from_folder(const std::filesystem::path& dir, int64_t vocab_limit = kMaxTokenizerVocab);
 
   // `merges` in rank order; `special` the added tokens matched verbatim in the text.
+  // UserError for an id outside [0, vocab_limit).
   BpeTokenizer(std::unordered_map<std::string, int64_t> vocab, std::vector<std::pair<std::string, std::string>> merges,
-               std::vector<std::pair<std::string, int64_t>> special, bool add_prefix_space);
+               std::vector<std::pair<std::string, int64_t>> special, bool add_prefix_space,
+               int64_t vocab_limit = kMaxTokenizerVocab);
   ~BpeTokenizer();
   BpeTokenizer(BpeTokenizer&&) noexcept;
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;

@@ -1,5 +1,6 @@
 #include "packtrain/runtime/data/input_file.h"
 
+#include "packtrain/base/fnv1a.h"
 #include "packtrain/runtime/data/data_error.h"
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 namespace packtrain::runtime {
 
@@ -35,6 +37,20 @@ uint64_t check_input_file(const std::filesystem::path& file, std::string_view wh
   return static_cast<uint64_t>(st.st_size);
 }
 
+uint64_t input_file_checksum(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
+  check_input_file(file, what, max_bytes);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open the {} (unreadable)", file.string(), what));
+  Fnv1a hash;
+  std::vector<char> block(size_t{1} << 20);
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    hash.add(block.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) throw DataError(file.string() + ": read error");
+  return hash.value();
+}
+
 void strip_bom(std::string& text) {
   if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
 }
@@ -46,7 +62,7 @@ void check_line_length(const std::filesystem::path& file, int64_t number, size_t
   }
 }
 
-std::string read_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
+std::string read_input_bytes(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
   const uint64_t size = check_input_file(file, what, max_bytes);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot open the {} (unreadable)", file.string(), what));
@@ -55,6 +71,11 @@ std::string read_input_file(const std::filesystem::path& file, std::string_view 
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw DataError(file.string() + ": read error");
   text.resize(static_cast<size_t>(in.gcount()));
+  return text;
+}
+
+std::string read_input_file(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes) {
+  std::string text = read_input_bytes(file, what, max_bytes);
   int64_t number = 1;
   for (size_t start = 0; start < text.size(); ++number) {
     const size_t end = std::min(text.find('\n', start), text.size());

@@ -27,6 +27,15 @@ uint64_t check_input_file(const std::filesystem::path& file, std::string_view wh
 std::string read_input_file(const std::filesystem::path& file, std::string_view what,
                             uint64_t max_bytes = kMaxInputBytes);
 
+// check_input_file, then the whole content, whatever its lines (a minified JSON
+// file is one long line).
+std::string read_input_bytes(const std::filesystem::path& file, std::string_view what,
+                             uint64_t max_bytes = kMaxInputBytes);
+
+// check_input_file, then FNV-1a 64 of the whole content, read in blocks (a weight
+// file of gigabytes is never held at once).
+uint64_t input_file_checksum(const std::filesystem::path& file, std::string_view what, uint64_t max_bytes = UINT64_MAX);
+
 // Removes a UTF-8 byte-order mark (spreadsheet exports start with one) from the
 // start of `text`, the first line of a file.
 void strip_bom(std::string& text);

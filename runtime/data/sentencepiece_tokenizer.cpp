@@ -3,14 +3,21 @@
 #include "packtrain/runtime/data/sentencepiece_tokenizer.h"
 
 #include "packtrain/base/user_error.h"
+#include "packtrain/runtime/data/input_file.h"
 
 #include <sentencepiece_processor.h>
 
 namespace packtrain::runtime {
 
+namespace {
+constexpr uint64_t kMaxSentencePieceBytes = uint64_t{256} << 20;  // Llama 2's is 500 kB
+}  // namespace
+
 SentencePieceTokenizer::SentencePieceTokenizer(const std::filesystem::path& model_file)
     : file_(model_file), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  const auto status = processor_->Load(model_file.string());
+  // Read through the checked reader (a FIFO at the name would block Load forever).
+  const std::string bytes = read_input_bytes(model_file, "tokenizer file", kMaxSentencePieceBytes);
+  const auto status = processor_->LoadFromSerializedProto(bytes);
   if (!status.ok()) {
     throw UserError("tokenizer file '" + model_file.string() + "' is not a SentencePiece model: " + status.ToString());
   }

@@ -119,16 +119,29 @@ class SentencePieceTextTokenizer final : public TextTokenizer {
 
 std::unique_ptr<TextTokenizer> make_byte_text_tokenizer() { return std::make_unique<ByteTextTokenizer>(); }
 
-std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir) {
-  if (const std::filesystem::path model = dir / "tokenizer.model"; std::filesystem::exists(model)) {
+std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir, int64_t vocab_limit,
+                                                              TokenizerFamily family) {
+  const std::filesystem::path model = dir / "tokenizer.model";
+  std::error_code ec;
+  const bool has_model = std::filesystem::exists(std::filesystem::symlink_status(model, ec));
+  if (family == TokenizerFamily::kSentencePiece && !has_model) {
+    throw UserError("tokenizer folder '" + dir.string() +
+                    "' holds a Llama checkpoint but no tokenizer.model (Llama's SentencePiece model); a "
+                    "tokenizer.json alone (Llama 3's tiktoken-style BPE) is not read");
+  }
+  if (has_model && family != TokenizerFamily::kGpt2) {
     SentencePieceTokenizer pieces(model);
+    if (pieces.vocab_size() > vocab_limit) {
+      throw UserError("tokenizer file '" + model.string() + "' has " + std::to_string(pieces.vocab_size()) +
+                      " pieces, more than the model's vocabulary of " + std::to_string(vocab_limit));
+    }
     if (pieces.bos() < 0 || pieces.eos() < 0) {
       throw UserError("tokenizer file '" + model.string() +
                       "' has no BOS or no EOS id (Llama's sentences start with BOS and end with EOS)");
     }
     return std::make_unique<SentencePieceTextTokenizer>(std::move(pieces));
   }
-  BpeTokenizer bpe = BpeTokenizer::from_folder(dir);
+  BpeTokenizer bpe = BpeTokenizer::from_folder(dir, vocab_limit);
   const std::optional<int64_t> end = bpe.token_id("<|endoftext|>");
   if (!end) {
     throw UserError("tokenizer in '" + dir.string() +

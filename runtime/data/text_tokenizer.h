@@ -7,6 +7,8 @@
 // and `generate` go through this seam only.
 #pragma once
 
+#include "packtrain/runtime/data/bpe_tokenizer.h"  // kMaxTokenizerVocab
+
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -34,10 +36,22 @@ class TextTokenizer {
 
 // packtrain's own trunk's tokenizer (ByteTokenizer).
 std::unique_ptr<TextTokenizer> make_byte_text_tokenizer();
+// Which tokenizer a checkpoint folder's model was trained with.
+enum class TokenizerFamily {
+  kAny,            // whichever the folder holds (a tokenizer read without its model)
+  kGpt2,           // GPT-2's byte-level BPE
+  kSentencePiece,  // Llama's tokenizer.model
+};
+
 // A checkpoint folder's tokenizer: Llama's SentencePiece tokenizer.model when the
 // folder holds one, else GPT-2's byte-level BPE (tokenizer.json, or vocab.json +
 // merges.txt) with its end token <|endoftext|>. A UserError naming the folder when it
-// has no tokenizer files, or they lack the end (and, SentencePiece, BOS) token.
-std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir);
+// has no tokenizer files, they lack the end (and, SentencePiece, BOS) token, any id is
+// outside [0, vocab_limit) (the model's vocabulary: checked before a table is sized by
+// an id), or `family` asks for a kind the folder lacks (a Llama folder with only a
+// tokenizer.json: Llama 3's tiktoken-style BPE is not GPT-2's).
+std::unique_ptr<TextTokenizer> make_checkpoint_text_tokenizer(const std::filesystem::path& dir,
+                                                              int64_t vocab_limit = kMaxTokenizerVocab,
+                                                              TokenizerFamily family = TokenizerFamily::kAny);
 
 }  // namespace packtrain::runtime
