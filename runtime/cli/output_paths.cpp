@@ -1,5 +1,6 @@
 #include "packtrain/runtime/cli/output_paths.h"
 
+#include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 
@@ -107,10 +108,15 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
 }
 
 std::vector<NamedPath> data_inputs(const runtime::DataArgs& data) {
-  return {{"--data", data.data},
-          {"--train-index", data.train_index},
-          {"--val-index", data.val_index},
-          {"--test-index", data.test_index}};
+  std::vector<NamedPath> inputs;
+  // A directory's files one by one: an output inside the folder must not replace them.
+  for (const fs::path& file : runtime::dataset_files(data.data)) inputs.push_back({"--data", file.string()});
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--train-index", data.train_index},
+                                   {"--val-index", data.val_index},
+                                   {"--test-index", data.test_index}}) {
+    inputs.push_back({flag, path});
+  }
+  return inputs;
 }
 
 }  // namespace packtrain::cli

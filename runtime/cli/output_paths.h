@@ -36,8 +36,8 @@ void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<Name
 // for every later check_outputs.
 void add_read_file(NamedPath file);
 
-// The files a run's data arguments name (--data and the index files), as inputs
-// for check_outputs.
+// The files a run's data arguments read (--data — a directory's every data file,
+// runtime::dataset_files — and the index files), as inputs for check_outputs.
 std::vector<NamedPath> data_inputs(const runtime::DataArgs& data);
 
 }  // namespace packtrain::cli

@@ -181,6 +181,30 @@ Dataset load_dataset(const DatasetSpec& spec) {
   return data;
 }
 
+std::vector<fs::path> dataset_files(const std::string& argument) {
+  fs::path path;
+  try {
+    path = resolve(argument);
+  } catch (const DataError&) {
+    return {};
+  }
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return {path};
+  std::vector<fs::path> files;
+  for (const char* name : {"features.npy", "labels.npy", "train_features.npy", "train_labels.npy", "test_features.npy",
+                           "test_labels.npy", "data.txt", "index_features.txt", "index_target.txt", "n_splits.txt"}) {
+    if (fs::exists(path / name, ec)) files.push_back(path / name);
+  }
+  // The standard splits' index files: index_train_<k>.txt and index_test_<k>.txt.
+  for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if ((name.starts_with("index_train_") || name.starts_with("index_test_")) && name.ends_with(".txt")) {
+      files.push_back(it->path());
+    }
+  }
+  return files;
+}
+
 DataSplit uci_split(const Dataset& data, int k) {
   if (!data.uci_splits) {
     throw DataError(data.source.string() +

@@ -56,6 +56,13 @@ std::filesystem::path bundled_data_dir();
 // repeated feature, or a table with no feature column left.
 Dataset load_dataset(const DatasetSpec& spec);
 
+// Every file load_dataset (and uci_split) may read for `path` (a --data argument,
+// resolved as load_dataset resolves it): a table or .npz file itself; an array
+// directory's .npy arrays; a UCI-format directory's data.txt, n_splits.txt and index
+// files. Only those that exist; none when `path` does not resolve (the load says
+// why). The inputs an output must not overwrite (runtime/cli/output_paths.h).
+std::vector<std::filesystem::path> dataset_files(const std::string& path);
+
 // Standard split k of a data set loaded from a UCI directory (train and test; an
 // empty validation set). DataError if it has no standard splits or k is out of range.
 DataSplit uci_split(const Dataset& data, int k);

@@ -1,6 +1,7 @@
 // The UCI reader on the bundled data and on broken files; the standardizer.
 #include "packtrain/runtime/data/uci_dataset.h"
 #include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/dataset.h"
 #include "packtrain/runtime/data/standardizer.h"
 #include "tests/support/test_support.h"
 
@@ -8,6 +9,7 @@
 #include <gmock/gmock.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +110,31 @@ TEST(Standardizer, FitsTrainingStatisticsAndGuardsConstantColumns) {
   const at::Tensor z = s.transform(x);
   EXPECT_NEAR(z.select(1, 0).std(false).item<double>(), 1.0, 1e-12);
   EXPECT_TRUE(packtrain::testing::all_close(s.inverse(z), x, 1e-12));
+}
+
+// Every file a data directory's load reads is listed, so an output inside the
+// folder cannot replace one (runtime/cli/output_paths.h).
+TEST(DatasetFiles, ListEachFileADirectoryLoadReads) {
+  const packtrain::testing::ScopedTempDir arrays_dir("dataset_files_arrays"), uci_dir("dataset_files_uci");
+  const fs::path arrays = arrays_dir.path(), uci = uci_dir.path();
+  const auto write_text = [](const fs::path& path, const std::string& text) { std::ofstream(path) << text; };
+  for (const char* name : {"features.npy", "labels.npy", "notes.txt"}) write_text(arrays / name, "x");
+  for (const char* name : {"data.txt", "index_features.txt", "index_target.txt", "n_splits.txt", "index_train_0.txt",
+                           "index_test_0.txt", "model.ckpt"}) {
+    write_text(uci / name, "x");
+  }
+  const auto names = [](const std::vector<fs::path>& files) {
+    std::vector<std::string> out;
+    for (const fs::path& f : files) out.push_back(f.filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  EXPECT_EQ(names(dataset_files(arrays.string())), (std::vector<std::string>{"features.npy", "labels.npy"}));
+  EXPECT_EQ(names(dataset_files(uci.string())),
+            (std::vector<std::string>{"data.txt", "index_features.txt", "index_target.txt", "index_test_0.txt",
+                                      "index_train_0.txt", "n_splits.txt"}));
+  EXPECT_EQ(dataset_files((uci / "data.txt").string()), std::vector<fs::path>{uci / "data.txt"});
+  EXPECT_TRUE(dataset_files((uci / "absent").string()).empty());
 }
 
 }  // namespace
