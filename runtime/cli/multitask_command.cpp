@@ -22,10 +22,12 @@
 #include "packtrain/runtime/data/text_tokenizer.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
+#include "packtrain/runtime/io/output_folder.h"
 #include "packtrain/runtime/measure/layer_timing.h"
 #include "packtrain/runtime/trainers/memory_estimate.h"
 #include "packtrain/runtime/trainers/multitask/multitask_resume.h"
 #include "packtrain/runtime/trainers/multitask/multitask_trainer.h"
+#include "packtrain/runtime/trainers/multitask/pretrained_trunk.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -266,6 +268,15 @@ int run_session(const Session& s, RunDriver& driver) {
   return writes.rethrow_or(0);
 }
 
+// Each file of a --trunk folder (weights, shards, config, tokenizer) is an input: no
+// output may replace one.
+void add_trunk_inputs(const std::string& trunk, std::vector<NamedPath>& inputs) {
+  if (trunk.empty()) return;
+  for (const std::filesystem::path& file : runtime::pretrained_trunk_files(trunk)) {
+    inputs.push_back({"--trunk", file.string()});
+  }
+}
+
 // A pipeline run writes more than `-o`: each save's stage files beside it. Those it
 // would write over that already exist must not be inputs either.
 void check_stage_outputs(const runtime::MultiTaskTrainer& trainer, const std::string& checkpoint, int64_t epochs,
@@ -308,8 +319,9 @@ int run_train(const MultiTaskTrainArgs& a) {
   files.train = a.train.empty() ? task.train : std::filesystem::path(a.train);
   files.dev = a.dev.empty() ? task.dev : std::filesystem::path(a.dev);
   files.epochs = a.epochs;
-  const std::vector<NamedPath> inputs = {
+  std::vector<NamedPath> inputs = {
       {"--train", files.train.string()}, {"--dev", files.dev.string()}, {"--class-names", a.class_names}};
+  add_trunk_inputs(a.options.trunk(), inputs);
   check_outputs({{"-o", a.checkpoint.path, a.options.pipeline_stages() > 1}, {"--log", a.output.log}}, inputs);
   // Classes: the names given (or the bundled task's, for its own files), else what the
   // training labels imply.
@@ -387,6 +399,7 @@ int run_resume(MultiTaskResumeArgs a) {
   // and the sentence files it names are inputs (the config is one for every command).
   std::vector<NamedPath> inputs = {{"training file", files.train.string()}, {"dev file", files.dev.string()}};
   for (const std::filesystem::path& file : checkpoint.stage_files()) inputs.push_back({"stage file", file.string()});
+  add_trunk_inputs(checkpoint.trunk(), inputs);
   const bool stages_beside = !checkpoint.stage_files().empty() &&
                              runtime::distributed::rank_info_from_environment().launched();  // resumed as a pipeline
   check_outputs({{"-o", a.out.path, stages_beside}, {"--log", a.output.log}}, inputs);
@@ -411,13 +424,16 @@ struct Loaded {
   std::vector<std::string> class_names;
 };
 
-Loaded load(const std::string& checkpoint, const std::string& device) {
+Loaded load(const runtime::MultiTaskCheckpoint& checkpoint, const std::string& device) {
   std::string extra;
   Loaded out{runtime::MultiTaskTrainer::load(checkpoint, pick_device(device), &extra), {}};
   // The library's MultiTaskModel.save writes no run description: classes numbered.
   const nlohmann::json run = nlohmann::json::parse(extra, nullptr, /*allow_exceptions=*/false);
   if (run.is_object()) out.class_names = run.value("class_names", std::vector<std::string>{});
   return out;
+}
+Loaded load(const std::string& checkpoint, const std::string& device) {
+  return load(runtime::MultiTaskCheckpoint::read(checkpoint), device);
 }
 
 // The likeliest class of a row of probabilities: its name (or number) and probability.
@@ -632,11 +648,22 @@ void add_multitask_export(CLI::App* mt, int& status) {
       "Write a checkpoint's model as a Hugging Face GPT-2 folder (config.json, model.safetensors, the --trunk's "
       "tokenizer files) that transformers' from_pretrained loads.");
   exported->add_option("checkpoint", *checkpoint, "multitask checkpoint")->required()->check(CLI::ExistingFile);
-  exported->add_option("dir", *out, "Folder to write (created; its config.json and model.safetensors replaced)")
+  exported
+      ->add_option("dir", *out,
+                   "Folder to write: new, or an earlier export's (replaced as a whole: written beside it, then "
+                   "renamed into place); never the trunk's folder or one holding other files")
       ->required();
   exported->add_option("--member", *member, "Which member of a pack")->check(non_negative())->capture_default_str();
   exported->callback([=, &status] {
-    const auto [trainer, names] = load(*checkpoint, "cpu");
+    // Before any work: the checkpoint, its stage files and its trunk's files are inputs.
+    const runtime::MultiTaskCheckpoint read = runtime::MultiTaskCheckpoint::read(*checkpoint);
+    std::vector<std::filesystem::path> inputs{*checkpoint};
+    inputs.insert(inputs.end(), read.stage_files().begin(), read.stage_files().end());
+    if (const std::string trunk = read.trunk(); !trunk.empty()) {
+      for (const std::filesystem::path& file : runtime::pretrained_trunk_files(trunk)) inputs.push_back(file);
+    }
+    runtime::check_output_folder(*out, runtime::pretrained_folder_names(), inputs);
+    const auto [trainer, names] = load(read, "cpu");
     trainer->save_pretrained(*out, *member);
     fmt::print("wrote {} (member {}, {} blocks of width {})\n", *out, *member, trainer->options().model().layers(),
                trainer->options().model().width());

@@ -106,7 +106,13 @@ MultiTaskEpochReport epoch_report(int64_t epoch, int64_t steps, const at::Tensor
 MultiTaskTrainer::MultiTaskTrainer(MultiTaskTrainerOptions options, distributed::ProcessGroup* pipeline)
     : options_(with_trunk_shape(std::move(options))), device_(options_.model().device()) {
   options_.validate();
-  tokenizer_ = options_.trunk().empty() ? make_byte_text_tokenizer() : make_checkpoint_text_tokenizer(options_.trunk());
+  // A trunk's tokenizer ids are checked against its config's vocabulary as they are read.
+  tokenizer_ = options_.trunk().empty()
+                   ? make_byte_text_tokenizer()
+                   : make_checkpoint_text_tokenizer(
+                         options_.trunk(), options_.model().vocab(),
+                         options_.model().rms_norm() ? TokenizerFamily::kSentencePiece : TokenizerFamily::kGpt2);
+  if (!options_.trunk().empty()) trunk_record_ = trunk_record_json(options_.trunk());
   if (tokenizer_->vocab() > options_.model().vocab()) {
     throw DataError(fmt::format("the tokenizer in '{}' has {} tokens, more than the model's vocabulary of {}",
                                 options_.trunk(), tokenizer_->vocab(), options_.model().vocab()));

@@ -191,6 +191,8 @@ class MultiTaskCheckpoint {
   // The caller's `extra` JSON the save recorded (a manifest of an earlier version
   // records none: then stage 0's file is read for it).
   std::string extra() const;
+  // The trunk folder the run's options name ("" for packtrain's own trunk).
+  std::string trunk() const;
 
  private:
   friend class MultiTaskTrainer;
@@ -330,6 +332,9 @@ class MultiTaskTrainer {
   MultiTaskTrainerOptions options_;
   c10::Device device_;
   std::unique_ptr<TextTokenizer> tokenizer_;  // the trunk's (the byte tokenizer without one)
+  // The trunk folder's files as this trainer read them (pretrained_trunk.h's
+  // trunk_record_json; "" without a trunk): saved, and compared on load.
+  std::string trunk_record_;
   std::unique_ptr<ensemble::PackedTransformer> model_;
   std::unique_ptr<ensemble::PackedAdam> optimizer_;
   std::unique_ptr<MultiTaskSteps> steps_;  // graph pool, training and eval graph caches, accumulators

@@ -34,10 +34,11 @@ constexpr const char* kPipelineManifestFormat = "packtrain-multitask-pipeline-ma
 // A trainer's checkpoint payload (the whole model's, or one pipeline stage's).
 c10::impl::GenericDict trainer_payload(const MultiTaskTrainerOptions& options, const std::string& extra,
                                        const ensemble::PackedTransformer& model, const ensemble::PackedAdam& optimizer,
-                                       int64_t epochs, int64_t steps) {
+                                       int64_t epochs, int64_t steps, const std::string& trunk_record) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("format", std::string(kMultiTaskFormat));
   d.insert("options", to_json(options));
+  if (!trunk_record.empty()) d.insert("trunk_files", trunk_record);
   d.insert("extra", extra);
   d.insert("params", model.parameters().flat().to(at::kCPU).clone());
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
@@ -156,13 +157,21 @@ std::string MultiTaskCheckpoint::extra() const {
   return first.at("extra").toStringRef();
 }
 
+std::string MultiTaskCheckpoint::trunk() const {
+  const c10::impl::GenericDict top = payload_->toGenericDict();
+  if (top.contains("options")) return options_of(top, path_).trunk();
+  const c10::impl::GenericDict first = checkpoint_dict(stage_files_.at(0), "multi-task stage checkpoint");
+  return options_of(first, stage_files_.at(0)).trunk();
+}
+
 void MultiTaskTrainer::save(const std::filesystem::path& path, const std::string& extra) const {
   PACKTRAIN_NVTX_RANGE("checkpoint");
   if (pipeline_) {
     save_stage(path, extra);
     return;
   }
-  c10::impl::GenericDict d = trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_);
+  c10::impl::GenericDict d =
+      trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_, trunk_record_);
   if (best_rows_.defined()) {  // early stopping's records, so a resumed run stops as this one would
     std::vector<double> loss;
     std::vector<int64_t> epoch, stopped;
@@ -185,7 +194,8 @@ void MultiTaskTrainer::save_stage(const std::filesystem::path& path, const std::
   const int64_t s = pipeline_group_->rank(), S = pipeline_group_->world_size();
   const auto name = [&](int64_t stage) { return stage_file_name(path, stage, S, steps_done_); };
   const std::filesystem::path file = path.parent_path() / name(s);
-  c10::impl::GenericDict d = trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_);
+  c10::impl::GenericDict d =
+      trainer_payload(options_, extra, *model_, *optimizer_, epochs_done_, steps_done_, trunk_record_);
   d.insert("stage", s);
   d.insert("stages", S);
   save_checkpoint(file, d);
@@ -379,6 +389,12 @@ std::unique_ptr<MultiTaskTrainer> MultiTaskTrainer::load(const MultiTaskCheckpoi
     }
     progress = first;
   }
+  // The trunk folder must hold the files the run was trained on (a LoRA pack's frozen
+  // trunk and every trunk's tokenizer are read from it again).
+  if (progress.contains("trunk_files") && !trainer->trunk_record_.empty()) {
+    check_trunk_record(progress.at("trunk_files").toStringRef(), trainer->trunk_record_, trainer->options_.trunk(),
+                       path);
+  }
   trainer->epochs_done_ = progress.at("epochs").toInt();
   trainer->steps_done_ = progress.at("steps").toInt();
   if (extra != nullptr) *extra = progress.at("extra").toStringRef();
@@ -413,15 +429,7 @@ void MultiTaskTrainer::save_pretrained(const std::filesystem::path& dir, int64_t
   if (member < 0 || member >= model_->members()) {
     throw UserError(fmt::format("save_pretrained: member {} out of range for {} members", member, model_->members()));
   }
-  save_pretrained_trunk(*model_, dir, member);
-  if (options_.trunk().empty()) return;
-  for (const char* name : {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                           "special_tokens_map.json"}) {
-    const std::filesystem::path from = std::filesystem::path(options_.trunk()) / name;
-    if (std::filesystem::exists(from)) {
-      std::filesystem::copy_file(from, dir / name, std::filesystem::copy_options::overwrite_existing);
-    }
-  }
+  save_pretrained_trunk(*model_, dir, member, options_.trunk());
 }
 
 }  // namespace packtrain::runtime

@@ -78,7 +78,11 @@ std::vector<std::string> MultiTaskTrainer::generate(const std::string& prompt, c
         "(packtrain multitask generate CHECKPOINT assembles its stages)");
   }
   if (g.max_new_tokens < 1) throw UserError("generate: max_new_tokens must be >= 1");
-  if (!(g.temperature >= 0)) throw UserError("generate: temperature must be >= 0");
+  // The temperature divides float32 logits: beyond float32's range (1e308) it is no number the step can hold.
+  if (!(g.temperature >= 0) || g.temperature > std::numeric_limits<float>::max()) {
+    throw UserError(fmt::format("generate: temperature must be finite, >= 0 and at most {:g} (float32's range), got {}",
+                                static_cast<double>(std::numeric_limits<float>::max()), g.temperature));
+  }
   if (g.top_k < 0) throw UserError("generate: top_k must be >= 0");
   const TextTokenizer& tokenizer = *tokenizer_;
   const int64_t max_length = options_.model().max_length(), V = options_.model().vocab(), K = model_->members();

@@ -321,6 +321,8 @@ void MultiTaskTrainerOptions::validate() const {
 
 MultiTaskTrainerOptions with_trunk_shape(MultiTaskTrainerOptions o) {
   if (o.trunk().empty()) return o;
+  // Absolute, so a checkpoint names the same folder whatever directory reads it.
+  o.trunk(std::filesystem::absolute(o.trunk()).lexically_normal().string());
   const ensemble::PackedTransformerOptions loaded = pretrained_trunk_options(o.trunk(), o.model().classes());
   o.model(ensemble::PackedTransformerOptions(o.model())
               .vocab(loaded.vocab())

@@ -2,16 +2,21 @@
 #include "packtrain/runtime/trainers/multitask/pretrained_trunk.h"
 
 #include "packtrain/base/user_error.h"
+#include "packtrain/runtime/data/data_error.h"
+#include "packtrain/runtime/data/fingerprint.h"
+#include "packtrain/runtime/data/input_file.h"
+#include "packtrain/runtime/data/json_file.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
+#include "packtrain/runtime/io/output_folder.h"
 #include "packtrain/runtime/io/safetensors_file.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -22,17 +27,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Through the checked reader (a FIFO or a directory at the name is refused, never
+// waited on); a config or index is small: 16 MiB is far above any real one.
 nlohmann::json read_json(const fs::path& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) throw UserError(what + " '" + path.string() + "' cannot be read (is this a checkpoint folder?)");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(what + " '" + path.string() + "' is not JSON: " + e.what());
-  }
+  return read_json_file(path, what, uint64_t{16} << 20);
 }
 
-// config[key] as an integer >= minimum (or `fallback` when absent and given).
+// No size of a real checkpoint comes near this (vocabularies ~ 2^18, widths ~ 2^14,
+// positions ~ 2^20): products of sizes stay far inside int64.
+constexpr int64_t kMaxConfigInteger = int64_t{1} << 24;
+
+// config[key] as an integer in [minimum, kMaxConfigInteger] (or `fallback` when
+// absent or null and given).
 int64_t config_integer(const nlohmann::json& config, const fs::path& file, const std::string& key, int64_t minimum,
                        std::optional<int64_t> fallback = std::nullopt) {
   if (!config.contains(key) || config.at(key).is_null()) {
@@ -40,11 +46,24 @@ int64_t config_integer(const nlohmann::json& config, const fs::path& file, const
     throw UserError("config '" + file.string() + "' has no " + key);
   }
   const nlohmann::json& v = config.at(key);
-  if (!v.is_number_integer() || v.get<int64_t>() < minimum) {
-    throw UserError("config '" + file.string() + "': " + key + " must be an integer >= " + std::to_string(minimum) +
-                    ", got " + v.dump());
+  const bool in_range = v.is_number_integer() &&
+                        (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{kMaxConfigInteger} &&
+                                                      static_cast<int64_t>(v.get<uint64_t>()) >= minimum
+                                                : v.get<int64_t>() >= minimum && v.get<int64_t>() <= kMaxConfigInteger);
+  if (!in_range) {
+    throw UserError("config '" + file.string() + "': " + key + " must be an integer from " + std::to_string(minimum) +
+                    " to " + std::to_string(kMaxConfigInteger) + ", got " + short_json(v));
   }
   return v.get<int64_t>();
+}
+
+// The options' own check (a TORCH_CHECK) as a UserError naming the config.
+void validate_trunk(const ensemble::PackedTransformerOptions& o, const fs::path& file) {
+  try {
+    o.validate();
+  } catch (const c10::Error& e) {
+    throw UserError("config '" + file.string() + "': " + e.what_without_backtrace());
+  }
 }
 
 // The GPT-2 name of each trunk parameter (prefix "transformer." for a *LMHeadModel's
@@ -73,12 +92,13 @@ class CheckpointTensors {
  public:
   explicit CheckpointTensors(const fs::path& dir) {
     const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
-    if (fs::exists(single)) {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(single, ec))) {
       files_.push_back(std::make_unique<SafetensorsFile>(single));
       for (const std::string& name : files_.back()->names()) where_[name] = files_.back().get();
       return;
     }
-    if (!fs::exists(index)) {
+    if (!fs::exists(fs::symlink_status(index, ec))) {
       throw UserError("checkpoint folder '" + dir.string() +
                       "' has neither model.safetensors nor model.safetensors.index.json (only safetensors "
                       "weights are read; convert a pytorch_model.bin with transformers' save_pretrained)");
@@ -91,7 +111,7 @@ class CheckpointTensors {
     for (const auto& [name, file] : map.at("weight_map").items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
         throw UserError("checkpoint index '" + index.string() + "': tensor '" + name +
-                        "' names no shard file of the folder: " + file.dump());
+                        "' names no shard file of the folder: " + short_json(file));
       }
       const std::string shard = file.get<std::string>();
       if (!opened.count(shard)) {
@@ -155,19 +175,22 @@ ensemble::PackedTransformerOptions llama_options(const nlohmann::json& config, c
     if (!from.contains(key) || from.at(key).is_null()) return fallback;
     if (!from.at(key).is_number() || !(from.at(key).get<double>() > 0)) {
       throw UserError("config '" + file.string() + "': " + key + " must be a positive number, got " +
-                      from.at(key).dump());
+                      short_json(from.at(key)));
     }
     return from.at(key).get<double>();
   };
-  if (config.value("hidden_act", std::string("silu")) != "silu") refuse("hidden_act " + config.at("hidden_act").dump());
+  const std::string where = "config '" + file.string() + "'";
+  if (const std::string act = json_string(config, "hidden_act", "silu", where); act != "silu") {
+    refuse("hidden_act " + short_json(act));
+  }
   if (flag("attention_bias", false) || flag("mlp_bias", false)) refuse("projection biases (attention_bias, mlp_bias)");
   // transformers 5 keeps rope_theta in rope_parameters, older versions beside rope_scaling.
   double theta = number(config, "rope_theta", 10000.0);
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!config.contains(key) || config.at(key).is_null()) continue;
     const nlohmann::json& rope = config.at(key);
-    if (!rope.is_object() || rope.value("rope_type", std::string("default")) != "default") {
-      refuse(std::string(key) + " " + rope.dump() + " (the default rotary positions are)");
+    if (!rope.is_object() || json_string(rope, "rope_type", "default", where + " " + key) != "default") {
+      refuse(std::string(key) + " " + short_json(rope) + " (the default rotary positions are)");
     }
     theta = number(rope, "rope_theta", theta);
   }
@@ -193,7 +216,7 @@ ensemble::PackedTransformerOptions llama_options(const nlohmann::json& config, c
       .gated_mlp(true)
       .norm_eps(number(config, "rms_norm_eps", 1e-6));
   if (heads % o.key_value_heads() != 0) refuse("num_key_value_heads not dividing num_attention_heads");
-  o.validate();
+  validate_trunk(o, file);
   return o;
 }
 
@@ -243,7 +266,8 @@ at::Tensor llama_value(const Tensors& tensors, const ensemble::ParameterSpec& sp
 }
 
 ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir, int64_t classes) {
-  if (!fs::is_directory(dir)) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
     throw UserError("pretrained trunk '" + dir.string() +
                     "' is not a folder (give a Hugging Face checkpoint folder: config.json and model.safetensors)");
   }
@@ -271,7 +295,8 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
   if (!flag("scale_attn_weights", true))
     refuse("attention without 1/sqrt(head_dim) scaling (scale_attn_weights false)");
   if (flag("scale_attn_by_inverse_layer_idx", false)) refuse("scale_attn_by_inverse_layer_idx");
-  const std::string activation = config.value("activation_function", std::string("gelu_new"));
+  const std::string activation =
+      json_string(config, "activation_function", "gelu_new", "config '" + file.string() + "'");
   bool tanh = false;
   if (activation == "gelu_new" || activation == "gelu_pytorch_tanh") {
     tanh = true;
@@ -285,7 +310,8 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
   if (config.contains("layer_norm_epsilon")) {
     const nlohmann::json& v = config.at("layer_norm_epsilon");
     if (!v.is_number() || !(v.get<double>() > 0)) {
-      throw UserError("config '" + file.string() + "': layer_norm_epsilon must be a positive number, got " + v.dump());
+      throw UserError("config '" + file.string() + "': layer_norm_epsilon must be a positive number, got " +
+                      short_json(v));
     }
     eps = v.get<double>();
   }
@@ -305,7 +331,7 @@ ensemble::PackedTransformerOptions pretrained_trunk_options(const fs::path& dir,
     throw UserError("config '" + file.string() + "': n_embd " + std::to_string(o.width()) +
                     " is not a multiple of n_head " + std::to_string(o.heads()));
   }
-  o.validate();
+  validate_trunk(o, file);
   return o;
 }
 
@@ -313,7 +339,8 @@ void load_pretrained_weights(const fs::path& dir, ensemble::PackedTransformer& m
   const ensemble::PackedTransformerOptions& options = model.options();
   const CheckpointTensors tensors(dir);
   // With adapters the frozen shared trunk (one member, no classifier), else every member's.
-  if (read_json(dir / "config.json", "config").value("model_type", std::string()) == "llama") {
+  const fs::path config = dir / "config.json";
+  if (json_string(read_json(config, "config"), "model_type", "", "config '" + config.string() + "'") == "llama") {
     ensemble::PackedParameters& params = model.trunk_parameters();
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -364,6 +391,82 @@ std::unique_ptr<ensemble::PackedTransformer> load_pretrained_trunk(const fs::pat
       std::make_unique<ensemble::PackedTransformer>(pretrained_trunk_options(dir, classes).seed(seed).device(device));
   load_pretrained_weights(dir, *model);
   return model;
+}
+
+std::vector<fs::path> pretrained_trunk_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  const auto add = [&](const fs::path& file) {
+    if (fs::exists(fs::symlink_status(file, ec))) files.push_back(file);
+  };
+  add(dir / "config.json");
+  add(dir / "model.safetensors");
+  const fs::path index = dir / "model.safetensors.index.json";
+  add(index);
+  if (!fs::exists(dir / "model.safetensors", ec) && fs::is_regular_file(index, ec)) {
+    std::set<std::string> shards;
+    try {  // the shards the index names (a malformed index: the load says why)
+      const nlohmann::json map = read_json(index, "checkpoint index");
+      if (map.is_object() && map.contains("weight_map") && map.at("weight_map").is_object()) {
+        for (const auto& [name, file] : map.at("weight_map").items()) {
+          if (file.is_string() && file.get<std::string>().find('/') == std::string::npos)
+            shards.insert(file.get<std::string>());
+        }
+      }
+    } catch (const UserError&) {
+    }
+    for (const std::string& shard : shards) add(dir / shard);
+  }
+  for (const char* name : kTrunkTokenizerFiles) add(dir / name);
+  return files;
+}
+
+std::vector<std::string> pretrained_folder_names() {
+  std::vector<std::string> names{"config.json", "model.safetensors"};
+  for (const char* name : kTrunkTokenizerFiles) names.emplace_back(name);
+  return names;
+}
+
+namespace {
+
+nlohmann::json trunk_record(const fs::path& dir) {
+  nlohmann::json files = nlohmann::json::object();
+  for (const fs::path& file : pretrained_trunk_files(dir)) {
+    files[file.filename().string()] = fingerprint_hex(input_file_checksum(file, "trunk file"));
+  }
+  return {{"dir", fs::absolute(dir).lexically_normal().string()}, {"files", files}};
+}
+
+}  // namespace
+
+std::string trunk_record_json(const fs::path& dir) { return trunk_record(dir).dump(); }
+
+void check_trunk_record(const std::string& recorded, const std::string& current, const fs::path& dir,
+                        const fs::path& checkpoint) {
+  nlohmann::json then;
+  try {
+    then = nlohmann::json::parse(recorded);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(checkpoint.string() + ": its record of the trunk's files is not JSON: " + e.what());
+  }
+  if (!then.is_object() || !then.contains("files") || !then.at("files").is_object()) {
+    throw DataError(checkpoint.string() + ": its record of the trunk's files has no files");
+  }
+  const nlohmann::json now = nlohmann::json::parse(current).at("files");
+  const auto advice = " since " + checkpoint.string() +
+                      " was written: it was trained on the trunk as it was; restore the file, or train anew";
+  for (const auto& [name, sum] : then.at("files").items()) {
+    if (!now.contains(name)) throw DataError("trunk file '" + (dir / name).string() + "' is gone" + advice);
+    if (now.at(name) != sum) {
+      throw DataError("trunk file '" + (dir / name).string() + "' changed (checksum " +
+                      now.at(name).get<std::string>() + ", recorded " + short_json(sum) + ")" + advice);
+    }
+  }
+  for (const auto& [name, sum] : now.items()) {
+    if (!then.at("files").contains(name)) {
+      throw DataError("trunk file '" + (dir / name).string() + "' is new" + advice);
+    }
+  }
 }
 
 namespace {
@@ -465,52 +568,75 @@ std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const e
   return tensors;
 }
 
-void save_pretrained_trunk(const ensemble::PackedTransformer& model, const fs::path& dir, int64_t member) {
+void save_pretrained_trunk(const ensemble::PackedTransformer& model, const fs::path& dir, int64_t member,
+                           const fs::path& tokenizer_from) {
   const ensemble::PackedTransformerOptions& o = model.options();
-  const auto tensors = pretrained_named_tensors(model, member);
-  fs::create_directories(dir);
-  if (layout_of(o) == Layout::kLlama) {
-    const nlohmann::json config{{"model_type", "llama"},
-                                {"architectures", {"LlamaForCausalLM"}},
-                                {"vocab_size", o.vocab()},
-                                {"hidden_size", o.width()},
-                                {"intermediate_size", o.mlp_width()},
-                                {"num_hidden_layers", o.layers()},
-                                {"num_attention_heads", o.heads()},
-                                {"num_key_value_heads", o.key_value_heads()},
-                                {"max_position_embeddings", o.max_length()},
-                                {"rms_norm_eps", o.norm_eps()},
-                                {"rope_theta", o.rope_theta()},
-                                {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", o.rope_theta()}}},
-                                {"tie_word_embeddings", o.tie_lm_head()},
-                                {"hidden_act", "silu"},
-                                {"attention_bias", false},
-                                {"mlp_bias", false},
-                                {"num_labels", o.classes()},
-                                {"torch_dtype", "float32"}};
-    write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
-    write_file_atomically(dir / "config.json", config.dump(2) + "\n");
-    return;
+  const std::vector<std::string> names = pretrained_folder_names();
+  const std::vector<fs::path> inputs =
+      tokenizer_from.empty() ? std::vector<fs::path>{} : pretrained_trunk_files(tokenizer_from);
+  check_output_folder(dir, names, inputs);
+  if (!tokenizer_from.empty()) {  // the trunk's own folder, even when it holds no file yet read
+    std::error_code ec;
+    if (fs::equivalent(dir, tokenizer_from, ec)) {
+      throw UserError("output folder '" + dir.string() + "' is the trunk's own folder: name another folder");
+    }
   }
-  nlohmann::json config{{"model_type", "gpt2"},
-                        {"architectures", {"GPT2LMHeadModel"}},
-                        {"vocab_size", o.vocab()},
-                        {"n_embd", o.width()},
-                        {"n_layer", o.layers()},
-                        {"n_head", o.heads()},
-                        {"n_inner", o.mlp_ratio() * o.width()},
-                        {"n_positions", o.max_length()},
-                        {"n_ctx", o.max_length()},
-                        {"activation_function", o.gelu_tanh() ? "gelu_new" : "gelu"},
-                        {"layer_norm_epsilon", o.norm_eps()},
-                        {"tie_word_embeddings", true},
-                        {"num_labels", o.classes()},
-                        {"resid_pdrop", 0.0},
-                        {"embd_pdrop", 0.0},
-                        {"attn_pdrop", 0.0},
-                        {"torch_dtype", "float32"}};
-  write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
-  write_file_atomically(dir / "config.json", config.dump(2) + "\n");
+  const auto tensors = pretrained_named_tensors(model, member);
+  nlohmann::json config;
+  if (layout_of(o) == Layout::kLlama) {
+    config = nlohmann::json{{"model_type", "llama"},
+                            {"architectures", {"LlamaForCausalLM"}},
+                            {"vocab_size", o.vocab()},
+                            {"hidden_size", o.width()},
+                            {"intermediate_size", o.mlp_width()},
+                            {"num_hidden_layers", o.layers()},
+                            {"num_attention_heads", o.heads()},
+                            {"num_key_value_heads", o.key_value_heads()},
+                            {"max_position_embeddings", o.max_length()},
+                            {"rms_norm_eps", o.norm_eps()},
+                            {"rope_theta", o.rope_theta()},
+                            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", o.rope_theta()}}},
+                            {"tie_word_embeddings", o.tie_lm_head()},
+                            {"hidden_act", "silu"},
+                            {"attention_bias", false},
+                            {"mlp_bias", false},
+                            {"num_labels", o.classes()},
+                            {"torch_dtype", "float32"}};
+  } else {
+    config = nlohmann::json{{"model_type", "gpt2"},
+                            {"architectures", {"GPT2LMHeadModel"}},
+                            {"vocab_size", o.vocab()},
+                            {"n_embd", o.width()},
+                            {"n_layer", o.layers()},
+                            {"n_head", o.heads()},
+                            {"n_inner", o.mlp_ratio() * o.width()},
+                            {"n_positions", o.max_length()},
+                            {"n_ctx", o.max_length()},
+                            {"activation_function", o.gelu_tanh() ? "gelu_new" : "gelu"},
+                            {"layer_norm_epsilon", o.norm_eps()},
+                            {"tie_word_embeddings", true},
+                            {"num_labels", o.classes()},
+                            {"resid_pdrop", 0.0},
+                            {"embd_pdrop", 0.0},
+                            {"attn_pdrop", 0.0},
+                            {"torch_dtype", "float32"}};
+  }
+  // Read before the folder is staged: a tokenizer file that is not a bounded regular
+  // file is refused with the export's folder untouched.
+  std::vector<std::pair<std::string, std::string>> tokenizer_files;
+  if (!tokenizer_from.empty()) {
+    for (const char* name : kTrunkTokenizerFiles) {
+      const fs::path from = tokenizer_from / name;
+      std::error_code ec;
+      if (fs::exists(fs::symlink_status(from, ec)))
+        tokenizer_files.emplace_back(name, read_input_bytes(from, "tokenizer file"));
+    }
+  }
+  write_folder_atomically(dir, [&](const fs::path& staging) {
+    write_safetensors(staging / "model.safetensors", tensors, {{"format", "pt"}});
+    for (const auto& [name, bytes] : tokenizer_files) write_file_atomically(staging / name, bytes);
+    write_file_atomically(staging / "config.json", config.dump(2) + "\n");
+  });
 }
 
 }  // namespace packtrain::runtime

@@ -3,7 +3,7 @@
 //
 // A checkpoint folder holds config.json and model.safetensors, or
 // model.safetensors.index.json ({"weight_map": {tensor: shard file}}) and its shards
-// (runtime/io/safetensors_file.h reads each by memory-mapping it). Supported today:
+// (runtime/io/safetensors_file.h reads each, tensor by tensor). Supported today:
 // the GPT-2 family (config model_type "gpt2": learned positions, pre-LayerNorm blocks,
 // GELU as its activation_function says — gelu_new/gelu_pytorch_tanh as the tanh form,
 // gelu exact —, the fused c_attn stored as Conv1D [in, out], which is the pack's own
@@ -63,11 +63,36 @@ void load_pretrained_weights(const std::filesystem::path& dir, ensemble::PackedT
 std::vector<std::pair<std::string, at::Tensor>> pretrained_named_tensors(const ensemble::PackedTransformer& model,
                                                                          int64_t member = 0, bool gradients = false);
 
+// The files of checkpoint folder `dir` packtrain reads, those present: config.json,
+// the weights (model.safetensors, or model.safetensors.index.json and each shard it
+// names) and the tokenizer's (kTrunkTokenizerFiles). A run's inputs: no output may
+// replace one (runtime/cli/output_paths.h), and a checkpoint records their checksums.
+inline constexpr const char* kTrunkTokenizerFiles[] = {
+    "tokenizer.model", "tokenizer.json",        "vocab.json",
+    "merges.txt",      "tokenizer_config.json", "special_tokens_map.json"};
+std::vector<std::filesystem::path> pretrained_trunk_files(const std::filesystem::path& dir);
+// The names save_pretrained_trunk may write into its folder: config.json,
+// model.safetensors and kTrunkTokenizerFiles.
+std::vector<std::string> pretrained_folder_names();
+
+// What a checkpoint records of the trunk folder it was trained from: the folder's
+// absolute path and a checksum (FNV-1a 64, hex) of each file pretrained_trunk_files
+// lists, by file name. A JSON object {"dir": ..., "files": {name: checksum}}.
+std::string trunk_record_json(const std::filesystem::path& dir);
+// DataError naming the file when the folder's record now (`current`, a
+// trunk_record_json of `dir`) differs from the one `checkpoint` holds (`recorded`):
+// a file changed, gone or added.
+void check_trunk_record(const std::string& recorded, const std::string& current, const std::filesystem::path& dir,
+                        const std::filesystem::path& checkpoint);
+
 // Writes member `member` of `model` (a whole model of GPT-2's or Llama's layout) to
 // `dir` as a checkpoint folder — config.json and model.safetensors in transformers'
-// names, the classifier as score.weight and score.bias — that transformers'
-// GPT2LMHeadModel / LlamaForCausalLM loads with the same logits. Creates the folder; replaces the two files atomically.
+// names, the classifier as score.weight and score.bias, and, with `tokenizer_from`
+// (the trunk's folder), its tokenizer files (kTrunkTokenizerFiles) — that
+// transformers' GPT2LMHeadModel / LlamaForCausalLM loads with the same logits. The
+// folder is an output (runtime/io/output_folder.h): checked first (never the trunk's
+// own folder, nor one holding other files; UserError), then written as a unit.
 void save_pretrained_trunk(const ensemble::PackedTransformer& model, const std::filesystem::path& dir,
-                           int64_t member = 0);
+                           int64_t member = 0, const std::filesystem::path& tokenizer_from = {});
 
 }  // namespace packtrain::runtime
