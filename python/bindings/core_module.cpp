@@ -655,10 +655,17 @@ void add_multitask(py::module_& m) {
             g.temperature = temperature;
             g.top_k = top_k;
             g.seed = seed;
-            return t.generate(prompt, g);
+            const std::vector<std::string> texts = without_gil([&] { return t.generate(prompt, g); });
+            // Tokens may end inside a UTF-8 character: U+FFFD for what does not decode, as the CLI prints.
+            py::list out;
+            for (const std::string& text : texts) {
+              PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
+              if (decoded == nullptr) throw py::error_already_set();
+              out.append(py::reinterpret_steal<py::str>(decoded));
+            }
+            return out;
           },
-          py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("seed"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("seed"))
       .def(
           "save", [](const MultiTaskTrainer& t, const std::string& path) { t.save(path); }, py::arg("path"),
           py::call_guard<py::gil_scoped_release>())

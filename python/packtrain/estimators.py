@@ -17,6 +17,7 @@ import math
 import numbers
 import os
 import tempfile
+import threading
 import warnings
 
 import numpy as np
@@ -199,6 +200,21 @@ def _column_vector_note(what):
                       "per row", _DataConversionWarning, stacklevel=4)
 
 
+def _check_folder_of(path):
+    """FileNotFoundError naming the folder a save would write into when it does not
+    exist (the C++ save would name its temporary file)."""
+    folder = os.path.dirname(os.fspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{os.fspath(path)}: the folder {folder} does not exist")
+
+
+def _is_complex(a):
+    try:
+        return bool(np.iscomplexobj(a))
+    except (TypeError, ValueError):
+        return False  # _as_tensor's conversion says what is wrong with it
+
+
 def _as_tensor(a, what, dims):
     """float64 CPU tensor of `dims` dimensions from a numpy array, a torch tensor
     (any device) or anything numpy accepts (a DataFrame, a list)."""
@@ -208,6 +224,8 @@ def _as_tensor(a, what, dims):
         if a.is_complex():
             raise ValueError(f"{what}: complex data not supported")
         t = a.detach().to("cpu", torch.float64)
+    elif _is_complex(a):  # before scikit-learn, whose message dumps the whole array
+        raise ValueError(f"{what}: complex data not supported")
     elif _check_array is not None:  # scikit-learn's checks and messages
         t = torch.from_numpy(_check_array(a, dtype=np.float64, ensure_2d=dims == 2, allow_nd=dims > 2,
                                           ensure_all_finite=True, input_name=what, copy=True))
@@ -246,6 +264,9 @@ def _as_rows(a, what):
                 ndim = np.asarray(a).ndim
             except (TypeError, ValueError):
                 ndim = 2  # _as_tensor says what is wrong with it
+    if ndim is not None and ndim > 4:
+        raise ValueError(f"{what} has {ndim} dimensions: rows are (N, features), sequences (N, C, L) and images "
+                         "(N, C, H, W)")
     if ndim in (3, 4):
         t = _as_tensor(a, what, ndim)
         if any(d == 0 for d in t.shape[1:]):
@@ -296,6 +317,9 @@ class _PackedEnsemble(_Base):
 
     def _not_in_callback(self, what):
         if getattr(self, "_in_training", False):
+            if getattr(self, "_training_thread", None) != threading.get_ident():
+                raise RuntimeError(f"{what}: this estimator is fitting in another thread; an estimator runs one "
+                                   "fit at a time (give each thread its own: sklearn.base.clone(estimator))")
             raise RuntimeError(f"{what} cannot be called from a fit callback: return False from the callback to "
                                f"stop training, then call {what}")
 
@@ -364,6 +388,7 @@ class _PackedEnsemble(_Base):
         return self
 
     def _train(self, callback):
+        self._training_thread = threading.get_ident()
         self._in_training = True
         try:
             self._trainer.train(callback)
@@ -487,6 +512,7 @@ class _PackedEnsemble(_Base):
     def save(self, path):
         """Writes a checkpoint the CLI reads (`packtrain predict/evaluate/resume`)."""
         self._check_fitted()
+        _check_folder_of(path)
         if isinstance(self._trainer, _core.ShardedEnsemble):
             raise TypeError("a model loaded from a member-parallel manifest predicts only: its shards stay the "
                             "checkpoint (packtrain resume MANIFEST continues it)")

@@ -17,11 +17,25 @@ import json
 import os
 
 from . import _core
-from .estimators import _resolve_device
+from .estimators import _check_folder_of, _resolve_device
 
 # The options schema of the C++ trainer (`multitask train`'s flags come from it too):
 # each option a Python user may set, with its default.
 _DEFAULTS = {f["name"]: f["default"] for f in json.loads(_core.multitask_option_schema()) if f["python"]}
+
+
+def _texts(texts):
+    """`texts` as a list of non-empty str, as `packtrain multitask score` takes them: one
+    str is refused (it would be scored as its characters), an empty text too."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"texts must be a list of texts, not one {type(texts).__name__}: pass [text]")
+    out = list(texts)
+    for i, text in enumerate(out):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i + 1} is a {type(text).__name__}, not a str")
+        if not text:
+            raise ValueError(f"text {i + 1} is empty")
+    return out
 
 
 class MultiTaskModel:
@@ -70,13 +84,13 @@ class MultiTaskModel:
     def score(self, texts):
         """Class probabilities (N, C), the members' mean, as a numpy array."""
         self._check_fitted()
-        return self._trainer.score(list(texts)).numpy()
+        return self._trainer.score(_texts(texts)).numpy()
 
     def member_probabilities(self, texts):
         """Each member's class probabilities (K, N, C): the ensemble's predictive
         distribution (score() is their mean)."""
         self._check_fitted()
-        return self._trainer.member_scores(list(texts)).numpy()
+        return self._trainer.member_scores(_texts(texts)).numpy()
 
     def uncertainty(self, texts):
         """The ensemble's uncertainty about each text, for acquisition: `entropy` of the
@@ -90,7 +104,7 @@ class MultiTaskModel:
     def evaluate(self, texts, labels):
         """Accuracy, Matthews correlation, LM loss per token and perplexity."""
         self._check_fitted()
-        return self._trainer.evaluate(list(texts), [int(v) for v in labels])
+        return self._trainer.evaluate(_texts(texts), [int(v) for v in labels])
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.8, top_k=20, seed=0):
         """One continuation of `prompt` per member (sampled; temperature 0: greedy)."""
@@ -100,6 +114,7 @@ class MultiTaskModel:
     def save(self, path):
         """A checkpoint `packtrain multitask score/generate/resume` read."""
         self._check_fitted()
+        _check_folder_of(path)
         self._trainer.save(str(path))
 
     def save_pretrained(self, directory, member=0):

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -47,6 +48,20 @@ void check_power(const AcquisitionOptions& o) {
   }
 }
 
+// The strategies that score the members' disagreement: with one member it is 0 (or
+// rounding's 1e-15) for every row, and ranking by it would be noise.
+void check_disagreement(const AcquisitionOptions& o, int64_t members) {
+  const bool disagreement = o.strategy == AcquisitionStrategy::kEpistemic || o.strategy == AcquisitionStrategy::kBald ||
+                            o.strategy == AcquisitionStrategy::kBatchBald ||
+                            o.strategy == AcquisitionStrategy::kVariationRatio;
+  if (disagreement && members < 2) {
+    throw UserError(fmt::format(
+        "{} scores the members' disagreement, which needs at least 2 members; this ensemble has {} usable (train "
+        "more members, or use {})",
+        kAcquisitionStrategyNames.name(o.strategy), members, members == 1 ? "entropy, margin or random" : "random"));
+  }
+}
+
 }  // namespace
 
 void check_acquisition_options(const AcquisitionOptions& o, bool classification) {
@@ -84,6 +99,7 @@ at::Tensor acquisition_scores(const EnsemblePrediction& p, const AcquisitionOpti
   if (o.strategy == AcquisitionStrategy::kRandom) {
     return at::rand({N}, generator(o.seed), at::kDouble);
   }
+  check_disagreement(o, static_cast<int64_t>(p.included.size()));
   switch (o.strategy) {
     case AcquisitionStrategy::kEpistemic: return decompose_uncertainty(p).epistemic_std;
     case AcquisitionStrategy::kTotalVariance: return decompose_uncertainty(p).total_std.square();
@@ -170,6 +186,7 @@ BatchBaldSelection batchbald_in_chunks(const std::function<EnsemblePrediction(co
   at::Tensor probabilities;  // (K, N, C), allocated once the first chunk gives K and C
   predict_in_chunks(predict, x, chunk_rows, [&](int64_t first, const EnsemblePrediction& p) {
     if (!p.member_probabilities.defined()) throw UserError(fit_error(o.strategy, /*classification=*/false));
+    check_disagreement(o, static_cast<int64_t>(p.included.size()));
     const at::Tensor chunk = included_probabilities(p);  // (K, rows, C)
     if (!probabilities.defined()) {
       const int64_t K = chunk.size(0), C = chunk.size(2);

@@ -72,6 +72,10 @@ void check_inputs(const at::Tensor& p, int64_t count, int64_t samples) {
     throw UserError("BatchBALD needs member probabilities shaped (members, rows, classes), got " +
                     std::string(c10::str(p.sizes())));
   }
+  if (p.size(0) < 2) {
+    throw UserError("BatchBALD scores the members' disagreement, which needs at least 2 members, got " +
+                    std::to_string(p.size(0)));
+  }
   if (count < 1 || count > p.size(1)) {
     throw UserError("BatchBALD cannot choose " + std::to_string(count) + " rows from a pool of " +
                     std::to_string(p.size(1)) + " (1 to " + std::to_string(p.size(1)) + ")");
