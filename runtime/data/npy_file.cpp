@@ -13,7 +13,6 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -177,7 +176,21 @@ class HeaderDictionary {
   }
   [[noreturn]] void fail(std::string_view what) const {
     throw DataError(fmt::format("{}: malformed .npy header: {} (header: {})", file_.string(), what,
-                                text_.substr(0, std::min<size_t>(text_.find_last_not_of(" \n") + 1, 200))));
+                                printable(text_.substr(0, std::min<size_t>(text_.find_last_not_of(" \n") + 1, 200)))));
+  }
+  // The header's bytes as one line of plain text: a control byte (a newline, a
+  // terminal escape) or a non-ASCII one as \xNN, never echoed raw.
+  static std::string printable(std::string_view bytes) {
+    std::string out;
+    for (const char c : bytes) {
+      const auto u = static_cast<unsigned char>(c);
+      if (u >= 0x20 && u < 0x7f) {
+        out += c;
+      } else {
+        out += fmt::format("\\x{:02x}", u);
+      }
+    }
+    return out;
   }
   // Well formed, but not a layout or type the reader takes.
   [[noreturn]] void fail_format(std::string_view what) const {
@@ -193,17 +206,6 @@ uint32_t little_endian(std::string_view bytes) {
   uint32_t value = 0;
   for (size_t i = bytes.size(); i-- > 0;) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
   return value;
-}
-
-std::string read_bytes(const fs::path& file, std::string_view what) {
-  const uint64_t size = check_input_file(file, what);
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open the {} (unreadable)", file.string(), what));
-  std::string bytes(static_cast<size_t>(size), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (in.bad()) throw DataError(file.string() + ": read error");
-  bytes.resize(static_cast<size_t>(in.gcount()));
-  return bytes;
 }
 
 // The flat index of the first element of `values` (float64) that is not finite or
@@ -272,7 +274,7 @@ NpyArray npy_from_bytes(std::string_view bytes, const fs::path& file) {
 
 }  // namespace
 
-NpyArray read_npy(const fs::path& file) { return npy_from_bytes(read_bytes(file, ".npy file"), file); }
+NpyArray read_npy(const fs::path& file) { return npy_from_bytes(read_input_bytes(file, ".npy file"), file); }
 
 std::map<std::string, NpyArray> read_npz(const fs::path& file) {
   check_input_file(file, ".npz file");
@@ -312,12 +314,25 @@ std::map<std::string, NpyArray> read_npz(const fs::path& file) {
     std::string bytes(static_cast<size_t>(stat.size), '\0');
     const zip_int64_t got = member ? zip_fread(member.get(), bytes.data(), bytes.size()) : -1;
     char extra = 0;
-    if (got != static_cast<zip_int64_t>(bytes.size()) || zip_fread(member.get(), &extra, 1) != 0) {
-      throw DataError(fmt::format("{}: member '{}' cannot be unpacked: {}", file.string(), name,
-                                  member ? zip_file_strerror(member.get()) : zip_strerror(archive.get())));
+    const zip_int64_t more = got == static_cast<zip_int64_t>(bytes.size()) ? zip_fread(member.get(), &extra, 1) : 0;
+    if (got != static_cast<zip_int64_t>(bytes.size()) || more != 0) {
+      // libzip's own text, unless it has none ("No error": the directory's size lied).
+      const int code = member ? zip_error_code_zip(zip_file_get_error(member.get())) : ZIP_ER_OK;
+      const std::string why = code != ZIP_ER_OK ? zip_file_strerror(member.get())
+                              : !member         ? zip_strerror(archive.get())
+                              : got < 0         ? "a read error"
+                                                : fmt::format(
+                                                      "the archive's directory says {} bytes, the member "
+                                                              "holds {}",
+                                                      bytes.size(), more > 0 ? "more" : std::to_string(got));
+      throw DataError(fmt::format("{}: member '{}' cannot be unpacked: {}", file.string(), name, why));
     }
     const fs::path shown = file.string() + "[" + name + "]";
-    arrays.emplace(name.substr(0, name.size() - 4), npy_from_bytes(bytes, shown));
+    // NumPy keeps the last of two members of one name, a reader of the first would
+    // train on other data: refused.
+    if (!arrays.emplace(name.substr(0, name.size() - 4), npy_from_bytes(bytes, shown)).second) {
+      throw DataError(fmt::format("{}: the archive holds two members named '{}'", file.string(), name));
+    }
   }
   return arrays;
 }

@@ -112,6 +112,12 @@ SplitData load_split_data(const DataArgs& a) {
     out.split = *out.all.own_split;
     how = "own train / test split";
   } else {
+    if (a.split != 0) {  // a UCI split's number: nothing here to pick
+      throw DataError(
+          fmt::format("{}: --split {}: only a UCI-format directory has numbered splits; these rows are split by "
+                      "--val-fraction and --test-fraction (another draw: --split-seed)",
+                      out.all.source.string(), a.split));
+    }
     out.split = split_by_fractions(rows, a.val_fraction, a.test_fraction, a.split_seed);
     how = fmt::format("random split (seed {})", a.split_seed);
   }

@@ -20,8 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace pt = packtrain::testing;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ArrayDirectory : public ::testing::Test {
  protected:
@@ -45,6 +47,16 @@ class ArrayDirectory : public ::testing::Test {
   pt::ScopedTempDir temp_{"packtrain_arrays"};
   const fs::path dir_ = temp_.path();
 };
+
+// --split numbers a UCI directory's standard splits: given for rows split by
+// fractions it would be silently ignored, so it is refused.
+TEST_F(ArrayDirectory, ANumberedSplitOfRowsSplitByFractionsIsRefused) {
+  write_pair("", 20);
+  DataArgs a = args();
+  a.split = 3;
+  EXPECT_THAT(error_of([&] { load_split_data(a); }),
+              HasSubstr("--split 3: only a UCI-format directory has numbered splits"));
+}
 
 TEST_F(ArrayDirectory, FeaturesAndLabelsSplitByFractionsLikeATable) {
   write_pair("", 20);
@@ -185,6 +197,33 @@ TEST_F(NpzArchive, RefusalsNameTheArchiveAndTheMember) {
   with_target.target = "1";
   EXPECT_THAT(error_of([&] { load_split_data(with_target); }),
               HasSubstr("an .npz archive's features and labels are its arrays"));
+}
+
+// Archives written by hand to lie: two members of one name (NumPy keeps the last, a
+// reader of the first would train on other data), and a directory entry whose size
+// is not the member's.
+TEST_F(NpzArchive, TwoMembersOfOneNameAndALyingSizeAreRefused) {
+  const std::string other = pt::npy("<f4", "(4, 1, 3)", pt::raw_bytes(std::vector<float>(12, 7.0f)));
+  const std::string file = archive({{"features.npy", features_}, {"featurez.npy", other}, {"labels.npy", labels_}});
+  std::string bytes = pt::read_bytes(file);
+  for (size_t at = bytes.find("featurez.npy"); at != std::string::npos; at = bytes.find("featurez.npy", at)) {
+    bytes[at + 7] = 's';  // both the local header's name and the central directory's
+  }
+  pt::write_bytes(file, bytes);
+  EXPECT_THAT(error_of([&] { read_npz(file); }),
+              HasSubstr("arrays.npz: the archive holds two members named 'features.npy'"));
+
+  const std::string stored = archive({{"features.npy", features_}, {"labels.npy", labels_}}, /*deflate=*/false);
+  std::string lying = pt::read_bytes(stored);
+  // labels.npy's uncompressed size (+16) in its central directory record (PK\1\2; the
+  // size at byte 24) and its local header (PK\3\4; at byte 22).
+  const size_t central = lying.rfind("labels.npy", lying.size()) - 46, local = lying.find("labels.npy") - 30;
+  ASSERT_EQ(lying.substr(central, 4), std::string("PK\1\2"));
+  ASSERT_EQ(lying.substr(local, 4), std::string("PK\3\4"));
+  for (const size_t field : {central + 24, local + 22}) lying[field] = static_cast<char>(lying[field] + 16);
+  pt::write_bytes(stored, lying);
+  const std::string error = error_of([&] { read_npz(stored); });
+  EXPECT_THAT(error, AllOf(HasSubstr("arrays.npz"), Not(HasSubstr("No error")))) << error;
 }
 
 TEST(BundledArrays, LoadByNameWithTheirSplits) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ inline std::string npy_with_dictionary(const std::string& dictionary, const std:
 inline std::string npy(const std::string& descr, const std::string& shape, const std::string& data, int major = 1) {
   return npy_with_dictionary("{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }", data,
                              major);
+}
+
+inline std::string read_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 inline std::filesystem::path write_bytes(const std::filesystem::path& file, const std::string& bytes) {

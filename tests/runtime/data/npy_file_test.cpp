@@ -106,6 +106,11 @@ TEST_F(NpyFile, MalformedHeadersAreNamed) {
   EXPECT_THAT(read_error(npy("<f4", "(1.5,)", data)), HasSubstr("malformed .npy header: expected ')'"));
   EXPECT_THAT(read_error(npy_with_dictionary("{'descr': '<f4', 'fortran_order': False, 'shape': (1,)} x", data)),
               HasSubstr("malformed .npy header: text after the closing '}'"));
+  // A header's control bytes (a newline, a terminal escape) are quoted, never echoed raw.
+  const std::string hostile = read_error(
+      npy_with_dictionary("{'descr': '<f4',\n\x1b[31m 'fortran_order': False, 'shape': (1,)} \x1b]0;x\x07", data));
+  EXPECT_THAT(hostile, AllOf(HasSubstr("\\x1b[31m"), HasSubstr("\\x0a"), HasSubstr("\\x07")));
+  EXPECT_EQ(hostile.find_first_of("\n\x1b\x07"), std::string::npos) << hostile;
 }
 
 TEST_F(NpyFile, UnsupportedLayoutsAndDtypesSayWhatIsRead) {
