@@ -74,6 +74,20 @@ std::vector<int64_t> model_columns(const runtime::Table& table, const runtime::L
   return cols;
 }
 
+// The rows predict, evaluate and acquire read: a table. An array file would be read
+// as text ("ragged row" of its binary header): named instead.
+runtime::Table read_rows(const std::string& file, const runtime::DataArgs& format) {
+  const std::string extension = std::filesystem::path(file).extension().string();
+  if (extension == ".npy" || extension == ".npz") {
+    throw UsageError(fmt::format(
+        "{}: rows to predict are read from a table (CSV or TSV, a column per feature, as the model was trained "
+        "with); an {} array is not read here: write it as one, e.g. np.savetxt(path, x.reshape(len(x), -1), "
+        "delimiter=',')",
+        file, extension));
+  }
+  return runtime::read_table(file, runtime::table_format(format));
+}
+
 // The model's columns of `table` as numbers (model_columns' order), every feature
 // representable once the model standardizes it (finite in float32, standardizer.h):
 // DataError "FILE:LINE:COL: column 'name': value ..." for the first that is not.
@@ -214,7 +228,7 @@ int run_predict(const PredictCommand& c) {
   check_outputs({{"-o", c.output}}, {{"checkpoint", c.checkpoint}, {"input", c.input}});
   const runtime::LoadedEnsemble m = runtime::LoadedEnsemble::load(c.checkpoint, pick_device(c.device));
   check_interval_levels(c.intervals, c.intervals_given, m.first().options().head());
-  runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
+  runtime::Table table = read_rows(c.input, c.format);
   const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
   release_cells(table);
   std::string csv;
@@ -273,7 +287,7 @@ EvaluationRows evaluation_rows(const EvaluateCommand& c, const runtime::LoadedEn
     return {test.features, test.targets, what,
             [what](int64_t row) { return fmt::format("{}: row {}", what, row + 1); }};
   }
-  runtime::Table table = runtime::read_table(c.input, runtime::table_format(c.format));
+  runtime::Table table = read_rows(c.input, c.format);
   const at::Tensor xy = model_inputs(table, m, /*with_target=*/true);
   release_cells(table);
   return {xy.narrow(1, 0, xy.size(1) - 1), xy.narrow(1, xy.size(1) - 1, 1), c.input, table_rows(table)};
@@ -358,7 +372,7 @@ int run_acquire(AcquireCommand c) {
     throw UsageError(
         fmt::format("--strategy {}: {}", runtime::kAcquisitionStrategyNames.name(c.options.strategy), e.what()));
   }
-  runtime::Table table = runtime::read_table(c.pool, runtime::table_format(c.format));
+  runtime::Table table = read_rows(c.pool, c.format);
   const at::Tensor x = model_inputs(table, m, /*with_target=*/false);
   release_cells(table);
   if (c.count > x.size(0)) {

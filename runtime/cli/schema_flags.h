@@ -33,6 +33,17 @@ CLI::Validator field_bounds(const OptionField<O>& f) {
   return bound(label, rule, [f](double v) { return f.accepts(v); });
 }
 
+// `texts` joined by commas, appended piece by piece (GCC 12 warns -Wstringop-overflow,
+// falsely, on `(cond ? "" : ",") + text`).
+inline std::string comma_joined(const std::vector<std::string>& texts) {
+  std::string out;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (i > 0) out += ',';
+    out += texts[i];
+  }
+  return out;
+}
+
 // A sweep axis: `--lr 1e-3,3e-3`, the flag repeated, or a config file's
 // `lr = [1e-3, 3e-3]` (CLI11 hands its elements over one by one). All of them are
 // joined and read strictly (base/number_text.h), so a flag and a config file agree:
@@ -42,8 +53,7 @@ inline CLI::Option* add_number_list(CLI::App* app, const std::string& flag, std:
   CLI::Option* option = app->add_option_function<std::vector<std::string>>(
       flag,
       [&values, flag](const std::vector<std::string>& texts) {
-        std::string joined;
-        for (size_t i = 0; i < texts.size(); ++i) joined += (i == 0 ? "" : ",") + texts[i];
+        const std::string joined = comma_joined(texts);
         try {
           values = parse_number_list(joined, flag);
           check_distinct(values, flag);
@@ -52,8 +62,9 @@ inline CLI::Option* add_number_list(CLI::App* app, const std::string& flag, std:
         }
       },
       help);
-  std::string shown;
-  for (const double v : values) shown += (shown.empty() ? "" : ",") + number_text(v);
+  std::vector<std::string> texts;
+  for (const double v : values) texts.push_back(number_text(v));
+  const std::string shown = comma_joined(texts);
   option->type_name("FLOAT")->default_str("[" + shown + "]");  // as CLI11 shows a vector<double>'s
   return option;
 }
@@ -68,8 +79,7 @@ CLI::Option* add_integer_lists(CLI::App* app, const OptionField<O>& f, O& option
   CLI::Option* option = app->add_option_function<std::vector<std::string>>(
       f.flag,
       [&options, &lists, &f](const std::vector<std::string>& texts) {
-        std::string joined;
-        for (size_t i = 0; i < texts.size(); ++i) joined += (i == 0 ? "" : ",") + texts[i];
+        const std::string joined = comma_joined(texts);
         try {
           std::vector<std::vector<int64_t>> parsed;
           size_t begin = 0;
@@ -166,8 +176,18 @@ void add_schema_flags(CLI::App* app, const OptionSchema<O>& schema, O& options,
     } else if (f.kind == OptionKind::kIntegers) {  // --buckets 32,64,128
       option = detail::add_typed<std::vector<int64_t>>(app, f, options, f.help)->delimiter(',');
       option->type_name("INT");
-    } else if (f.kind == OptionKind::kNumbers) {  // --member-lrs 0.01,0.003 (not swept)
-      option = detail::add_typed<std::vector<double>>(app, f, options, f.help)->delimiter(',');
+    } else if (f.kind == OptionKind::kNumbers) {  // --member-lrs 0.01,0.003 (not swept; values may repeat)
+      // Read as the sweep lists are (parse_number_list): an empty element is named, never dropped.
+      option = app->add_option_function<std::vector<std::string>>(
+          f.flag,
+          [&options, &f](const std::vector<std::string>& texts) {
+            try {
+              f.set(options, nlohmann::json(parse_number_list(detail::comma_joined(texts), f.flag)));
+            } catch (const UserError& e) {
+              throw CLI::ValidationError(e.what());
+            }
+          },
+          f.help);
       option->type_name("FLOAT");
     } else if (f.kind == OptionKind::kInteger) {
       option = detail::add_typed<int64_t>(app, f, options, f.help);

@@ -128,7 +128,10 @@ std::string widths_text(const std::vector<runtime::SweepConfiguration>& configur
   std::string text;
   for (const runtime::SweepConfiguration& c : configurations) {
     const std::string width = std::to_string(c.hidden);
-    if (("," + text + ",").find("," + width + ",") == std::string::npos) text += (text.empty() ? "" : ",") + width;
+    if (("," + text + ",").find("," + width + ",") == std::string::npos) {
+      if (!text.empty()) text += ',';
+      text += width;
+    }
   }
   return "{" + text + "}";
 }
@@ -383,6 +386,15 @@ int run_session(const Session& s, RunDriver& driver) {
 constexpr const char* kLowerRunSize =
     "lower --members, --hidden, --depth or --batch (or run where more memory is free)";
 
+// The same for the run's architecture: a cnn pack's size is its channels and feature maps.
+std::string lower_run_size(const runtime::EnsembleTrainerOptions& o) {
+  if (o.architecture() == "cnn") {
+    return "lower --members, --channels, --hidden or --batch, or shrink the feature maps (a larger --stride, "
+           "less --padding, a smaller --kernel) (or run where more memory is free)";
+  }
+  return kLowerRunSize;
+}
+
 // Loads the run's rows, refuses a run whose estimated memory is not available
 // (memory_estimate.h), then fits the trainer's standardization and builds its
 // steps on the training rows (with the validation rows when there are any).
@@ -396,7 +408,7 @@ SplitData prepare(runtime::EnsembleTrainer& trainer, const DataArgs& data_args, 
     throw UsageError("--patience needs validation rows (--val-fraction > 0 or --val-index)");
   }
   runtime::check_memory(runtime::estimate_ensemble_run(o, runtime::ensemble_run_sizes(o, data, writes_checkpoints)),
-                        kLowerRunSize);
+                        lower_run_size(o));
   const runtime::Dataset train = data.train(), val = data.validation();
   const bool validated = val.features.size(0) > 0;
   trainer.prepare(train.features, train.targets, validated ? val.features : at::Tensor(),

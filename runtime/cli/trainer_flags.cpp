@@ -73,6 +73,20 @@ runtime::EnsembleTrainerOptions trainer_options(const TrainerFlags& f) {
   }
   o.lr(lr.front()).weight_decay(weight_decay.front()).dropout(dropout.front()).hidden(hidden.front());
   o.device(pick_device(f.device));
+  // The convolution's settings ("cnn: ..." in their help) shape a cnn member only:
+  // set for another architecture they would be silently ignored.
+  if (o.architecture() != "cnn") {
+    const runtime::EnsembleTrainerOptions defaults;
+    for (const auto& field : runtime::trainer_option_schema().fields()) {
+      if (field.flag.empty() || !field.help.starts_with("cnn:")) continue;
+      if (field.get(o) != field.get(defaults)) {
+        throw UsageError(
+            fmt::format("{} shapes a cnn member's convolutions: give --architecture cnn, or leave {} "
+                        "out (this run's architecture is {})",
+                        field.flag, field.flag, o.architecture()));
+      }
+    }
+  }
   try {
     o.validate();
     if (f.sweep()) {

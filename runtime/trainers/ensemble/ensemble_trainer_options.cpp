@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <limits>
 #include <string>
 
 namespace packtrain::runtime {
@@ -224,6 +225,12 @@ const OptionSchema<EnsembleTrainerOptions>& trainer_option_schema() {
 
 void EnsembleTrainerOptions::validate() const {
   trainer_option_schema().check_ranges(*this);
+  // Members first_member .. first_member + members - 1 are numbered in int64 (their seeds, shard names).
+  if (first_member() > std::numeric_limits<int64_t>::max() - members()) {
+    throw UserError("first_member " + std::to_string(first_member()) + " + " + std::to_string(members()) +
+                    " members runs past the largest member number (" +
+                    std::to_string(std::numeric_limits<int64_t>::max()) + ")");
+  }
   check_per_member(member_lr(), members(), "learning rates");
   check_per_member(member_weight_decay(), members(), "weight decays");
   check_per_member(member_dropout(), members(), "dropout rates");

@@ -99,7 +99,9 @@ TEST_F(Cli, WidthsThatCannotBePackedAreUsageErrors) {
       {"--channels 2,4/2,4 --architecture cnn --data optdigits", "the list '2,4' is given twice"},
       {"--channels 2,4/4 --architecture cnn --data optdigits", "differ in their number of blocks"},
       {"--channels 2,4/4,8 --architecture cnn --data optdigits --norm-groups 2", "cannot have GroupNorm"},
-      {"--channels 2,4/4,8", "the mlp architecture has no convolution channels to differ in"},
+      {"--channels 2,4/4,8", "--channels shapes a cnn member's convolutions: give --architecture cnn"},
+      {"--kernel 5", "--kernel shapes a cnn member's convolutions"},
+      {"--padding 0 --architecture residual-mlp", "(this run's architecture is residual-mlp)"},
       {"--channels 2.5 --architecture cnn --data optdigits", "each count must be a whole number > 0, got 2.5"},
       {"--channels 4/0 --architecture cnn --data optdigits", "each count must be a whole number > 0, got 0"},
   };
