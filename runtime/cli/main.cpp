@@ -20,7 +20,9 @@
 #include "packtrain/runtime/cli/range_checks.h"
 #include "packtrain/runtime/data/data_error.h"
 #include "packtrain/runtime/data/input_file.h"
+#include "packtrain/runtime/distributed/cpu_share.h"
 #include "packtrain/runtime/distributed/process_group.h"
+#include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/io/checkpoint_file.h"
 
 #include <ATen/Parallel.h>
@@ -110,8 +112,11 @@ void add_threads_option(CLI::App& app, int& threads) {
   // start): at most 4 per core the machine reports.
   const int max_threads = 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   app.add_option("--threads", threads,
-                 fmt::format("CPU threads for LibTorch's operators (0: its default, one per core; at most 4 per core, "
-                             "{} here). Small packs on a busy machine often run fastest with 1.",
+                 fmt::format("CPU threads for LibTorch's operators, at most 4 per core ({} here). 0 (the default, "
+                             "unless PACKTRAIN_THREADS or OMP_NUM_THREADS is set): the CPUs this process may use that "
+                             "no other work is running on at start, shared among the ranks on this host (one CPU per "
+                             "core on an idle machine, 1 on a busy one: OpenMP threads wait on each other behind "
+                             "other work)",
                              max_threads))
       ->check(packtrain::cli::between(0, max_threads));
   // --threads, else $PACKTRAIN_THREADS; exported once chosen, so the ranks of
@@ -129,6 +134,16 @@ void add_threads_option(CLI::App& app, int& threads) {
     if (threads > 0) {
       at::set_num_threads(threads);
       ::setenv("PACKTRAIN_THREADS", std::to_string(threads).c_str(), 1);
+    } else if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp == nullptr || *omp == '\0') {
+      // Nobody chose: from the free CPUs, per process (not exported: each rank of
+      // `launch` or torchrun decides for itself, sharing with the others).
+      packtrain::runtime::distributed::RankInfo rank;
+      try {
+        rank = packtrain::runtime::distributed::rank_info_from_environment();
+      } catch (const packtrain::UserError&) {  // the command names the bad variable
+      }
+      at::set_num_threads(static_cast<int>(packtrain::runtime::distributed::default_cpu_threads(
+          packtrain::runtime::distributed::read_cpu_load(), rank)));
     }
   });
 }

@@ -5,6 +5,7 @@
 // (tests/runtime/cli/distributed_cli_test.cpp).
 #include "packtrain/base/user_error.h"
 #include "packtrain/runtime/distributed/collective_watchdog.h"
+#include "packtrain/runtime/distributed/cpu_share.h"
 #include "packtrain/runtime/distributed/process_group.h"
 #include "packtrain/runtime/distributed/rank_info.h"
 #include "packtrain/runtime/trainers/ensemble/ensemble_steps.h"
@@ -40,6 +41,22 @@ std::string error_of(std::map<std::string, std::string> vars) {
     return e.what();
   }
   return "no error";
+}
+
+// The default threads: the free CPUs, shared by the ranks on the host, at least one.
+TEST(CpuShare, FreeCpusSharedAmongLocalRanks) {
+  RankInfo one, two;
+  two.world_size = two.local_world_size = 2;
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 0}, one), 2);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 2}, one), 1);  // a two-job compile beside it
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 40}, one), 1);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 8, .others_running = 1}, two), 3);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 8, .others_running = 0}, two), 4);
+  EXPECT_EQ(describe_cpu_threads({.usable_cpus = 8, .others_running = 1}, two),
+            "3 (7 CPU(s) free of 8, 2 rank(s) on this host)");
+  const CpuLoad here = read_cpu_load();
+  EXPECT_GE(here.usable_cpus, 1);
+  EXPECT_GE(here.others_running, 0);
 }
 
 TEST(RankInfo, NoVariablesIsOneProcess) {
