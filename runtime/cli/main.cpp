@@ -114,9 +114,9 @@ void add_threads_option(CLI::App& app, int& threads) {
   app.add_option("--threads", threads,
                  fmt::format("CPU threads for LibTorch's operators, at most 4 per core ({} here). 0 (the default, "
                              "unless PACKTRAIN_THREADS or OMP_NUM_THREADS is set): the CPUs this process may use that "
-                             "no other work is running on at start, shared among the ranks on this host (one CPU per "
-                             "core on an idle machine, 1 on a busy one: OpenMP threads wait on each other behind "
-                             "other work)",
+                             "no other work is running on at start, shared among the ranks on this host, at most "
+                             "LibTorch's default (one per core when idle, 1 on a busy machine: OpenMP threads wait on "
+                             "each other behind other work)",
                              max_threads))
       ->check(packtrain::cli::between(0, max_threads));
   // --threads, else $PACKTRAIN_THREADS; exported once chosen, so the ranks of
@@ -142,8 +142,9 @@ void add_threads_option(CLI::App& app, int& threads) {
         rank = packtrain::runtime::distributed::rank_info_from_environment();
       } catch (const packtrain::UserError&) {  // the command names the bad variable
       }
+      // At most LibTorch's own default (an idle machine computes exactly as before).
       at::set_num_threads(static_cast<int>(packtrain::runtime::distributed::default_cpu_threads(
-          packtrain::runtime::distributed::read_cpu_load(), rank)));
+          packtrain::runtime::distributed::read_cpu_load(), rank, at::get_num_threads())));
     }
   });
 }

@@ -1,8 +1,6 @@
 // The default CPU threads of a process (runtime/distributed/cpu_share.h).
 #include "packtrain/runtime/distributed/cpu_share.h"
 
-#include <fmt/format.h>
-
 #include <sched.h>
 
 #include <algorithm>
@@ -49,16 +47,11 @@ CpuLoad read_cpu_load() {
   return load;
 }
 
-int64_t default_cpu_threads(const CpuLoad& load, const RankInfo& rank) {
-  const int64_t free = load.usable_cpus - load.others_running;
-  const int64_t share = free / std::max<int64_t>(1, rank.local_world_size);
-  return std::clamp<int64_t>(share, 1, std::max<int64_t>(1, load.usable_cpus));
-}
-
-std::string describe_cpu_threads(const CpuLoad& load, const RankInfo& rank) {
-  return fmt::format("{} ({} CPU(s) free of {}, {} rank(s) on this host)", default_cpu_threads(load, rank),
-                     std::max<int64_t>(0, load.usable_cpus - load.others_running), load.usable_cpus,
-                     rank.local_world_size);
+int64_t default_cpu_threads(const CpuLoad& load, const RankInfo& rank, int64_t most) {
+  const int64_t ranks = std::max<int64_t>(1, rank.local_world_size);
+  const int64_t others = std::max<int64_t>(0, load.others_running - (ranks - 1));
+  const int64_t share = (load.usable_cpus - others) / ranks;
+  return std::clamp<int64_t>(share, 1, std::max<int64_t>(1, most));
 }
 
 }  // namespace packtrain::runtime::distributed

@@ -21,10 +21,10 @@ struct CpuLoad {
 };
 CpuLoad read_cpu_load();
 
-// max(1, (usable_cpus - others_running) / local ranks), at most usable_cpus.
-int64_t default_cpu_threads(const CpuLoad& load, const RankInfo& rank);
-
-// For messages: "2 (2 CPUs free of 2, 1 rank on this host)".
-std::string describe_cpu_threads(const CpuLoad& load, const RankInfo& rank);
+// The CPUs free of other work, divided among the ranks on this host, from 1 to
+// `most` (LibTorch's own default: an idle machine keeps it, so a run there computes
+// exactly as before). The other ranks of this run, starting beside this one, are not
+// other work: up to local_world_size - 1 runnable threads are taken for theirs.
+int64_t default_cpu_threads(const CpuLoad& load, const RankInfo& rank, int64_t most);
 
 }  // namespace packtrain::runtime::distributed

@@ -43,17 +43,20 @@ std::string error_of(std::map<std::string, std::string> vars) {
   return "no error";
 }
 
-// The default threads: the free CPUs, shared by the ranks on the host, at least one.
+// The default threads: the free CPUs, shared by the ranks on the host, from 1 to
+// LibTorch's own default (the last argument).
 TEST(CpuShare, FreeCpusSharedAmongLocalRanks) {
   RankInfo one, two;
   two.world_size = two.local_world_size = 2;
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 0}, one), 2);
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 2}, one), 1);  // a two-job compile beside it
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 40}, one), 1);
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 8, .others_running = 1}, two), 3);
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 8, .others_running = 0}, two), 4);
-  EXPECT_EQ(describe_cpu_threads({.usable_cpus = 8, .others_running = 1}, two),
-            "3 (7 CPU(s) free of 8, 2 rank(s) on this host)");
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 0}, one, 2), 2);   // idle: as before
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 2}, one, 2), 1);   // a two-job compile beside it
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 40}, one, 2), 1);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 16, .others_running = 0}, one, 8), 8);  // never above LibTorch's
+  // Two ranks on 16 CPUs: the other rank starting beside this one is not other work.
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 16, .others_running = 0}, two, 8), 8);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 16, .others_running = 1}, two, 8), 8);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 16, .others_running = 5}, two, 8), 6);
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 1}, two, 2), 1);
   const CpuLoad here = read_cpu_load();
   EXPECT_GE(here.usable_cpus, 1);
   EXPECT_GE(here.others_running, 0);
