@@ -63,10 +63,9 @@ packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& ove
   nlohmann::json merged =
       nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
   const nlohmann::json overrides = nlohmann::json::parse(overrides_json);
-  grid = {{merged.at("lr").get<double>()},
-          {merged.at("weight_decay").get<double>()},
-          1,
-          {merged.at("dropout").get<double>()}};
+  grid = {{merged.at("lr").get<double>()}, {merged.at("weight_decay").get<double>()}, 1,
+          {merged.at("dropout").get<double>()},   {},
+          {}};
   for (const auto& [key, value] : overrides.items()) {
     if (!merged.contains(key)) throw py::value_error("unknown trainer option '" + key + "'");
     if (key == "hidden" && value.is_array()) {  // widths: integers (the estimators checked each)

@@ -147,7 +147,9 @@ TEST_P(PackedModel, DropoutMasksFollowFromSeedDrawMemberAndRowAlone) {
   rank.dropout_rows(100, B);
   for (int d = 0; d < 3; ++d) {
     const at::Tensor mine = rank.dropout_noise(probe(device(), K, 64)).cpu();
-    if (d == 2) EXPECT_TRUE(all_equal(mine, draws[2].slice(1, 100, 164)));
+    if (d == 2) {
+      EXPECT_TRUE(all_equal(mine, draws[2].slice(1, 100, 164)));
+    }
   }
 
   const at::Tensor all = at::stack(draws, 1);  // (K, 3 draws, B, H)

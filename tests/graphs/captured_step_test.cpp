@@ -326,7 +326,9 @@ TEST_P(GraphCacheTest, AnUnindexedDeviceIsIndexedAtTheBoundary) {
       CaptureOptions().log([](auto&) {}));
   for (int i = 0; i < 5; ++i) cache.run({at::ones({4}, at::TensorOptions().device(device()))});
   EXPECT_EQ(total.item<double>(), 20.0);
-  if (device().is_cuda()) EXPECT_EQ(cache.find({{4}})->mode(), StepMode::kGraph);
+  if (device().is_cuda()) {
+    EXPECT_EQ(cache.find({{4}})->mode(), StepMode::kGraph);
+  }
 }
 
 PACKTRAIN_INSTANTIATE_DEVICE_TESTS(GraphCacheTest);

@@ -19,8 +19,8 @@ LaunchReport gpu_report(double eager_device_us, double graph_device_us) {
   r.device = "cuda:0 (test)";
   r.workload = "members 64";
   r.profiled = "graph";
-  r.eager = StepCost{900, eager_device_us, 212};
-  r.graph = StepCost{4, graph_device_us, 212};
+  r.eager = StepCost{900, eager_device_us, 212, {}};
+  r.graph = StepCost{4, graph_device_us, 212, {}};
   return r;
 }
 
@@ -53,7 +53,7 @@ TEST(LaunchReport, CpuVerdictSaysThereIsNothingToCapture) {
   LaunchReport r;
   r.device = "cpu";
   r.profiled = "eager";
-  r.eager = StepCost{300, 300, 150};
+  r.eager = StepCost{300, 300, 150, {}};
   r.note = "CUDA graphs need a CUDA device";
   EXPECT_NE(r.verdict().find("CPU run"), std::string::npos) << r.verdict();
   EXPECT_NE(r.verdict().find("150 ATen ops"), std::string::npos) << r.verdict();

@@ -215,7 +215,7 @@ TEST_F(Cli, RunsTooLargeForMemoryAreUsageErrors) {
   expect_usage_error(sweep, "--members", "a sweep of 2 x 10^8 members");
   // A cnn pack is its channels and feature maps: the refusal names them.
   const Result cnn =
-      run("train --architecture cnn --data optdigits --channels 4096,4096 --members 4096 --epochs 1 "
+      limited("train --architecture cnn --data optdigits --channels 4096,4096 --members 4096 --epochs 1 "
           "--device cpu --quiet");
   expect_usage_error(cnn, "lower --members, --channels, --hidden or --batch, or shrink the feature maps",
                      "a huge cnn pack");

@@ -404,7 +404,7 @@ PACKTRAIN_INSTANTIATE_DEVICE_TESTS(EnsembleTrainerTest);
 TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   const Data d = make_data(160, 40);
   const EnsembleTrainerOptions base = small_options(device()).members(2).epochs(6);
-  const SweepGrid grid{{1e-2, 3e-3}, {0.0, 1e-2}, 2};
+  const SweepGrid grid{{1e-2, 3e-3}, {0.0, 1e-2}, 2, {}, {}, {}};
   EnsembleTrainer sweep(sweep_options(base, grid));
   ASSERT_EQ(sweep.options().members(), 8);
   sweep.fit(d.x, d.y, d.val_x, d.val_y);
@@ -438,7 +438,7 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
   EXPECT_EQ(sweep.member_states()[(kept.first_member + 2) % 8].status, MemberStatus::kDeselected);
   // The options carry the sweep through a checkpoint's JSON.
   EXPECT_EQ(sweep_configurations(options_from_json(to_json(sweep.options()))).size(), 4u);
-  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2, 1e-2}, {0.0}, 2}), UserError);
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2, 1e-2}, {0.0}, 2, {}, {}, {}}), UserError);
   EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_lr({1e-2})), UserError);  // 1 value, 2 members
 }
 
@@ -447,7 +447,7 @@ TEST_P(EnsembleTrainerTest, ASweepInOnePackTrainsEachConfigurationAsItsOwnRun) {
 TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate) {
   const Data d = make_data(160, 40);
   const EnsembleTrainerOptions base = small_options(device()).members(2).epochs(6);
-  EnsembleTrainer sweep(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.0, 0.3}}));
+  EnsembleTrainer sweep(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.0, 0.3}, {}, {}}));
   ASSERT_EQ(sweep.options().member_dropout(), (std::vector<double>{0.0, 0.0, 0.3, 0.3}));
   sweep.fit(d.x, d.y, d.val_x, d.val_y);
   const std::vector<SweepConfiguration> configurations = sweep_configurations(sweep.options());
@@ -476,13 +476,15 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
     } else {
       EXPECT_LT(gap, 1e-4) << "dropout " << c.dropout;
     }
-    if (c.dropout > 0.0) EXPECT_GT(gap_to(own), 1e-2) << "dropout " << c.dropout << " acts";
+    if (c.dropout > 0.0) {
+      EXPECT_GT(gap_to(own), 1e-2) << "dropout " << c.dropout << " acts";
+    }
     EXPECT_TRUE(all.member_mean.narrow(0, c.first_member, 2).isfinite().all().item<bool>());
   }
   EXPECT_EQ(options_from_json(to_json(sweep.options())).member_dropout(), sweep.options().member_dropout());
   // One rate is no sweep axis: the model's own dropout, no per-member rates.
-  EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2, 3e-3}, {1e-4}, 2, {0.1}}).member_dropout().empty());
-  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.1}}), UserError);
+  EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2, 3e-3}, {1e-4}, 2, {0.1}, {}, {}}).member_dropout().empty());
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.1}, {}, {}}), UserError);
 }
 
 // A sweep over widths in one pack (members padded to the widest, packed_mlp.h): each
@@ -491,7 +493,7 @@ TEST_P(EnsembleTrainerTest, ADropoutSweepInOnePackGivesEachConfigurationItsRate)
 TEST_P(EnsembleTrainerTest, AWidthSweepInOnePackTrainsEachWidthAsItsOwnRun) {
   const Data d = make_data(160, 40);
   const EnsembleTrainerOptions base = small_options(device()).members(2).epochs(6).dropout(0.2);
-  EnsembleTrainer sweep(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {5, 16}}));
+  EnsembleTrainer sweep(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {5, 16}, {}}));
   EXPECT_EQ(sweep.options().hidden(), 16);
   ASSERT_EQ(sweep.options().member_hidden(), (std::vector<int64_t>{5, 5, 16, 16}));
   sweep.fit(d.x, d.y, d.val_x, d.val_y);
@@ -515,8 +517,8 @@ TEST_P(EnsembleTrainerTest, AWidthSweepInOnePackTrainsEachWidthAsItsOwnRun) {
   // The two widths train different networks (a pack that ignored the widths would not).
   EXPECT_GT((all.member_mean[0] - all.member_mean[2]).abs().max().item<double>(), 1e-3);
   EXPECT_EQ(options_from_json(to_json(sweep.options())).member_hidden(), sweep.options().member_hidden());
-  EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {16}}).member_hidden().empty());
-  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {8, 8}}), UserError);
+  EXPECT_TRUE(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {16}, {}}).member_hidden().empty());
+  EXPECT_THROW(sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {}, {8, 8}, {}}), UserError);
   EXPECT_THROW(EnsembleTrainer(EnsembleTrainerOptions(base).member_hidden({4, 4}).layer_norm(true)), UserError);
 }
 
@@ -587,7 +589,7 @@ TEST_P(EnsembleTrainerTest, DropoutMasksFollowFromTheSeed) {
   EXPECT_TRUE(same(a, b));
   EXPECT_FALSE(at::allclose(a, other));
   // Per-member rates (a sweep) likewise.
-  const EnsembleTrainerOptions sweep = sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.4}});
+  const EnsembleTrainerOptions sweep = sweep_options(base, SweepGrid{{1e-2}, {1e-4}, 2, {0.1, 0.4}, {}, {}});
   EXPECT_TRUE(same(train(sweep), train(sweep)));
 
   const fs::path path = temp_file("dropout-resume.ckpt");
@@ -611,7 +613,7 @@ TEST_P(EnsembleTrainerTest, EnsembleEarlyStoppingStopsEachConfigurationTogetherA
   const Data d = make_data(96, 40);
   const EnsembleTrainerOptions base =
       small_options(device()).members(3).epochs(150).patience(4).early_stopping(EarlyStopping::kEnsemble);
-  const EnsembleTrainerOptions options = sweep_options(base, SweepGrid{{3e-2, 1e-2}, {1e-4}, 3});
+  const EnsembleTrainerOptions options = sweep_options(base, SweepGrid{{3e-2, 1e-2}, {1e-4}, 3, {}, {}, {}});
   const std::vector<SweepConfiguration> ensembles = sweep_configurations(options);  // members 0-2 and 3-5
   ASSERT_EQ(ensembles.size(), 2u);
   ASSERT_EQ(ensembles[1].first_member, 3);
