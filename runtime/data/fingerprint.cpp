@@ -26,13 +26,20 @@ uint64_t rows_fingerprint(const Dataset& data) {
 }
 }  // namespace
 
-uint64_t fingerprint(const SplitData& data) {
+uint64_t fingerprint(const SplitData& data, bool with_shape) {
   Fnv1a hash;
   const uint64_t rows = rows_fingerprint(data.all);
   hash.add(&rows, sizeof rows);
   for (const std::vector<int64_t>* part : {&data.split.train, &data.split.validation, &data.split.test}) {
     const int64_t n = static_cast<int64_t>(part->size());
     hash.add(&n, sizeof n).add(part->data(), part->size() * sizeof(int64_t));
+  }
+  // A table's sample is its row (its width is in the rows' bytes already): only a
+  // multi-dimensional sample's shape is added, so tables keep their fingerprints.
+  const std::vector<int64_t>& shape = data.all.sample_shape;
+  if (with_shape && shape.size() > 1) {
+    const int64_t dims = static_cast<int64_t>(shape.size());
+    hash.add("sample shape").add(&dims, sizeof dims).add(shape.data(), shape.size() * sizeof(int64_t));
   }
   return hash.value();
 }

@@ -16,8 +16,11 @@ struct SplitData;
 
 // FNV-1a over the bytes of the tensors (each made contiguous), in order.
 uint64_t tensor_fingerprint(std::initializer_list<at::Tensor> tensors);
-// Every row and which rows are train, validation and test.
-uint64_t fingerprint(const SplitData& data);
+// Every row, which rows are train, validation and test, and — for images and
+// sequences — the shape of a sample (the same bytes as (1, 2, 8) are other data than
+// as (1, 4, 4)). `with_shape` false: the fingerprint checkpoints recorded before the
+// shape was part of it (check_same_data accepts it for them).
+uint64_t fingerprint(const SplitData& data, bool with_shape = true);
 // Every sentence and label, in file order.
 uint64_t fingerprint(const LabelledTexts& texts);
 

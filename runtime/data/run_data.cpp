@@ -139,10 +139,13 @@ SplitData load_split_data(const DataArgs& a) {
 bool check_same_data(const RunDescription& run, const SplitData& data, const std::string& advice) {
   if (run.data_fingerprint.empty()) return false;
   const std::string now = fingerprint_hex(data.fingerprint);
-  if (run.data_fingerprint != now) {
+  // A checkpoint from before the sample shape was fingerprinted records the rows' and
+  // split's alone: the same rows still match it.
+  const bool before_shapes = run.data_fingerprint == fingerprint_hex(fingerprint(data, /*with_shape=*/false));
+  if (run.data_fingerprint != now && !before_shapes) {
     throw DataError(
-        fmt::format("{}: the data or its split changed since this run was trained (fingerprint {}, now "
-                    "{}); {}",
+        fmt::format("{}: the data, its sample shape or its split changed since this run was trained (fingerprint "
+                    "{}, now {}); {}",
                     run.data.data, run.data_fingerprint, now, advice));
   }
   return true;

@@ -488,7 +488,7 @@ TEST_F(Cli, DataChangedSinceTrainingIsCaughtByEvaluateAndResume) {
   const std::string before = read_file(ckpt);
   const Result evaluated = run("evaluate " + ckpt + " --device cpu");
   EXPECT_EQ(evaluated.status, 2) << evaluated.out;
-  EXPECT_THAT(evaluated.out, HasSubstr("the data or its split changed since this run was trained"));
+  EXPECT_THAT(evaluated.out, HasSubstr("the data, its sample shape or its split changed since this run was trained"));
   EXPECT_THAT(evaluated.out, HasSubstr("packtrain evaluate " + ckpt + " TABLE"));
   EXPECT_EQ(run("evaluate " + ckpt + " " + csv + " --device cpu").status, 0) << "an explicit table is evaluated";
   const Result resumed = run("resume " + ckpt + " --epochs 3 --device cpu --quiet");

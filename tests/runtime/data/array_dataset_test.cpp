@@ -2,6 +2,7 @@
 // shape, the own train / test split through load_split_data, the bundled optdigits
 // and mnist1d by name, and what is refused.
 #include "packtrain/runtime/data/array_dataset.h"
+#include "packtrain/runtime/data/fingerprint.h"
 #include "packtrain/runtime/data/npy_file.h"
 #include "packtrain/runtime/data/run_data.h"
 #include "tests/runtime/data/data_error_message.h"
@@ -47,6 +48,30 @@ class ArrayDirectory : public ::testing::Test {
   pt::ScopedTempDir temp_{"packtrain_arrays"};
   const fs::path dir_ = temp_.path();
 };
+
+// The same bytes in another sample shape are other data: a checkpoint's fingerprint
+// catches (20, 2, 3) saved again as (20, 3, 2); one recorded before shapes were
+// fingerprinted still matches the same rows.
+TEST_F(ArrayDirectory, TheSampleShapeIsPartOfTheFingerprint) {
+  write_pair("", 20);
+  const DataArgs a = args();
+  const SplitData before = load_split_data(a);
+  std::vector<float> x;
+  for (int64_t r = 0; r < 20; ++r) {
+    for (int e = 0; e < 6; ++e) x.push_back(static_cast<float>(r * 10 + e));
+  }
+  write("features.npy", pt::npy("<f4", "(20, 3, 2)", pt::raw_bytes(x)));
+  const SplitData after = load_split_data(a);
+  ASSERT_TRUE(at::equal(before.all.features, after.all.features));  // the same values, row for row
+  EXPECT_NE(before.fingerprint, after.fingerprint);
+  RunDescription run;
+  run.data = a;
+  run.data_fingerprint = fingerprint_hex(before.fingerprint);
+  EXPECT_THAT(error_of([&] { check_same_data(run, after, "train anew"); }),
+              HasSubstr("the data, its sample shape or its split changed"));
+  run.data_fingerprint = fingerprint_hex(fingerprint(before, /*with_shape=*/false));
+  EXPECT_TRUE(check_same_data(run, before, "train anew"));
+}
 
 // --split numbers a UCI directory's standard splits: given for rows split by
 // fractions it would be silently ignored, so it is refused.
