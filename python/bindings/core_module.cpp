@@ -63,8 +63,11 @@ packtrain::runtime::EnsembleTrainerOptions scalar_options(const std::string& ove
   nlohmann::json merged =
       nlohmann::json::parse(packtrain::runtime::to_json(packtrain::runtime::EnsembleTrainerOptions()));
   const nlohmann::json overrides = nlohmann::json::parse(overrides_json);
-  grid = {{merged.at("lr").get<double>()}, {merged.at("weight_decay").get<double>()}, 1,
-          {merged.at("dropout").get<double>()},   {},
+  grid = {{merged.at("lr").get<double>()},
+          {merged.at("weight_decay").get<double>()},
+          1,
+          {merged.at("dropout").get<double>()},
+          {},
           {}};
   for (const auto& [key, value] : overrides.items()) {
     if (!merged.contains(key)) throw py::value_error("unknown trainer option '" + key + "'");
@@ -601,6 +604,25 @@ py::dict epoch_report_dict(const packtrain::runtime::MultiTaskEpochReport& r) {
   return d;
 }
 
+// MultiTask.generate: each member's continuation as str. Tokens may end inside a
+// UTF-8 character: U+FFFD for what does not decode, as the CLI prints.
+py::list generate_texts(packtrain::runtime::MultiTaskTrainer& t, const std::string& prompt, int64_t max_new_tokens,
+                        double temperature, int64_t top_k, uint64_t seed) {
+  packtrain::runtime::GenerateOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.temperature = temperature;
+  g.top_k = top_k;
+  g.seed = seed;
+  const std::vector<std::string> texts = without_gil([&] { return t.generate(prompt, g); });
+  py::list out;
+  for (const std::string& text : texts) {
+    PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
+    if (decoded == nullptr) throw py::error_already_set();
+    out.append(py::reinterpret_steal<py::str>(decoded));
+  }
+  return out;
+}
+
 void add_multitask(py::module_& m) {
   // The multi-task transformer (runtime::MultiTaskTrainer): options as its JSON.
   m.def("default_multitask_options",
@@ -645,26 +667,8 @@ void add_multitask(py::module_& m) {
       .def("score", &MultiTaskTrainer::score, py::arg("texts"), py::call_guard<py::gil_scoped_release>())
       .def("member_scores", &MultiTaskTrainer::member_scores, py::arg("texts"),
            py::call_guard<py::gil_scoped_release>())
-      .def(
-          "generate",
-          [](MultiTaskTrainer& t, const std::string& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
-             uint64_t seed) {
-            packtrain::runtime::GenerateOptions g;
-            g.max_new_tokens = max_new_tokens;
-            g.temperature = temperature;
-            g.top_k = top_k;
-            g.seed = seed;
-            const std::vector<std::string> texts = without_gil([&] { return t.generate(prompt, g); });
-            // Tokens may end inside a UTF-8 character: U+FFFD for what does not decode, as the CLI prints.
-            py::list out;
-            for (const std::string& text : texts) {
-              PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
-              if (decoded == nullptr) throw py::error_already_set();
-              out.append(py::reinterpret_steal<py::str>(decoded));
-            }
-            return out;
-          },
-          py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("seed"))
+      .def("generate", &generate_texts, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"),
+           py::arg("top_k"), py::arg("seed"))
       .def(
           "save", [](const MultiTaskTrainer& t, const std::string& path) { t.save(path); }, py::arg("path"),
           py::call_guard<py::gil_scoped_release>())

@@ -224,8 +224,9 @@ def _as_tensor(a, what, dims):
         if a.is_complex():
             raise ValueError(f"{what}: complex data not supported")
         t = a.detach().to("cpu", torch.float64)
-    elif _is_complex(a):  # before scikit-learn, whose message dumps the whole array
-        raise ValueError(f"{what}: complex data not supported")
+    elif _is_complex(a):  # before scikit-learn, whose message dumps the whole array (its words kept)
+        raise ValueError(f"Complex data not supported: {what} is complex (pass its real part, or the real and "
+                         "imaginary parts as columns)")
     elif _check_array is not None:  # scikit-learn's checks and messages
         t = torch.from_numpy(_check_array(a, dtype=np.float64, ensure_2d=dims == 2, allow_nd=dims > 2,
                                           ensure_all_finite=True, input_name=what, copy=True))

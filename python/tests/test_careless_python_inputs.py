@@ -25,7 +25,7 @@ def test_five_dimensional_and_complex_x_are_one_line_each():
     x, y = data()
     with pytest.raises(ValueError, match=r"^X has 5 dimensions: rows are \(N, features\)"):
         packtrain.EnsembleRegressor(**SMALL).fit(x.reshape(64, 1, 1, 1, 3), y)
-    with pytest.raises(ValueError, match="complex data not supported") as e:
+    with pytest.raises(ValueError, match="Complex data not supported: X is complex") as e:
         packtrain.EnsembleRegressor(**SMALL).fit(x + 1j, y)
     assert "\n" not in str(e.value)
 

@@ -207,7 +207,7 @@ BpeTokenizer BpeTokenizer::from_folder(const fs::path& dir, int64_t vocab_limit)
     if (!t.is_object() || !t.contains("model") || !t.at("model").is_object()) throw fail("no model");
     const nlohmann::json& model = t.at("model");
     if (const std::string type = json_string(model, "type", "BPE", where + " model"); type != "BPE") {
-      throw fail("model type " + short_json(type) + " is not BPE (GPT-2's byte-level BPE is read)");
+      throw fail("model type '" + type + "' is not BPE (GPT-2's byte-level BPE is read)");
     }
     const nlohmann::json& pre = t.contains("pre_tokenizer") ? t.at("pre_tokenizer") : nlohmann::json();
     if (!pre.is_object() || json_string(pre, "type", "", where + " pre_tokenizer") != "ByteLevel") {

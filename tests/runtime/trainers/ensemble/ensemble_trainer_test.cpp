@@ -90,7 +90,9 @@ TEST_P(EnsembleTrainerTest, PreparedAgainOnSameShapedDataKeepsItsStepsAndEqualsA
   EXPECT_EQ(&trainer.steps(), steps) << "the steps were rebuilt";
   EXPECT_EQ(trainer.model().parameters().flat().data_ptr(), weights) << "the pack was rebuilt";
   EXPECT_EQ(steps->unrolled_step().captures() + steps->single_step().captures(), captured) << "re-captured";
-  if (device().is_cuda()) EXPECT_GT(captured, 0) << "a GPU captures the step once";
+  if (device().is_cuda()) {
+    EXPECT_GT(captured, 0) << "a GPU captures the step once";
+  }
 
   EnsembleTrainer fresh(small_options(device()));
   fresh.fit(second.x, second.y, second.val_x, second.val_y);
