@@ -10,7 +10,7 @@ PackedLinear::PackedLinear(at::Tensor weight, at::Tensor bias, PackOfOne pack_of
     : weight_(std::move(weight)), bias_(std::move(bias)), pack_of_one_(pack_of_one) {
   TORCH_CHECK(weight_.dim() == 3, "packed weight must be (K, I, O), got ", weight_.sizes());
   TORCH_CHECK(!bias_.defined() || (bias_.dim() == 3 && bias_.size(0) == weight_.size(0) && bias_.size(1) == 1 &&
-                                       bias_.size(2) == weight_.size(2)),
+                                   bias_.size(2) == weight_.size(2)),
               "packed bias for weight ", weight_.sizes(), ": expected [", weight_.size(0), ", 1, ", weight_.size(2),
               "], got ", bias_.sizes());
 }

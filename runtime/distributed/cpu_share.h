@@ -16,7 +16,7 @@ namespace packtrain::runtime::distributed {
 
 // What the choice is made from, read from the host (tests pass their own).
 struct CpuLoad {
-  int64_t usable_cpus = 1;  // the CPUs this process may run on (sched_getaffinity)
+  int64_t usable_cpus = 1;     // the CPUs this process may run on (sched_getaffinity)
   int64_t others_running = 0;  // runnable threads of other work now, the least of a few samples
 };
 CpuLoad read_cpu_load();

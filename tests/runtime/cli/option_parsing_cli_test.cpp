@@ -214,9 +214,9 @@ TEST_F(Cli, RunsTooLargeForMemoryAreUsageErrors) {
   const Result sweep = limited("train --lr 1e-3,2e-3 --members 100000000 --device cpu --data " + path("missing.csv"));
   expect_usage_error(sweep, "--members", "a sweep of 2 x 10^8 members");
   // A cnn pack is its channels and feature maps: the refusal names them.
-  const Result cnn =
-      limited("train --architecture cnn --data optdigits --channels 4096,4096 --members 4096 --epochs 1 "
-          "--device cpu --quiet");
+  const Result cnn = limited(
+      "train --architecture cnn --data optdigits --channels 4096,4096 --members 4096 --epochs 1 "
+      "--device cpu --quiet");
   expect_usage_error(cnn, "lower --members, --channels, --hidden or --batch, or shrink the feature maps",
                      "a huge cnn pack");
 }

@@ -48,8 +48,8 @@ std::string error_of(std::map<std::string, std::string> vars) {
 TEST(CpuShare, FreeCpusSharedAmongLocalRanks) {
   RankInfo one, two;
   two.world_size = two.local_world_size = 2;
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 0}, one, 2), 2);   // idle: as before
-  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 2}, one, 2), 1);   // a two-job compile beside it
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 0}, one, 2), 2);  // idle: as before
+  EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 2}, one, 2), 1);  // a two-job compile beside it
   EXPECT_EQ(default_cpu_threads({.usable_cpus = 2, .others_running = 40}, one, 2), 1);
   EXPECT_EQ(default_cpu_threads({.usable_cpus = 16, .others_running = 0}, one, 8), 8);  // never above LibTorch's
   // Two ranks on 16 CPUs: the other rank starting beside this one is not other work.

@@ -144,7 +144,8 @@ TEST_P(VarianceRecalibrationTest, ATrainerFitsItsScaleOnTheValidationRowsAndKeep
 
 TEST_P(VarianceRecalibrationTest, ASweepsScaleIsFittedToTheConfigurationItKeeps) {
   const Data d = make_data(160, 60);
-  EnsembleTrainer sweep(sweep_options(small_options(device()).members(2).epochs(6), SweepGrid{{1e-2, 3e-3}, {0.0}, 2, {}, {}, {}}));
+  EnsembleTrainer sweep(
+      sweep_options(small_options(device()).members(2).epochs(6), SweepGrid{{1e-2, 3e-3}, {0.0}, 2, {}, {}, {}}));
   sweep.fit(d.x, d.y, d.val_x, d.val_y);
   const EnsemblePrediction all = sweep.predict_uncalibrated(d.val_x);
   EXPECT_NEAR(sweep.variance_scale(), fit_variance_scale(all, d.val_y), 1e-9) << "the whole pack, before choosing";
