@@ -14,6 +14,7 @@
 #include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -574,13 +575,7 @@ void save_pretrained_trunk(const ensemble::PackedTransformer& model, const fs::p
   const std::vector<std::string> names = pretrained_folder_names();
   const std::vector<fs::path> inputs =
       tokenizer_from.empty() ? std::vector<fs::path>{} : pretrained_trunk_files(tokenizer_from);
-  check_output_folder(dir, names, inputs);
-  if (!tokenizer_from.empty()) {  // the trunk's own folder, even when it holds no file yet read
-    std::error_code ec;
-    if (fs::equivalent(dir, tokenizer_from, ec)) {
-      throw UserError("output folder '" + dir.string() + "' is the trunk's own folder: name another folder");
-    }
-  }
+  check_output_folder(dir, names, inputs);  // the trunk's own folder holds its inputs: refused there
   const auto tensors = pretrained_named_tensors(model, member);
   nlohmann::json config;
   if (layout_of(o) == Layout::kLlama) {
@@ -624,12 +619,11 @@ void save_pretrained_trunk(const ensemble::PackedTransformer& model, const fs::p
   // Read before the folder is staged: a tokenizer file that is not a bounded regular
   // file is refused with the export's folder untouched.
   std::vector<std::pair<std::string, std::string>> tokenizer_files;
-  if (!tokenizer_from.empty()) {
-    for (const char* name : kTrunkTokenizerFiles) {
-      const fs::path from = tokenizer_from / name;
-      std::error_code ec;
-      if (fs::exists(fs::symlink_status(from, ec)))
-        tokenizer_files.emplace_back(name, read_input_bytes(from, "tokenizer file"));
+  for (const fs::path& from : inputs) {  // the trunk's files: its tokenizer's are copied
+    const std::string name = from.filename().string();
+    if (std::find(std::begin(kTrunkTokenizerFiles), std::end(kTrunkTokenizerFiles), name) !=
+        std::end(kTrunkTokenizerFiles)) {
+      tokenizer_files.emplace_back(name, read_input_bytes(from, "tokenizer file"));
     }
   }
   write_folder_atomically(dir, [&](const fs::path& staging) {
